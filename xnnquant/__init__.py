@@ -1,0 +1,40 @@
+"""xnnquant: quantize weights for XNNPACK and write the exact bytes XNNPACK reads.
+
+Data flows one way: ``schemes`` (floats -> codes and scales) -> ``packing`` (codes and
+scales -> bytes) -> ``graph`` (bytes -> XNNGraph payload).  ``xnnquant.xnnpack`` reaches
+the real XNNPACK shipped in executorch, to check those bytes and numbers.
+"""
+
+from . import packing
+from .datatypes import STORAGE, Datatype, QuantParamsKind, from_xnn_c, storage, to_xnn_c
+from .errors import MissingExtraError, PayloadError, UnsupportedConfigError, XnnquantError
+from .schemes import (
+    quantize_bias,
+    quantize_blockwise,
+    quantize_per_channel,
+    quantize_per_tensor,
+    quantize_per_token,
+)
+from .tensor import QuantizedTensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STORAGE",
+    "Datatype",
+    "MissingExtraError",
+    "PayloadError",
+    "QuantParamsKind",
+    "QuantizedTensor",
+    "UnsupportedConfigError",
+    "XnnquantError",
+    "from_xnn_c",
+    "packing",
+    "quantize_bias",
+    "quantize_blockwise",
+    "quantize_per_channel",
+    "quantize_per_tensor",
+    "quantize_per_token",
+    "storage",
+    "to_xnn_c",
+]

@@ -1,0 +1,89 @@
+"""Accepting numpy arrays and torch tensors alike.
+
+torch is optional: it is only touched when the caller hands in a tensor, and is
+never imported here.  Every helper states the dtype of what it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import XnnquantError
+
+_FLOAT_KINDS = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64))
+
+
+def _from_torch(x: Any) -> np.ndarray | None:
+    """A numpy view or copy of a torch tensor, or None when ``x`` is not one."""
+    if type(x).__module__.split(".")[0] != "torch" or not hasattr(x, "detach"):
+        return None
+    t = x.detach().cpu()
+    if str(t.dtype) == "torch.bfloat16":
+        # numpy has no bf16; reinterpret the 16-bit patterns as ml_dtypes.bfloat16.
+        import torch  # only reached when the caller already uses torch
+
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def to_numpy(x: Any, name: str = "x") -> np.ndarray:
+    """``x`` (numpy array, torch tensor, or nested sequence) as a numpy array, dtype kept."""
+    converted = _from_torch(x)
+    if converted is not None:
+        return converted
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise XnnquantError(f"{name} must be an array or tensor: got {type(x).__name__} ({exc})") from None
+
+
+def as_float32(x: Any, name: str = "x", *, finite: bool = True) -> np.ndarray:
+    """``x`` as a float32 numpy array.
+
+    Accepts fp32, fp16 and bf16 (numpy, ml_dtypes or torch) and float64.  Integer or
+    other inputs raise, since a caller quantizing an int tensor has mixed something up.
+    With ``finite``, NaN or Inf raise and the message says where the first one is.
+    """
+    arr = to_numpy(x, name)
+    if arr.dtype not in _FLOAT_KINDS:
+        raise XnnquantError(
+            f"{name} must be a floating-point array: got dtype {arr.dtype}, "
+            "expected float32, float16 or bfloat16"
+        )
+    out = np.ascontiguousarray(arr, dtype=np.float32)
+    if finite:
+        check_finite(out, name)
+    return out
+
+
+def check_finite(x: np.ndarray, name: str = "x") -> None:
+    """Raise when ``x`` holds NaN or Inf, naming the first offending index."""
+    bad = ~np.isfinite(x)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise XnnquantError(
+            f"{name} must be finite: got {x[where]} at index {where} "
+            f"({int(bad.sum())} non-finite value(s) in all)"
+        )
+
+
+def as_int_codes(codes: Any, name: str = "codes") -> np.ndarray:
+    """Integer codes as an int64 numpy array; floats are accepted only when integral."""
+    arr = to_numpy(codes, name)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64, copy=False)
+    if arr.dtype.kind == "b":
+        raise XnnquantError(f"{name} must be integers: got dtype bool")
+    if arr.dtype.kind == "f" or arr.dtype in _FLOAT_KINDS:
+        f = arr.astype(np.float64)
+        if not np.all(np.isfinite(f)) or np.any(f != np.round(f)):
+            bad = np.argwhere(~np.isfinite(f) | (f != np.round(np.nan_to_num(f))))[0]
+            idx = tuple(int(i) for i in bad)
+            raise XnnquantError(f"{name} must be integers: got {f[idx]} at index {idx}")
+        return f.astype(np.int64)
+    raise XnnquantError(f"{name} must be an integer array: got dtype {arr.dtype}")

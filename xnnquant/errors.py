@@ -1,0 +1,32 @@
+"""Errors raised for bad input.
+
+Every error the library raises because of what a caller passed is an
+``XnnquantError`` (itself a ``ValueError``).  Messages follow one shape:
+*what* was wrong, what was *given*, what is *expected*.
+"""
+
+from __future__ import annotations
+
+
+class XnnquantError(ValueError):
+    """Base of every error raised for bad input."""
+
+
+class UnsupportedConfigError(XnnquantError):
+    """A configuration the real XNNPACK rejects or computes wrongly."""
+
+
+class PayloadError(XnnquantError):
+    """Malformed or inconsistent XNNGraph payload bytes."""
+
+
+class MissingExtraError(XnnquantError, ImportError):
+    """An optional dependency (an extra of the package) is not installed."""
+
+
+def missing_extra(extra: str, package: str, purpose: str) -> MissingExtraError:
+    """Error for a missing optional dependency, with the install command."""
+    return MissingExtraError(
+        f"{purpose} needs the {package!r} package, which is not installed: "
+        f"install the extra with  pip install 'xnnquant[{extra}]'"
+    )

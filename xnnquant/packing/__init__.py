@@ -1,0 +1,16 @@
+"""The exact bytes XNNPACK reads: int4 nibbles, bf16 scales, conv weight layouts."""
+
+from ..rounding import Bf16, bf16_bits_to_float32, to_bf16
+from .conv import conv_weight, depthwise_weight, transposed_conv_weight
+from .int4 import pack_int4, unpack_int4
+
+__all__ = [
+    "Bf16",
+    "bf16_bits_to_float32",
+    "conv_weight",
+    "depthwise_weight",
+    "pack_int4",
+    "to_bf16",
+    "transposed_conv_weight",
+    "unpack_int4",
+]

@@ -1,0 +1,62 @@
+"""4-bit nibble packing, as ExecuTorch serializes qcint4 and qbint4 constants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import as_int_codes, to_numpy
+from ..errors import XnnquantError
+
+INT4_MIN, INT4_MAX = -8, 7
+
+
+def pack_int4(codes: Any) -> np.ndarray:
+    """Pack signed 4-bit codes two to a byte, each row on its own.
+
+    ``codes``: integers in [-8, 7], shape ``(..., K)``.  Returns uint8 ``(..., ceil(K / 2))``::
+
+        byte[r, j] = (q[r, 2j] + 8) | (q[r, 2j + 1] + 8) << 4
+
+          bit  7   6   5   4   3   2   1   0
+              [ q[r,2j+1] + 8 ][  q[r,2j] + 8 ]
+                 high nibble      low nibble
+
+    When K is odd, each row gets one padding code 0 (stored nibble 8, a zero weight) in
+    the high nibble of its last byte, so rows start on byte boundaries; XNNPACK's 4-bit
+    kernels with two nibble planes read ``ceil(K / 2)`` bytes per row.
+    """
+    q = as_int_codes(codes)
+    if q.ndim == 0:
+        raise XnnquantError("codes must have at least one dimension (..., K): got a scalar")
+    if q.size and (q.min() < INT4_MIN or q.max() > INT4_MAX):
+        bad = tuple(int(i) for i in np.argwhere((q < INT4_MIN) | (q > INT4_MAX))[0])
+        raise XnnquantError(f"int4 codes must lie in [-8, 7]: got {q[bad]} at index {bad}")
+    if q.shape[-1] % 2:
+        q = np.concatenate([q, np.zeros(q.shape[:-1] + (1,), q.dtype)], axis=-1)
+    u = (q + 8).astype(np.uint8)
+    return np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << 4))
+
+
+def unpack_int4(packed: Any, k: int) -> np.ndarray:
+    """Inverse of ``pack_int4``: uint8 ``(..., ceil(k / 2))`` -> int8 codes ``(..., k)``.
+
+    The padding nibble of odd ``k`` is dropped without being checked.
+    """
+    p = to_numpy(packed, "packed")
+    if p.dtype != np.uint8:
+        raise XnnquantError(f"packed int4 data must be uint8: got dtype {p.dtype}")
+    if p.ndim == 0:
+        raise XnnquantError("packed int4 data must have at least one dimension: got a scalar")
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+        raise XnnquantError(f"k must be a non-negative integer: got {k!r}")
+    if p.shape[-1] != (k + 1) // 2:
+        raise XnnquantError(
+            f"packed width does not match k: got {p.shape[-1]} bytes per row for k={k}, "
+            f"expected ceil(k / 2) = {(k + 1) // 2}"
+        )
+    out = np.empty(p.shape[:-1] + (2 * p.shape[-1],), np.int8)
+    out[..., 0::2] = (p & 0x0F).astype(np.int8) - 8
+    out[..., 1::2] = (p >> 4).astype(np.int8) - 8
+    return out[..., :k]
