@@ -104,7 +104,8 @@ STORAGE: dict[Datatype, StorageFacts] = {
 XNN_C_DATATYPE: dict[str, int] = {
     "invalid": 0, "fp32": 1, "fp16": 2, "qint8": 3, "quint8": 4, "qint32": 5,
     "qcint8": 6, "qcint32": 7, "qcint4": 8, "qdint8": 9, "qpint8": 10, "int32": 11,
-    "qbint4": 12, "pfp32": 13, "bf16": 14, "qduint8": 15,
+    "qbint4": 12, "pfp32": 13, "bf16": 14, "qduint8": 15, "pfp16": 16, "pqint8": 17,
+    "qcint2": 18,
 }
 
 
