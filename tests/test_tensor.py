@@ -1,0 +1,56 @@
+"""QuantizedTensor: dequantize broadcasting by granularity, bytes, and shape checks."""
+
+import numpy as np
+import pytest
+
+import xnnquant as xq
+from xnnquant import Datatype, QuantizedTensor
+
+
+def test_per_channel_dequantize_along_channel_dim():
+    codes = np.array([[1, -2, 3], [4, 5, -6]], np.int8)
+    qt = QuantizedTensor(Datatype.qcint8, codes, np.array([0.5, 2.0, 0.25], np.float32), channel_dim=1)
+    assert qt.dequantize().tolist() == [[0.5, -4.0, 0.75], [2.0, 10.0, -1.5]]
+
+
+def test_blockwise_dequantize_repeats_each_scale_over_its_group():
+    codes = np.tile(np.arange(-8, 8, dtype=np.int8), (2, 4))  # (2, 64)
+    scale = np.array([[1.0, 0.5], [2.0, 0.25]], np.float32)
+    qt = QuantizedTensor(Datatype.qbint4, codes, scale, group_size=32)
+    out = qt.dequantize()
+    assert out[1, 33] == codes[1, 33] * 0.25 and out[0, 5] == codes[0, 5] * 1.0
+    assert len(qt.to_bytes()) == 2 * 32
+
+
+def test_per_tensor_asymmetric():
+    qt = QuantizedTensor(Datatype.quint8, np.array([0, 128, 255], np.uint8), np.float32(0.5), zero_point=128)
+    assert qt.dequantize().tolist() == [-64.0, 0.0, 63.5]
+    assert qt.to_bytes() == bytes([0, 128, 255])
+
+
+def test_int32_bytes_are_little_endian():
+    qt = QuantizedTensor(Datatype.qcint32, np.array([1, -2], np.int32), np.array([1.0, 1.0], np.float32), channel_dim=0)
+    assert qt.to_bytes() == bytes([1, 0, 0, 0, 0xFE, 0xFF, 0xFF, 0xFF])
+
+
+def test_qdint8_is_never_constant():
+    qt = QuantizedTensor(Datatype.qdint8, np.zeros((2, 3), np.int8), np.ones(2, np.float32),
+                         zero_point=np.zeros(2, np.int32), num_nonbatch_dims=1)
+    assert qt.dequantize().shape == (2, 3)
+    with pytest.raises(xq.XnnquantError, match="never constant data"):
+        qt.to_bytes()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(datatype=Datatype.qcint8, codes=np.zeros((2, 3), np.int8), scale=np.ones(3), channel_dim=0),
+     r"scale has the wrong shape: got \(3,\), expected \(2,\)"),
+    (dict(datatype=Datatype.qcint8, codes=np.zeros((2, 3), np.int16), scale=np.ones(2), channel_dim=0),
+     "codes must be int8: got dtype int16"),
+    (dict(datatype=Datatype.fp32, codes=np.zeros(2, np.float32), scale=np.ones(())),
+     "needs a quantized datatype: got fp32"),
+    (dict(datatype=Datatype.qbint4, codes=np.zeros((2, 48), np.int8), scale=np.ones((2, 1)), group_size=32),
+     "group_size must divide K: got group_size=32, K=48"),
+])
+def test_inconsistent_fields_are_refused(kwargs, message):
+    with pytest.raises(xq.XnnquantError, match=message):
+        QuantizedTensor(**kwargs)
