@@ -1,0 +1,132 @@
+"""The numpy MiniLM forward pass against independent implementations.
+
+Oracles: the ``tokenizers`` library reading the model's own ``tokenizer.json``; torch's
+``nn.TransformerEncoderLayer`` (post-LayerNorm, GELU, which is BERT's layer) loaded with
+the same weights; ``torch.special.erf`` and ``torch.nn.functional.gelu``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from xnnquant import XnnquantError
+from xnnquant.models import minilm
+from xnnquant.weights import minilm_path, minilm_tensors
+
+torch = pytest.importorskip("torch")
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Quantization to int4 with bf16 scales: does it hurt accuracy?",
+    "Café naïve résumé — Zürich, 2024!",
+    "XNNPACK runs on phones; ExecuTorch delegates to it.",
+    "日本語 text, emoji 🙂 and unbelievably-hyphenated antidisestablishmentarianism",
+    "a",
+]
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, np.ndarray]:
+    return minilm_tensors()
+
+
+def test_tokenizer_matches_huggingface_tokenizers() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    reference = tokenizers.Tokenizer.from_file(str(minilm_path().parent / "tokenizer.json"))
+    reference.no_padding()
+    reference.no_truncation()
+    for sentence in SENTENCES:
+        assert minilm.tokenize(sentence) == reference.encode(sentence).ids, sentence
+
+
+def test_tokenize_batch_pads_right_with_mask() -> None:
+    ids, mask = minilm.tokenize_batch(["hello world", "a"])
+    assert ids.shape == mask.shape == (2, 4)
+    assert ids[1].tolist() == [101, 1037, 102, 0]  # [CLS] a [SEP] [PAD]
+    assert mask.tolist() == [[True] * 4, [True, True, True, False]]
+
+
+def test_erf_and_gelu_match_torch() -> None:
+    x = np.linspace(-8, 8, 20001)
+    exact = torch.special.erf(torch.from_numpy(x)).numpy()
+    assert np.max(np.abs(minilm.erf(x) - exact)) < 1.5e-7
+    assert minilm.erf(np.array([0.0]))[0] == 0.0 and abs(minilm.erf(np.array([1.0]))[0] - math.erf(1.0)) < 1.5e-7
+    x32 = x.astype(np.float32)
+    expected = torch.nn.functional.gelu(torch.from_numpy(x32)).numpy()
+    np.testing.assert_allclose(minilm.gelu(x32), expected, rtol=1e-6, atol=1e-6)
+
+
+def _torch_layer(weights: dict[str, np.ndarray], index: int) -> "torch.nn.TransformerEncoderLayer":
+    p = f"encoder.layer.{index}."
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=minilm.HIDDEN, nhead=minilm.HEADS, dim_feedforward=1536, dropout=0.0,
+        activation="gelu", layer_norm_eps=minilm.LAYER_NORM_EPS, batch_first=True, norm_first=False,
+    )
+    t = {k: torch.from_numpy(v.copy()) for k, v in weights.items() if k.startswith(p)}
+    qkv = ("attention.self.query", "attention.self.key", "attention.self.value")
+    state = {
+        "self_attn.in_proj_weight": torch.cat([t[p + n + ".weight"] for n in qkv]),
+        "self_attn.in_proj_bias": torch.cat([t[p + n + ".bias"] for n in qkv]),
+        "self_attn.out_proj.weight": t[p + "attention.output.dense.weight"],
+        "self_attn.out_proj.bias": t[p + "attention.output.dense.bias"],
+        "linear1.weight": t[p + "intermediate.dense.weight"],
+        "linear1.bias": t[p + "intermediate.dense.bias"],
+        "linear2.weight": t[p + "output.dense.weight"],
+        "linear2.bias": t[p + "output.dense.bias"],
+        "norm1.weight": t[p + "attention.output.LayerNorm.weight"],
+        "norm1.bias": t[p + "attention.output.LayerNorm.bias"],
+        "norm2.weight": t[p + "output.LayerNorm.weight"],
+        "norm2.bias": t[p + "output.LayerNorm.bias"],
+    }
+    layer.load_state_dict(state)
+    return layer.eval()
+
+
+def _torch_embeddings(weights: dict[str, np.ndarray], ids: np.ndarray) -> "torch.Tensor":
+    t = {k: torch.from_numpy(v.copy()) for k, v in weights.items() if k.startswith("embeddings.")}
+    ids_t = torch.from_numpy(ids)
+    e = (torch.nn.functional.embedding(ids_t, t["embeddings.word_embeddings.weight"])
+         + t["embeddings.position_embeddings.weight"][: ids.shape[1]]
+         + t["embeddings.token_type_embeddings.weight"][0])
+    return torch.nn.functional.layer_norm(e, (minilm.HIDDEN,), t["embeddings.LayerNorm.weight"],
+                                          t["embeddings.LayerNorm.bias"], eps=minilm.LAYER_NORM_EPS)
+
+
+def test_two_layers_match_torch_transformer_encoder(weights: dict[str, np.ndarray]) -> None:
+    ids, mask = minilm.tokenize_batch(SENTENCES)
+    ours = minilm.forward(ids, mask, num_layers=2, weights=weights)
+    with torch.no_grad():
+        h = _torch_embeddings(weights, ids)
+        np.testing.assert_allclose(minilm.embed(ids, weights)[mask], h.numpy()[mask], atol=2e-5)
+        for index in range(2):
+            # the reference layer runs on our previous output, so each layer is checked alone
+            h_in = torch.from_numpy(ours[index - 1].output) if index else h
+            ref = _torch_layer(weights, index)(h_in, src_key_padding_mask=torch.from_numpy(~mask))
+            np.testing.assert_allclose(ours[index].output[mask], ref.numpy()[mask], atol=2e-4, rtol=1e-4)
+
+
+def test_linear_inputs_are_the_tensors_each_linear_sees(weights: dict[str, np.ndarray]) -> None:
+    acts = minilm.linear_inputs(SENTENCES[:3], num_layers=1, weights=weights)
+    ids, mask = minilm.tokenize_batch(SENTENCES[:3])
+    tokens = int(mask.sum())
+    assert set(acts) == {f"encoder.layer.0.{n}" for n in minilm.LINEARS}
+    assert acts["encoder.layer.0.output.dense"].shape == (tokens, 1536)
+    assert all(a.dtype == np.float32 and a.shape[0] == tokens for a in acts.values())
+    layer0 = minilm.forward(ids, mask, 1, weights)[0]
+    np.testing.assert_array_equal(acts["encoder.layer.0.intermediate.dense"], layer0.inputs["intermediate.dense"][mask])
+    # the layer input of layer 0 is the embedding output
+    np.testing.assert_array_equal(acts["encoder.layer.0.attention.self.query"], minilm.embed(ids, weights)[mask])
+
+
+def test_short_names_and_errors() -> None:
+    assert minilm.short_name("encoder.layer.3.attention.self.query.weight") == "L3 query"
+    assert minilm.short_name("encoder.layer.5.output.dense.weight") == "L5 ffn_down"
+    with pytest.raises(XnnquantError, match="not an encoder weight name"):
+        minilm.short_name("pooler.dense.weight")
+    with pytest.raises(XnnquantError, match="num_layers out of range: got 7"):
+        minilm.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), bool), num_layers=7, weights={})
+    with pytest.raises(XnnquantError, match="non-empty sequence"):
+        minilm.tokenize_batch("just a string")

@@ -1,0 +1,275 @@
+"""all-MiniLM-L6-v2 in float32 numpy: tokenizer, embeddings and encoder layers.
+
+It exists to produce *real activations*, the inputs that each linear layer of the
+encoder sees, for accuracy experiments on dynamic (per-token) quantization.  It follows
+BERT's post-LayerNorm encoder (the model's ``config.json``: hidden 384, 12 heads of 32,
+FFN 1536 with exact GELU, LayerNorm eps 1e-12)::
+
+    h0 = LayerNorm(word[ids] + position[t] + token_type[0])
+    per layer:  a   = softmax(Q K^T / sqrt(32) + mask) V        Q, K, V = linears of h
+                h'  = LayerNorm(h + attention.output.dense(a))
+                out = LayerNorm(h' + output.dense(GELU(intermediate.dense(h'))))
+
+Weights come from ``xnnquant.weights.minilm_tensors()``; the vocabulary from the
+``vocab.txt`` beside them.  Everything is float32 except the GELU's erf (float64).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import XnnquantError
+from ..weights import minilm_path, minilm_tensors
+
+HIDDEN = 384
+HEADS = 12
+HEAD_DIM = HIDDEN // HEADS
+NUM_LAYERS = 6
+LAYER_NORM_EPS = 1e-12
+MAX_POSITIONS = 512
+CLS, SEP, PAD, UNK = "[CLS]", "[SEP]", "[PAD]", "[UNK]"
+MAX_WORD_CHARS = 100  # longer words become [UNK], as in BERT's WordPiece
+
+#: The six linears of one encoder layer, in the order data flows through them.
+LINEARS = (
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "intermediate.dense",
+    "output.dense",
+)
+
+Weights = dict[str, np.ndarray]
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+@lru_cache(maxsize=1)
+def vocabulary() -> dict[str, int]:
+    """WordPiece vocabulary of the model: token -> id (30,522 entries)."""
+    path = Path(minilm_path()).parent / "vocab.txt"
+    tokens = path.read_text(encoding="utf-8").split("\n")
+    if tokens and tokens[-1] == "":
+        tokens = tokens[:-1]
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def _is_punctuation(ch: str) -> bool:
+    code = ord(ch)
+    ascii_punct = 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126
+    return ascii_punct or unicodedata.category(ch).startswith("P")
+
+
+def _is_cjk(code: int) -> bool:
+    ranges = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+              (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+    return any(lo <= code <= hi for lo, hi in ranges)
+
+
+def _basic_words(text: str) -> list[str]:
+    """Lower-case, strip accents, drop control characters, split on spaces and punctuation."""
+    kept = []
+    for ch in unicodedata.normalize("NFD", text.lower()):
+        cat = unicodedata.category(ch)
+        if ch == "\ufffd" or ord(ch) == 0 or cat == "Mn" or (cat.startswith("C") and ch not in "\t\n\r"):
+            continue
+        if ch.isspace():
+            kept.append(" ")
+        elif _is_punctuation(ch) or _is_cjk(ord(ch)):
+            kept.append(f" {ch} ")
+        else:
+            kept.append(ch)
+    return "".join(kept).split()
+
+
+def _wordpiece(word: str, vocab: dict[str, int]) -> list[str]:
+    """Greedy longest-match-first split of one word; [UNK] when a piece is missing."""
+    if len(word) > MAX_WORD_CHARS:
+        return [UNK]
+    pieces, start = [], 0
+    while start < len(word):
+        end = len(word)
+        while end > start:
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                break
+            end -= 1
+        if end == start:
+            return [UNK]
+        pieces.append(piece)
+        start = end
+    return pieces
+
+
+def tokenize(text: str) -> list[int]:
+    """Token ids of one sentence, ``[CLS] ... [SEP]``, as BERT's uncased tokenizer gives them."""
+    vocab = vocabulary()
+    pieces = [piece for word in _basic_words(text) for piece in _wordpiece(word, vocab)]
+    return [vocab[CLS]] + [vocab[p] for p in pieces] + [vocab[SEP]]
+
+
+def tokenize_batch(sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and attention mask of several sentences, padded on the right with [PAD].
+
+    Returns ``ids`` int64 ``(B, T)`` and ``mask`` bool ``(B, T)`` (True on real tokens),
+    ``T`` the longest sentence in tokens.
+    """
+    if isinstance(sentences, str) or not sentences:
+        raise XnnquantError(f"sentences must be a non-empty sequence of strings: got {sentences!r}")
+    rows = [tokenize(s) for s in sentences]
+    longest = max(len(r) for r in rows)
+    if longest > MAX_POSITIONS:
+        raise XnnquantError(f"sentence too long: got {longest} tokens, expected at most {MAX_POSITIONS}")
+    ids = np.full((len(rows), longest), vocabulary()[PAD], np.int64)
+    mask = np.zeros((len(rows), longest), bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = True
+    return ids, mask
+
+
+# --------------------------------------------------------------------------- float layers
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """LayerNorm over the last axis (biased variance, eps 1e-12); float32, shape of ``x``."""
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return ((x - mean) / np.sqrt(var + np.float32(LAYER_NORM_EPS)) * gamma + beta).astype(np.float32)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Error function, float64, absolute error at most 1.5e-7 (shape of ``x``).
+
+    Abramowitz & Stegun 7.1.26: ``1 - (a1 t + ... + a5 t^5) exp(-x^2)`` with
+    ``t = 1 / (1 + p |x|)``, odd in ``x``.  numpy has no erf and scipy is not a
+    dependency; the error is below float32 resolution of the GELU it feeds.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    ax = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * ax)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.sign(x) * (1.0 - poly * np.exp(-ax * ax))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU ``x / 2 * (1 + erf(x / sqrt(2)))``; float32, shape of ``x``."""
+    return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(np.float32)
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """``x @ weight.T + bias``: x ``(..., K)``, weight ``(N, K)``, bias ``(N,)``; float32 ``(..., N)``."""
+    y = np.matmul(x, weight.T)
+    return (y if bias is None else y + bias).astype(np.float32)
+
+
+def embed(ids: np.ndarray, weights: Weights) -> np.ndarray:
+    """Embedding sum and LayerNorm: ids int ``(B, T)`` -> float32 ``(B, T, 384)``."""
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or ids.shape[1] > MAX_POSITIONS:
+        raise XnnquantError(f"ids must be (batch, tokens<={MAX_POSITIONS}): got shape {ids.shape}")
+    e = (
+        weights["embeddings.word_embeddings.weight"][ids]
+        + weights["embeddings.position_embeddings.weight"][: ids.shape[1]]
+        + weights["embeddings.token_type_embeddings.weight"][0]
+    )
+    return layer_norm(e, weights["embeddings.LayerNorm.weight"], weights["embeddings.LayerNorm.bias"])
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """What one encoder layer computed, each float32 ``(B, T, features)``.
+
+    ``inputs[name]`` is the input of the linear ``name`` (one of ``LINEARS``): the layer
+    input for query/key/value, the attention context for ``attention.output.dense``, the
+    post-attention LayerNorm for ``intermediate.dense``, the GELU output (1536 wide) for
+    ``output.dense``.
+    """
+
+    inputs: dict[str, np.ndarray]
+    output: np.ndarray
+
+
+def encoder_layer(h: np.ndarray, mask: np.ndarray, weights: Weights, index: int) -> LayerActivations:
+    """Encoder layer ``index`` on ``h`` float32 ``(B, T, 384)``; ``mask`` bool ``(B, T)``.
+
+    Keys where ``mask`` is False (padding) get no attention weight.
+    """
+    if not 0 <= index < NUM_LAYERS:
+        raise XnnquantError(f"layer index out of range: got {index}, expected 0..{NUM_LAYERS - 1}")
+    p = f"encoder.layer.{index}."
+
+    def dense(name: str, x: np.ndarray) -> np.ndarray:
+        return linear(x, weights[p + name + ".weight"], weights[p + name + ".bias"])
+
+    batch, tokens, _ = h.shape
+
+    def heads(x: np.ndarray) -> np.ndarray:  # (B, T, 384) -> (B, 12, T, 32)
+        return x.reshape(batch, tokens, HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
+
+    q, k, v = (heads(dense(name, h)) for name in LINEARS[:3])
+    scores = np.matmul(q, k.transpose(0, 1, 3, 2)) / np.float32(np.sqrt(HEAD_DIM))
+    scores = np.where(mask[:, None, None, :], scores, np.float32(-np.inf))
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    context = np.matmul(probs, v).transpose(0, 2, 1, 3).reshape(batch, tokens, HIDDEN)
+    attended = layer_norm(h + dense(LINEARS[3], context),
+                          weights[p + "attention.output.LayerNorm.weight"],
+                          weights[p + "attention.output.LayerNorm.bias"])
+    hidden = gelu(dense(LINEARS[4], attended))
+    out = layer_norm(attended + dense(LINEARS[5], hidden),
+                     weights[p + "output.LayerNorm.weight"], weights[p + "output.LayerNorm.bias"])
+    inputs = {LINEARS[0]: h, LINEARS[1]: h, LINEARS[2]: h,
+              LINEARS[3]: context, LINEARS[4]: attended, LINEARS[5]: hidden}
+    return LayerActivations(inputs={n: x.astype(np.float32) for n, x in inputs.items()}, output=out)
+
+
+def forward(ids: np.ndarray, mask: np.ndarray, num_layers: int = NUM_LAYERS,
+            weights: Weights | None = None) -> list[LayerActivations]:
+    """Embeddings then the first ``num_layers`` encoder layers; one record per layer."""
+    if not 1 <= num_layers <= NUM_LAYERS:
+        raise XnnquantError(f"num_layers out of range: got {num_layers}, expected 1..{NUM_LAYERS}")
+    weights = minilm_tensors() if weights is None else weights
+    h = embed(ids, weights)
+    layers = []
+    for index in range(num_layers):
+        layers.append(encoder_layer(h, mask, weights, index))
+        h = layers[-1].output
+    return layers
+
+
+def linear_inputs(sentences: Sequence[str], num_layers: int = 2,
+                  weights: Weights | None = None) -> dict[str, np.ndarray]:
+    """Real activations entering each linear of the first ``num_layers`` layers.
+
+    Returns ``{"encoder.layer.{i}.{linear}": x}`` with ``x`` float32 ``(tokens, in_features)``:
+    the rows of every real (non-padding) token of every sentence, in order.  Query, key
+    and value share one input; each gets its own entry.
+    """
+    ids, mask = tokenize_batch(sentences)
+    layers = forward(ids, mask, num_layers, weights)
+    return {
+        f"encoder.layer.{i}.{name}": np.ascontiguousarray(x[mask])
+        for i, layer in enumerate(layers)
+        for name, x in layer.inputs.items()
+    }
+
+
+def short_name(weight_name: str) -> str:
+    """``encoder.layer.3.attention.self.query.weight`` -> ``L3 query`` (labels for plots)."""
+    parts = weight_name.split(".")
+    if len(parts) < 4 or parts[0] != "encoder" or parts[1] != "layer":
+        raise XnnquantError(f"not an encoder weight name: got {weight_name!r}, expected 'encoder.layer.N....'")
+    rest = ".".join(p for p in parts[3:] if p not in ("weight", "bias"))
+    label = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
+             "attention.output.dense": "attn_out", "intermediate.dense": "ffn_up", "output.dense": "ffn_down"}
+    return f"L{parts[2]} {label.get(rest, rest)}"
