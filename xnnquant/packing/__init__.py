@@ -2,6 +2,8 @@
 
 from ..rounding import Bf16, bf16_bits_to_float32, to_bf16
 from .conv import conv_weight, depthwise_weight, transposed_conv_weight
+from .gemm import pack_gemm
+from .gemm_configs import kernel_configs
 from .int4 import pack_int4, unpack_int4
 
 __all__ = [
@@ -9,6 +11,8 @@ __all__ = [
     "bf16_bits_to_float32",
     "conv_weight",
     "depthwise_weight",
+    "kernel_configs",
+    "pack_gemm",
     "pack_int4",
     "to_bf16",
     "transposed_conv_weight",

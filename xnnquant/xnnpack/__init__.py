@@ -7,6 +7,7 @@ Needs the ``xnnpack`` extra; without it every entry point raises ``MissingExtraE
 """
 
 from ._capi import library_path, load_library
+from .capture import capture_packed_weights
 from .operators import quantize_per_token
 
-__all__ = ["library_path", "load_library", "quantize_per_token"]
+__all__ = ["capture_packed_weights", "library_path", "load_library", "quantize_per_token"]
