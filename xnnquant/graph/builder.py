@@ -1,0 +1,556 @@
+"""``Graph``: build an XNNGraph value by value and node by node.
+
+Every method returns value ids (the schema's ``id_out``, equal to the index in
+``g.values``).  Node methods create their output value with the shape XNNPACK will
+compute; pass ``output=`` (an id from ``g.tensor``) to choose its datatype and
+quantization yourself, e.g. for static int8 outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..arrays import to_numpy
+from ..datatypes import Datatype, ScaleKind, storage
+from ..errors import UnsupportedConfigError, XnnquantError
+from ..rounding import to_bf16
+from ..tensor import QuantizedTensor
+from . import shapes
+from .layout import NODE_KINDS
+from .model import (
+    FLAG_EXTERNAL_INPUT,
+    FLAG_EXTERNAL_OUTPUT,
+    Node,
+    PerChannelGroupQuant,
+    PerChannelQuant,
+    PerTensorQuant,
+    PerTokenDynamicQuant,
+    QuantParams,
+    Value,
+)
+
+FLAG_TRANSPOSE_WEIGHTS = 0x1  # XNN_FLAG_TRANSPOSE_WEIGHTS (fully connected)
+FLAG_ALIGN_CORNERS = 0x8  # XNN_FLAG_ALIGN_CORNERS (resize bilinear)
+FLAG_KEEP_DIMS = 0x40  # XNN_FLAG_KEEP_DIMS (global average pooling)
+DEFAULT_DEBUG_HANDLE = 0
+
+
+def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    t = tuple(int(x) for x in v)
+    if len(t) != 2:
+        raise XnnquantError(f"{name} must be an int or a pair (h, w): got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def _padding(v: int | Sequence[int]) -> tuple[int, int, int, int]:
+    """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left)."""
+    if isinstance(v, (int, np.integer)):
+        return (int(v),) * 4  # type: ignore[return-value]
+    t = tuple(int(x) for x in v)
+    if len(t) == 2:
+        return (t[0], t[1], t[0], t[1])
+    if len(t) != 4 or min(t) < 0:
+        raise XnnquantError(f"padding must be an int, (h, w) or (top, right, bottom, left) >= 0: got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (what the schema stores)."""
+    return float(np.float32(x))
+
+
+class Graph:
+    """An XNNGraph under construction (or read back by ``load``).
+
+    ``write_scale_bf16``: also store blockwise scales as bf16 bit patterns in
+    ``PerChannelGroupQuant.scale_bf16`` (seed-era runtimes read those; 1.4.1 reads ``scale``).
+    """
+
+    def __init__(self, *, write_scale_bf16: bool = True) -> None:
+        self.values: list[Value] = []
+        self.nodes: list[Node] = []
+        self.write_scale_bf16 = write_scale_bf16
+        self.version = "0"
+        # set by load(): named-data keys referred to (ExecuTorch 1.4.1) and those not resolved
+        self.named_keys: list[str] = []
+        self.missing_named_keys: list[str] = []
+        self.declared_num_externs: int | None = None  # XNNGraph.num_externs as read
+        self.legacy_inline_constants = False  # read from a bare flatbuffer (constant_buffer)
+        self.identifier = "XN01"
+
+    # ------------------------------------------------------------------ values
+
+    @property
+    def inputs(self) -> list[int]:
+        """Ids of the external inputs, in external-id order."""
+        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_INPUT), key=lambda v: v.external_id)]
+
+    @property
+    def outputs(self) -> list[int]:
+        """Ids of the external outputs, in external-id order."""
+        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_OUTPUT), key=lambda v: v.external_id)]
+
+    @property
+    def num_externs(self) -> int:
+        return sum(1 for v in self.values if v.flags & (FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT))
+
+    def _externals(self, flag: int) -> list[Value]:
+        return [v for v in self.values if v.flags & flag and v.external_id is not None]
+
+    def value(self, value_id: int) -> Value:
+        """The value with this id; ``XnnquantError`` when there is none."""
+        if isinstance(value_id, (int, np.integer)) and 0 <= value_id < len(self.values):
+            v = self.values[int(value_id)]
+            if v.id == value_id:
+                return v
+        for v in self.values:
+            if v.id == value_id:
+                return v
+        raise XnnquantError(f"no value with id {value_id!r}: the graph has {len(self.values)} values")
+
+    def _add_value(self, datatype: Datatype, dims: Sequence[int], **kw: Any) -> int:
+        dims = tuple(int(d) for d in dims)
+        if any(d < 0 or d > 0xFFFFFFFF for d in dims):
+            raise XnnquantError(f"dims must be integers in [0, 2**32): got {dims}")
+        vid = len(self.values)
+        self.values.append(Value(vid, Datatype(datatype), dims, **kw))
+        return vid
+
+    def tensor(self, dims: Sequence[int], datatype: Datatype = Datatype.fp32,
+               quant: QuantParams | None = None) -> int:
+        """An internal (non-constant, non-external) value; returns its id."""
+        storage(datatype)
+        return self._add_value(datatype, dims, quant=quant)
+
+    def input(self, dims: Sequence[int], datatype: Datatype = Datatype.fp32,
+              quant: QuantParams | None = None) -> int:
+        """An external input.  Inputs take external ids 0, 1, ... in call order; outputs follow."""
+        storage(datatype)
+        if Datatype(datatype) is Datatype.qdint8:
+            raise UnsupportedConfigError(
+                "an external input cannot be qdint8 (XNNPACK refuses external dynamically quantized "
+                "values): declare an fp32 input and convert it"
+            )
+        n_inputs = len(self._externals(FLAG_EXTERNAL_INPUT))
+        for v in self._externals(FLAG_EXTERNAL_OUTPUT):
+            v.external_id = int(v.external_id) + 1  # type: ignore[arg-type]
+        return self._add_value(datatype, dims, quant=quant, external_id=n_inputs, flags=FLAG_EXTERNAL_INPUT)
+
+    def output(self, value_id: int) -> int:
+        """Mark ``value_id`` as the next external output; returns it."""
+        v = self.value(value_id)
+        if v.flags:
+            role = "input" if v.is_input else "output"
+            raise XnnquantError(
+                f"value {value_id} is already an external {role}: a value can be an output only once "
+                "and never both input and output (ExecuTorch refuses pass-through outputs)"
+            )
+        if v.is_constant:
+            raise XnnquantError(f"value {value_id} is a constant: constants cannot be graph outputs")
+        if v.datatype is Datatype.qdint8:
+            raise UnsupportedConfigError(f"value {value_id} is qdint8: dynamically quantized values stay internal")
+        v.external_id = self.num_externs
+        v.flags = FLAG_EXTERNAL_OUTPUT
+        return v.id
+
+    def constant(self, data: Any) -> int:
+        """A constant: a ``QuantizedTensor`` or a float32 / float16 array (or torch tensor).
+
+        Quantized constants take the quantization parameters of their datatype:
+        qint8 / quint8 / qint32 ``PerTensorQuant``; qcint8 / qcint4 / qcint32
+        ``PerChannelQuant``; qbint4 ``PerChannelGroupQuant`` with bf16-exact ``scale``
+        (and ``scale_bf16`` unless ``write_scale_bf16`` is off).
+        """
+        if isinstance(data, QuantizedTensor):
+            return self._quantized_constant(data)
+        arr = to_numpy(data, "constant")
+        if arr.dtype not in (np.float32, np.float16):
+            raise XnnquantError(
+                f"a float constant must be float32 or float16: got dtype {arr.dtype} "
+                "(convert it, or pass a QuantizedTensor)"
+            )
+        datatype = Datatype.fp32 if arr.dtype == np.float32 else Datatype.fp16
+        blob = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes()
+        return self._add_value(datatype, arr.shape, constant=blob)
+
+    def _quantized_constant(self, qt: QuantizedTensor) -> int:
+        facts = storage(qt.datatype)
+        name = qt.datatype.name
+        quant: QuantParams
+        zp = np.asarray(qt.zero_point)
+        if facts.scale is ScaleKind.TENSOR:
+            quant = PerTensorQuant(_f32(qt.scale), int(zp))
+        elif facts.scale is ScaleKind.CHANNEL:
+            if np.any(zp != 0):
+                raise UnsupportedConfigError(
+                    f"{name} constants need zero point 0 (4-bit: 0 in signed codes, the stored nibble 8): "
+                    f"got {zp.ravel()[:4]}"
+                )
+            quant = PerChannelQuant(np.ascontiguousarray(qt.scale, np.float32).ravel(), int(qt.channel_dim or 0))
+        elif facts.scale is ScaleKind.GROUP_BF16:
+            if np.any(zp != 0):
+                raise UnsupportedConfigError(f"qbint4 constants need zero point 0 (stored nibble 8): got {zp.ravel()[:4]}")
+            scale = np.ascontiguousarray(qt.scale, np.float32).ravel()
+            bf16 = to_bf16(scale)
+            inexact = bf16.values.view(np.uint32) != scale.view(np.uint32)
+            if inexact.any():
+                i = int(np.argmax(inexact))
+                raise UnsupportedConfigError(
+                    f"qbint4 scales must be exactly representable in bf16 (runtimes round them): got "
+                    f"{scale[i]!r} at flat index {i} ({int(inexact.sum())} inexact); round the scales "
+                    "with xnnquant.rounding.to_bf16 before computing the codes"
+                )
+            quant = PerChannelGroupQuant(scale, int(qt.channel_dim or 0), int(qt.group_size),  # type: ignore[arg-type]
+                                         bf16.bits.copy() if self.write_scale_bf16 else None)
+        else:
+            raise XnnquantError(
+                f"{name} values are never constants (XNNPACK quantizes them per token at run time): "
+                "use g.convert(x, Datatype.qdint8)"
+            )
+        return self._add_value(qt.datatype, qt.shape, constant=qt.to_bytes(), quant=quant)
+
+    # ------------------------------------------------------------------- nodes
+
+    def _node(self, kind: str, inputs: Sequence[int], out_dims: Sequence[Sequence[int]],
+              out_types: Sequence[tuple[Datatype, QuantParams | None]], params: dict[str, Any] | None = None,
+              *, flags: int = 0, output: int | None = None, output_min: float | None = None,
+              output_max: float | None = None, debug_handle: int | None = None) -> tuple[int, ...]:
+        assert kind in NODE_KINDS and NODE_KINDS[kind].seed
+        for i in inputs:
+            self.value(i)
+        if output is not None:
+            if len(out_dims) != 1:
+                raise XnnquantError(f"{kind}: output= is for single-output nodes")
+            v = self.value(output)
+            if tuple(v.dims) != tuple(out_dims[0]):
+                raise XnnquantError(f"{kind}: output value {output} has dims {v.dims}, expected {tuple(out_dims[0])}")
+            outs: tuple[int, ...] = (output,)
+        else:
+            outs = tuple(self._add_value(dt, d, quant=q) for d, (dt, q) in zip(out_dims, out_types))
+        if (output_min is None) != (output_max is None):
+            output_min = -np.inf if output_min is None else output_min
+            output_max = np.inf if output_max is None else output_max
+        self.nodes.append(Node(
+            kind, tuple(int(i) for i in inputs), outs, dict(params or {}), int(flags),
+            DEFAULT_DEBUG_HANDLE if debug_handle is None else int(debug_handle),
+            None if output_min is None else _f32(output_min), None if output_max is None else _f32(output_max),
+        ))
+        return outs
+
+    def _like(self, x: int) -> tuple[Datatype, QuantParams | None]:
+        v = self.value(x)
+        if v.datatype is Datatype.qdint8:
+            return Datatype.fp32, None
+        return v.datatype, v.quant
+
+    def _binary(self, kind: str, a: int, b: int, **kw: Any) -> int:
+        dims = shapes.broadcast(kind, self.value(a).dims, self.value(b).dims)
+        return self._node(kind, (a, b), [dims], [self._like(a)], **kw)[0]
+
+    def _unary(self, kind: str, x: int, params: dict[str, Any] | None = None, **kw: Any) -> int:
+        return self._node(kind, (x,), [self.value(x).dims], [self._like(x)], params, **kw)[0]
+
+    def add(self, a: int, b: int, **kw: Any) -> int:
+        """``a + b`` with broadcasting (XNNAdd)."""
+        return self._binary("XNNAdd", a, b, **kw)
+
+    def subtract(self, a: int, b: int, **kw: Any) -> int:
+        return self._binary("XNNSubtract", a, b, **kw)
+
+    def multiply(self, a: int, b: int, **kw: Any) -> int:
+        return self._binary("XNNMultiply", a, b, **kw)
+
+    def divide(self, a: int, b: int, **kw: Any) -> int:
+        return self._binary("XNNDiv", a, b, **kw)
+
+    def minimum(self, a: int, b: int, **kw: Any) -> int:
+        return self._binary("XNNMinimum", a, b, **kw)
+
+    def maximum(self, a: int, b: int, **kw: Any) -> int:
+        return self._binary("XNNMaximum", a, b, **kw)
+
+    def prelu(self, x: int, slope: int, **kw: Any) -> int:
+        """``x if x > 0 else slope * x``; ``slope`` broadcasts against x (XNNPReLU)."""
+        shapes.broadcast("XNNPReLU", self.value(x).dims, self.value(slope).dims)
+        return self._node("XNNPReLU", (x, slope), [self.value(x).dims], [self._like(x)], **kw)[0]
+
+    def batch_matrix_multiply(self, a: int, b: int, **kw: Any) -> int:
+        """``[..., M, K] @ [..., K, N]`` (XNNBatchMatrixMultiply)."""
+        dims = shapes.batch_matrix_multiply(self.value(a).dims, self.value(b).dims)
+        return self._node("XNNBatchMatrixMultiply", (a, b), [dims], [self._like(a)], **kw)[0]
+
+    def fully_connected(self, x: int, w: int, bias: int | None = None, *, transpose_weights: bool = False,
+                        **kw: Any) -> int:
+        """``x [..., K] @ w.T + bias``; ``w`` is ``[N, K]`` (``[K, N]`` with transpose_weights)."""
+        dims = shapes.fully_connected(self.value(x).dims, self.value(w).dims, transpose_weights)
+        inputs = (x, w) if bias is None else (x, w, bias)
+        flags = FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0
+        return self._node("XNNFullyConnected", inputs, [dims], [self._like(x)], flags=flags, **kw)[0]
+
+    def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: Any, stride: Any, dilation: Any,
+              groups: int, kw: dict[str, Any]) -> int:
+        xd, wd = self.value(x).dims, self.value(w).dims
+        pads, st, dil = _padding(padding), _pair(stride, "stride"), _pair(dilation, "dilation")
+        if len(wd) != 4:
+            raise XnnquantError(f"{kind}: filter must be 4-D: got dims {wd}")
+        if kind == "XNNDepthwiseConv2d":
+            one, kh, kwid, oc = wd
+            channels = shapes._nhwc(kind, xd)[3]
+            if one != 1 or oc % channels:
+                raise XnnquantError(
+                    f"XNNDepthwiseConv2d: filter must be [1, KH, KW, OC] with OC a multiple of the input "
+                    f"channels: got filter {wd}, input {xd}"
+                )
+            groups, gic, goc = channels, 1, oc // channels
+        else:
+            oc, kh, kwid, gic = wd
+            channels = shapes._nhwc(kind, xd)[3]
+            if groups < 1 or oc % groups or channels != groups * gic:
+                raise XnnquantError(
+                    f"XNNConv2d: channels do not match: got input {xd}, filter [OC, KH, KW, IC/g] = {wd}, "
+                    f"groups={groups}; expected C == groups * IC/g and OC % groups == 0"
+                )
+            goc = oc // groups
+        oh, ow = shapes.conv_hw(kind, xd, (kh, kwid), pads, st, dil)
+        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
+        params.update(kernel_height=kh, kernel_width=kwid, subsampling_height=st[0], subsampling_width=st[1],
+                      dilation_height=dil[0], dilation_width=dil[1], group_input_channels=gic,
+                      group_output_channels=goc, groups=groups, adjustment_height=0, adjustment_width=0)
+        inputs = (x, w) if bias is None else (x, w, bias)
+        return self._node(kind, inputs, [(xd[0], oh, ow, oc)], [self._like(x)], params, **kw)[0]
+
+    def conv2d(self, x: int, w: int, bias: int | None = None, *, padding: Any = 0, stride: Any = 1,
+               dilation: Any = 1, groups: int = 1, **kw: Any) -> int:
+        """2-D convolution: x NHWC ``[N, H, W, C]``, w OHWI ``[OC, KH, KW, C/groups]``."""
+        return self._conv("XNNConv2d", x, w, bias, padding, stride, dilation, groups, kw)
+
+    def depthwise_conv2d(self, x: int, w: int, bias: int | None = None, *, padding: Any = 0, stride: Any = 1,
+                         dilation: Any = 1, **kw: Any) -> int:
+        """Depthwise convolution: x NHWC ``[N, H, W, C]``, w ``[1, KH, KW, OC]`` (OC = C * multiplier)."""
+        return self._conv("XNNDepthwiseConv2d", x, w, bias, padding, stride, dilation, 1, kw)
+
+    def _pool(self, kind: str, x: int, kernel: Any, stride: Any, padding: Any, dilation: Any,
+              kw: dict[str, Any]) -> int:
+        xd = self.value(x).dims
+        k, st, dil, pads = _pair(kernel, "kernel"), _pair(stride, "stride"), _pair(dilation, "dilation"), _padding(padding)
+        oh, ow = shapes.conv_hw(kind, xd, k, pads, st, dil)
+        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
+        params.update(pooling_height=k[0], pooling_width=k[1], stride_height=st[0], stride_width=st[1],
+                      dilation_height=dil[0], dilation_width=dil[1])
+        return self._node(kind, (x,), [(xd[0], oh, ow, xd[3])], [self._like(x)], params, **kw)[0]
+
+    def avg_pooling_2d(self, x: int, *, kernel: Any, stride: Any = None, padding: Any = 0, **kw: Any) -> int:
+        """Average pooling over NHWC windows (stride defaults to the kernel)."""
+        return self._pool("XNNAvgPooling2d", x, kernel, kernel if stride is None else stride, padding, 1, kw)
+
+    def max_pooling_2d(self, x: int, *, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                       **kw: Any) -> int:
+        """Max pooling over NHWC windows (stride defaults to the kernel)."""
+        return self._pool("XNNMaxPooling2d", x, kernel, kernel if stride is None else stride, padding, dilation, kw)
+
+    def global_avg_pooling_2d(self, x: int, **kw: Any) -> int:
+        """Mean over H and W of NHWC ``[N, H, W, C]`` -> ``[N, 1, 1, C]`` (flag KEEP_DIMS)."""
+        n, _, _, c = shapes._nhwc("XNNGlobalAvgPooling2d", self.value(x).dims)
+        kw.setdefault("flags", FLAG_KEEP_DIMS)
+        return self._node("XNNGlobalAvgPooling2d", (x,), [(n, 1, 1, c)], [self._like(x)], **kw)[0]
+
+    def argmax_pooling_2d(self, x: int, *, kernel: Any, padding: Any = 0, **kw: Any) -> tuple[int, int]:
+        """Max and its index over non-overlapping NHWC windows -> (values id, indices id).
+
+        The index output is labelled fp32 (as ExecuTorch does); XNNPACK writes uint32 indices.
+        """
+        xd = self.value(x).dims
+        k, pads = _pair(kernel, "kernel"), _padding(padding)
+        oh, ow = shapes.conv_hw("XNNArgMaxPooling2d", xd, k, pads, k, (1, 1))
+        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
+        params.update(pooling_height=k[0], pooling_width=k[1])
+        out = (xd[0], oh, ow, xd[3])
+        values, indices = self._node("XNNArgMaxPooling2d", (x,), [out, out], [self._like(x), (Datatype.fp32, None)],
+                                     params, **kw)
+        return values, indices
+
+    def softmax(self, x: int, **kw: Any) -> int:
+        """Softmax over the last dim."""
+        return self._unary("XNNSoftmax", x, **kw)
+
+    def sigmoid(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNSigmoid", x, **kw)
+
+    def hardswish(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNHardswish", x, **kw)
+
+    def abs(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNAbs", x, **kw)
+
+    def negate(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNNegate", x, **kw)
+
+    def square(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNSquare", x, **kw)
+
+    def square_root(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNSquareRoot", x, **kw)
+
+    def floor(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNFloor", x, **kw)
+
+    def ceiling(self, x: int, **kw: Any) -> int:
+        return self._unary("XNNCeiling", x, **kw)
+
+    def clamp(self, x: int, min_value: float, max_value: float, **kw: Any) -> int:
+        """``clip(x, min_value, max_value)``; the bounds are stored in ``output_min_max``."""
+        return self._unary("XNNClamp", x, output_min=min_value, output_max=max_value, **kw)
+
+    def leaky_relu(self, x: int, negative_slope: float, **kw: Any) -> int:
+        return self._unary("XNNLeakyReLU", x, {"negative_slope": _f32(negative_slope)}, **kw)
+
+    def elu(self, x: int, alpha: float = 1.0, **kw: Any) -> int:
+        return self._unary("XNNELU", x, {"alpha": _f32(alpha)}, **kw)
+
+    def convert(self, x: int, datatype: Datatype, *, num_nonbatch_dims: int = 1, scale: float | None = None,
+                zero_point: int | None = None, **kw: Any) -> int:
+        """Convert ``x`` to ``datatype`` (XNNConvert).
+
+        qdint8: per-token dynamic quantization, a row being the last ``num_nonbatch_dims``
+        dims.  qint8 / quint8: static, needs ``scale`` and ``zero_point``.  fp32 / fp16:
+        dequantize or cast.
+        """
+        datatype = Datatype(datatype)
+        dims = self.value(x).dims
+        quant: QuantParams | None = None
+        if datatype is Datatype.qdint8:
+            if not 0 <= num_nonbatch_dims <= len(dims):
+                raise XnnquantError(f"num_nonbatch_dims must be in [0, {len(dims)}]: got {num_nonbatch_dims}")
+            quant = PerTokenDynamicQuant(int(num_nonbatch_dims))
+        elif datatype in (Datatype.qint8, Datatype.quint8):
+            if scale is None or zero_point is None:
+                raise XnnquantError(f"convert to {datatype.name} needs scale= and zero_point=")
+            quant = PerTensorQuant(_f32(scale), int(zero_point))
+        elif datatype not in (Datatype.fp32, Datatype.fp16):
+            raise UnsupportedConfigError(
+                f"convert target must be fp32, fp16, qint8, quint8 or qdint8: got {datatype.name}"
+            )
+        return self._node("XNNConvert", (x,), [dims], [(datatype, quant)], **kw)[0]
+
+    def static_reshape(self, x: int, new_shape: Sequence[int], **kw: Any) -> int:
+        dims = shapes.reshape(self.value(x).dims, new_shape)
+        return self._node("XNNStaticReshape", (x,), [dims], [self._like(x)],
+                          {"num_dims": len(dims), "new_shape": dims}, **kw)[0]
+
+    def static_transpose(self, x: int, perm: Sequence[int], **kw: Any) -> int:
+        perm = tuple(int(p) for p in perm)
+        dims = shapes.transpose(self.value(x).dims, perm)
+        return self._node("XNNStaticTranspose", (x,), [dims], [self._like(x)],
+                          {"num_dims": len(perm), "perm": perm}, **kw)[0]
+
+    def static_slice(self, x: int, offsets: Sequence[int], sizes: Sequence[int], **kw: Any) -> int:
+        offsets, sizes = tuple(int(o) for o in offsets), tuple(int(s) for s in sizes)
+        dims = shapes.slice_(self.value(x).dims, offsets, sizes)
+        return self._node("XNNStaticSlice", (x,), [dims], [self._like(x)],
+                          {"num_dims": len(dims), "offsets": offsets, "sizes": sizes}, **kw)[0]
+
+    def static_constant_pad(self, x: int, pre_paddings: Sequence[int], post_paddings: Sequence[int],
+                            padding_value: float = 0.0, **kw: Any) -> int:
+        pre, post = tuple(int(p) for p in pre_paddings), tuple(int(p) for p in post_paddings)
+        dims = shapes.pad(self.value(x).dims, pre, post)
+        return self._node("XNNStaticConstantPad", (x,), [dims], [self._like(x)],
+                          {"pre_paddings": pre, "post_paddings": post, "padding_value": _f32(padding_value)}, **kw)[0]
+
+    def static_resize_bilinear_2d(self, x: int, new_height: int, new_width: int, *, align_corners: bool = False,
+                                  **kw: Any) -> int:
+        """Bilinear resize of NHWC ``[N, H, W, C]`` -> ``[N, new_height, new_width, C]``."""
+        n, _, _, c = shapes._nhwc("XNNStaticResizeBilinear2D", self.value(x).dims)
+        if new_height < 1 or new_width < 1:
+            raise XnnquantError(f"new_height and new_width must be >= 1: got {new_height}, {new_width}")
+        kw.setdefault("flags", FLAG_ALIGN_CORNERS if align_corners else 0)
+        return self._node("XNNStaticResizeBilinear2D", (x,), [(n, new_height, new_width, c)], [self._like(x)],
+                          {"new_height": int(new_height), "new_width": int(new_width)}, **kw)[0]
+
+    def concatenate(self, inputs: Sequence[int], axis: int, **kw: Any) -> int:
+        """Concatenate 2, 3 or 4 values along ``axis``."""
+        inputs = tuple(inputs)
+        if not 2 <= len(inputs) <= 4:
+            raise UnsupportedConfigError(f"the XN01 schema concatenates 2, 3 or 4 values: got {len(inputs)}")
+        kind = f"XNNConcatenate{len(inputs)}"
+        dims = shapes.concatenate(kind, [self.value(i).dims for i in inputs], int(axis))
+        return self._node(kind, inputs, [dims], [self._like(inputs[0])], {"axis": int(axis)}, **kw)[0]
+
+    def scaled_dot_product_attention(self, query: int, key: int, value: int, scale: int, mask: int,
+                                     **kw: Any) -> int:
+        """``softmax(q @ k^T * scale + mask) @ v``: q ``[..., T, C]``, k ``[..., U, C]``,
+        v ``[..., U, D]``, scale ``[C]``, mask ``[T, U]`` -> ``[..., T, D]``.
+
+        ExecuTorch 1.4.1's runtime no longer maps this node kind.
+        """
+        q, k, v = (self.value(i).dims for i in (query, key, value))
+        if len(q) < 2 or len(k) != len(q) or len(v) != len(q) or q[-1] != k[-1] or k[-2] != v[-2]:
+            raise XnnquantError(
+                f"XNNScaledDotProductAttention: expected q [..., T, C], k [..., U, C], v [..., U, D]: "
+                f"got {q}, {k}, {v}"
+            )
+        return self._node("XNNScaledDotProductAttention", (query, key, value, scale, mask),
+                          [q[:-1] + (v[-1],)], [self._like(query)], **kw)[0]
+
+    # -------------------------------------------------------------- payloads
+
+    def validate(self, *, writing: bool = True) -> None:
+        """Raise ``XnnquantError`` naming the first value or node the runtime would refuse.
+
+        ``writing=False`` (what ``load`` uses) also accepts the node kinds that only later
+        ExecuTorch schemas define.
+        """
+        from .validate import validate
+
+        validate(self, writing=writing)
+
+    def to_bytes(self) -> bytes:
+        """The payload: XNNHeader, XN01 flatbuffer, constant segment (validated first)."""
+        from .writer import to_bytes
+
+        return to_bytes(self)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``to_bytes()`` to ``path`` atomically (temp file in the same dir, then rename)."""
+        payload = self.to_bytes()
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    # ------------------------------------------------------------- comparing
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Graph) and self.values == other.values and self.nodes == other.nodes)
+
+    def __repr__(self) -> str:
+        return (f"Graph({len(self.values)} values, {len(self.nodes)} nodes, inputs={self.inputs}, "
+                f"outputs={self.outputs})")
+
+    def summary(self) -> str:
+        """One line per value and per node, for reading a payload."""
+        lines = []
+        for v in self.values:
+            role = "input" if v.is_input else "output" if v.is_output else "const" if v.is_constant else ""
+            q = "" if v.quant is None else f" {type(v.quant).__name__}"
+            lines.append(f"%{v.id:<4} {v.datatype.name:7} {list(v.dims)} {role}{q}")
+        for i, n in enumerate(self.nodes):
+            lines.append(f"#{i:<4} {n.kind}({', '.join(f'%{x}' for x in n.inputs)}) -> "
+                         f"{', '.join(f'%{x}' for x in n.outputs)} {n.params or ''}")
+        return "\n".join(lines)

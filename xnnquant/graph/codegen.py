@@ -1,0 +1,84 @@
+"""Regenerate ``schema_generated.py`` from ``schema.fbs`` with the pinned ``flatc``.
+
+``python -m xnnquant.graph.codegen`` (what ``make flatbuffers`` runs) writes the file in
+place; ``python -m xnnquant.graph.codegen --check`` only reports whether the committed
+file is what the schema generates.  The compiler is flatc 24.3.25 as shipped in the
+``executorch`` wheel (``executorch/data/bin/flatc``, also exposed as ``.venv/bin/flatc``),
+matching the pinned ``flatbuffers`` Python runtime.  Options: ``--python --gen-onefile``,
+which gives one self-contained module that imports nothing but ``flatbuffers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import MissingExtraError
+
+FLATC_VERSION = "24.3.25"
+FLATC_OPTIONS = ("--python", "--gen-onefile")
+HERE = Path(__file__).resolve().parent
+SCHEMA = HERE / "schema.fbs"
+GENERATED = HERE / "schema_generated.py"
+
+
+def find_flatc() -> Path:
+    """Path of the pinned flatc: next to this interpreter, else inside the executorch wheel."""
+    candidates = [Path(sys.executable).parent / "flatc"]
+    spec = importlib.util.find_spec("executorch")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            candidates.append(Path(root) / "data" / "bin" / "flatc")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise MissingExtraError(
+        "regenerating the flatbuffers code needs flatc " + FLATC_VERSION + ", which ships in the "
+        "executorch wheel: install the extra with  pip install 'xnnquant[xnnpack]'"
+    )
+
+
+def flatc_version(flatc: Path) -> str:
+    out = subprocess.run([str(flatc), "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.strip().rsplit(" ", 1)[-1]
+
+
+def generate(out_dir: Path, flatc: Path | None = None) -> Path:
+    """Run flatc on ``schema.fbs`` into ``out_dir``; returns the generated module's path."""
+    flatc = flatc or find_flatc()
+    version = flatc_version(flatc)
+    if version != FLATC_VERSION:
+        raise MissingExtraError(f"flatc version mismatch: got {version} at {flatc}, expected {FLATC_VERSION}")
+    subprocess.run([str(flatc), *FLATC_OPTIONS, "-o", str(out_dir), str(SCHEMA)], check=True)
+    return out_dir / "schema_generated.py"
+
+
+def regenerated_text() -> str:
+    """What the schema generates now, as text (the committed file is not touched)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return generate(Path(tmp)).read_text()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare, exit 1 on a difference")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = generate(Path(tmp))
+        same = GENERATED.is_file() and fresh.read_bytes() == GENERATED.read_bytes()
+        if args.check:
+            print(f"{GENERATED.name}: {'up to date' if same else 'differs from what schema.fbs generates'}")
+            return 0 if same else 1
+        if not same:
+            shutil.copyfile(fresh, GENERATED)
+        print(f"{GENERATED.name}: {'unchanged' if same else 'regenerated'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

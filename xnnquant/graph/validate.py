@@ -1,0 +1,305 @@
+"""The rules the real runtime enforces, checked before writing and after reading.
+
+Sources: XNNPACK 1adaa7c7 (``src/tensor.c``, ``src/subgraph/fully-connected.c``,
+``convolution-2d.c``, ``depthwise-convolution-2d.c``, ``validation.c``) and ExecuTorch
+1.4.1 (``backends/xnnpack/runtime/XNNCompiler.cpp``, ``XNNExecutor.cpp``).  Each
+failure is an ``XnnquantError`` (``UnsupportedConfigError`` for configurations the
+runtime accepts but computes wrongly) that names the value or node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..datatypes import Datatype, QuantParamsKind, ZeroPoint, storage
+from ..errors import UnsupportedConfigError, XnnquantError
+from ..rounding import bf16_bits_to_float32
+from .layout import NODE_KINDS
+from .model import (
+    FLAG_EXTERNAL_INPUT,
+    FLAG_EXTERNAL_OUTPUT,
+    INVALID_ID,
+    Node,
+    PerChannelGroupQuant,
+    PerChannelQuant,
+    PerTensorQuant,
+    PerTokenDynamicQuant,
+    Value,
+)
+
+D = Datatype
+MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
+MAX_EXTERNS = 4096  # ExecuTorch 1.4.1 runtime limit
+MIN_BLOCK_SIZE = 32  # XNNPACK blockwise kernels: block_size >= 32 and a multiple of 32
+FLAG_TRANSPOSE_WEIGHTS = 0x1
+CONV_FLAGS = 0x4 | 0x20  # TENSORFLOW_SAME_PADDING | TRANSIENT_INDIRECTION_BUFFER
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+# (input, filter, bias, output) accepted by xnn_define_fully_connected (schema datatypes only)
+FC_TYPES = {
+    (D.fp32, D.fp32, D.fp32, D.fp32), (D.fp16, D.fp32, D.fp32, D.fp16),
+    (D.fp16, D.fp16, D.fp16, D.fp16), (D.fp32, D.fp16, D.fp16, D.fp32), (D.fp32, D.fp16, D.fp32, D.fp32),
+    (D.fp32, D.qcint4, D.fp32, D.fp32), (D.qdint8, D.qcint4, D.fp32, D.fp32), (D.qdint8, D.qcint4, D.fp32, D.fp16),
+    (D.qint8, D.qcint4, D.qcint32, D.qint8),
+    (D.qdint8, D.qbint4, D.fp32, D.fp32), (D.qdint8, D.qbint4, D.fp32, D.fp16),
+    (D.fp32, D.qcint8, D.fp32, D.fp32), (D.qdint8, D.qcint8, D.fp32, D.fp32), (D.qdint8, D.qcint8, D.fp32, D.fp16),
+    (D.qint8, D.qcint8, D.qcint32, D.qint8),
+    (D.qint8, D.qint8, D.qint32, D.qint8), (D.quint8, D.quint8, D.qint32, D.quint8),
+}
+# xnn_define_convolution_2d
+CONV_TYPES = {
+    (D.fp32, D.fp32, D.fp32, D.fp32), (D.fp16, D.fp32, D.fp32, D.fp16),
+    (D.fp32, D.fp16, D.fp16, D.fp32), (D.fp32, D.fp16, D.fp32, D.fp32),
+    (D.qint8, D.qint8, D.qint32, D.qint8), (D.qint8, D.qcint8, D.qcint32, D.qint8),
+    (D.qdint8, D.qcint8, D.fp32, D.fp32), (D.qdint8, D.qcint8, D.fp32, D.fp16),
+    (D.quint8, D.quint8, D.qint32, D.quint8),
+}
+# xnn_define_depthwise_convolution_2d
+DEPTHWISE_TYPES = {
+    (D.fp32, D.fp32, D.fp32, D.fp32), (D.fp16, D.fp32, D.fp32, D.fp16), (D.fp32, D.fp16, D.fp16, D.fp32),
+    (D.qint8, D.qint8, D.qint32, D.qint8), (D.qint8, D.qcint8, D.qcint32, D.qint8),
+    (D.quint8, D.quint8, D.qint32, D.quint8),
+}
+# nodes that move data without arithmetic: quantized input and output must share scale and zero point
+DATA_MOVEMENT = {"XNNMaxPooling2d", "XNNStaticReshape", "XNNStaticConstantPad", "XNNStaticTranspose",
+                 "XNNStaticSlice", "XNNStaticResizeBilinear2D"}
+
+
+def _fail(what: str, message: str, error: type[XnnquantError] = XnnquantError) -> XnnquantError:
+    return error(f"{what}: {message}")
+
+
+def expected_nbytes(v: Value) -> int:
+    """Bytes of constant data XNNPACK reads for ``v`` (4-bit rows padded to whole bytes)."""
+    facts = storage(v.datatype)
+    count = int(np.prod(v.dims, dtype=object)) if v.dims else 1
+    if facts.bits == 4:
+        k = v.dims[-1] if v.dims else 1
+        return (count // k) * ((k + 1) // 2) if k else 0
+    return count * facts.bits // 8
+
+
+def _check_scales(what: str, scale: np.ndarray) -> None:
+    bad = ~(np.isfinite(scale) & (scale >= _F32_TINY))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _fail(what, f"scales must be positive normal floats: got {scale.ravel()[i]!r} at index {i}")
+
+
+def check_value(v: Value) -> None:
+    """Rules of ``xnn_define_*tensor_value`` and of ExecuTorch's ``defineTensor``."""
+    what = f"value {v.id}"
+    if v.id == INVALID_ID:
+        raise _fail(what, "id_out 0xFFFFFFFF is reserved for 'no value'")
+    if v.datatype is D.invalid:
+        raise _fail(what, "datatype is invalid (0)")
+    if len(v.dims) > MAX_DIMS:
+        raise _fail(what, f"too many dims: got {len(v.dims)}, expected at most {MAX_DIMS}")
+    if v.flags & ~(FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT):
+        raise _fail(what, f"unsupported flag bits: got flags 0x{v.flags:x}, expected a subset of 0x3")
+    facts = storage(v.datatype)
+    if facts.quant_params is QuantParamsKind.none:
+        if v.quant is not None:
+            raise _fail(what, f"{v.datatype.name} values carry no quantization parameters: got {type(v.quant).__name__}")
+    elif v.quant is None or type(v.quant).__name__ != facts.quant_params.name:
+        got = "none" if v.quant is None else type(v.quant).__name__
+        raise _fail(what, f"{v.datatype.name} needs {facts.quant_params.name}: got {got}")
+    if v.dq_datatype is not D.invalid:
+        if v.dq_datatype is not D.qint8 or not v.is_input or v.is_constant or v.quant is not None:
+            raise _fail(what, "legacy dq_datatype is only valid as qint8 on a non-constant float external input: "
+                              f"got dq_datatype {v.dq_datatype.name}, flags {v.flags}")
+    if v.constant is not None:
+        expected = expected_nbytes(v)
+        if len(v.constant) != expected:
+            raise _fail(what, f"constant data size does not match dims: got {len(v.constant)} bytes for "
+                              f"{v.datatype.name} {list(v.dims)}, expected {expected}")
+    q = v.quant
+    if isinstance(q, PerTensorQuant):
+        _check_scales(what, np.float32([q.scale]))
+        lo, hi = (facts.code_min, facts.code_max) if facts.zero_point is ZeroPoint.FREE else (0, 0)
+        if not lo <= q.zero_point <= hi:
+            raise _fail(what, f"{v.datatype.name} zero point out of range: got {q.zero_point}, expected [{lo}, {hi}]")
+    elif isinstance(q, PerChannelQuant):
+        if not v.dims or not 0 <= q.channel_dim < len(v.dims):
+            raise _fail(what, f"channel_dim out of range: got {q.channel_dim} for dims {list(v.dims)}")
+        if q.scale_buffer_idx == 0 or q.scale.size:
+            if q.scale.size != v.dims[q.channel_dim]:
+                raise _fail(what, f"needs one scale per channel: got {q.scale.size} scales, expected "
+                                  f"dims[{q.channel_dim}] = {v.dims[q.channel_dim]}")
+            _check_scales(what, q.scale)
+    elif isinstance(q, PerChannelGroupQuant):
+        _check_group(what, v, q)
+    elif isinstance(q, PerTokenDynamicQuant):
+        if v.flags or v.is_constant:
+            raise _fail(what, "qdint8 values must be internal and non-constant (XNNPACK quantizes them at run time)")
+        if not 0 <= q.num_nonbatch_dims <= len(v.dims):
+            raise _fail(what, f"num_nonbatch_dims out of range: got {q.num_nonbatch_dims}, expected 0..{len(v.dims)}")
+
+
+def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
+    if len(v.dims) != 2:
+        raise _fail(what, f"qbint4 values must be 2-D [OC, IC]: got dims {list(v.dims)}")
+    if q.channel_dim != 0:
+        raise _fail(what, f"qbint4 channel_dim must be 0 (output channels): got {q.channel_dim}")
+    g = q.group_size
+    if g < MIN_BLOCK_SIZE or g % MIN_BLOCK_SIZE or v.dims[1] % g:
+        raise _fail(what, f"group_size must be a multiple of {MIN_BLOCK_SIZE} dividing IC: got group_size={g}, "
+                          f"IC={v.dims[1]}")
+    n = v.dims[0] * v.dims[1] // g
+    from_buffer = q.scale_buffer_idx != 0
+    if from_buffer and q.scale.size == 0 and q.scale_bf16 is None:
+        return  # unresolved named data: nothing to check yet
+    if not from_buffer and q.scale.size == 0:
+        raise _fail(what, "qbint4 needs fp32 scales in 'scale' (ExecuTorch 1.4.1 crashes on scale_bf16 alone)")
+    scale = q.scale if q.scale.size else bf16_bits_to_float32(q.scale_bf16)  # type: ignore[arg-type]
+    if scale.size != n:
+        raise _fail(what, f"needs OC * IC / group_size = {n} scales: got {scale.size}")
+    _check_scales(what, bf16_bits_to_float32(_bf16_truncated(scale)))
+    if q.scale_bf16 is not None and not from_buffer:
+        if q.scale_bf16.size != n or bf16_bits_to_float32(q.scale_bf16).view(np.uint32).tolist() != \
+                scale.view(np.uint32).tolist():
+            raise _fail(what, "scale_bf16 must hold exactly the scales of 'scale' (runtimes of both generations "
+                              "must read the same values)")
+
+
+def _bf16_truncated(scale: np.ndarray) -> np.ndarray:
+    """The runtime's fp32 -> bf16 conversion: multiply by 1.00389105f, keep the top 16 bits."""
+    return ((scale.astype(np.float32) * np.float32(1.00389105)).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _check_externals(graph: Any) -> None:
+    externals = [v for v in graph.values if v.flags or v.external_id is not None]
+    declared = graph.declared_num_externs
+    n = len(externals) if declared is None else declared
+    if n > MAX_EXTERNS:
+        raise XnnquantError(f"graph: num_externs {n} exceeds the runtime's limit of {MAX_EXTERNS}")
+    if declared is not None and declared != len(externals):
+        raise XnnquantError(f"graph: num_externs is {declared} but {len(externals)} values are external")
+    n_in = sum(1 for v in externals if v.is_input)
+    for v in externals:
+        what = f"value {v.id}"
+        if v.external_id is None or not v.flags:
+            raise _fail(what, f"external values need both an external_id and a flag: got external_id "
+                              f"{v.external_id}, flags {v.flags}")
+        if v.flags == FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT:
+            raise _fail(what, "a value cannot be both external input and output (ExecuTorch refuses pass-through)")
+        lo, hi = (0, n_in) if v.is_input else (n_in, n)
+        if not lo <= v.external_id < hi:
+            raise _fail(what, f"external ids must be dense, inputs first: got {v.external_id} for an "
+                              f"{'input' if v.is_input else 'output'}, expected [{lo}, {hi})")
+    ids = [v.external_id for v in externals]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise XnnquantError(f"graph: external id {dup} is used by more than one value")
+
+
+def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
+    """Per-kind rules of the XNNPACK define functions."""
+    ins = [vals[i] for i in n.inputs]
+    out = vals[n.outputs[0]]
+    if n.kind == "XNNFullyConnected":
+        x, w = ins[0], ins[1]
+        b = ins[2] if len(ins) > 2 else None
+        if w.datatype not in (D.fp32, D.fp16) and w.constant is None and w.named_key is None:
+            raise _fail(what, f"a {w.datatype.name} filter must be a constant (value {w.id})")
+        if len(w.dims) != 2:
+            raise _fail(what, f"filter must be 2-D: got dims {list(w.dims)} (value {w.id})")
+        transposed = bool(n.flags & FLAG_TRANSPOSE_WEIGHTS)
+        if isinstance(w.quant, PerChannelQuant) and w.quant.channel_dim != (1 if transposed else 0):
+            raise _fail(what, f"{w.datatype.name} filter channel_dim must be the output-channel dim "
+                              f"{1 if transposed else 0}: got {w.quant.channel_dim} (value {w.id})")
+        if w.datatype is D.qbint4:
+            if transposed:
+                raise _fail(what, "qbint4 filters with XNN_FLAG_TRANSPOSE_WEIGHTS compute wrong results "
+                                  "in XNNPACK 1adaa7c7: store the filter as [OC, IC]", UnsupportedConfigError)
+            if x.dims and x.dims[-1] != w.dims[1]:
+                raise _fail(what, f"input channels {x.dims[-1]} do not match the qbint4 filter's IC {w.dims[1]}")
+        key = (x.datatype, w.datatype, b.datatype if b else None, out.datatype)
+        allowed = FC_TYPES if b else {(i, f, None, o) for i, f, _, o in FC_TYPES}
+        if key not in allowed:
+            raise _fail(what, "unsupported datatypes (input, filter, bias, output): got "
+                              f"{tuple(d.name if d else None for d in key)}")
+        if b is not None and isinstance(b.quant, PerChannelQuant) and b.quant.channel_dim != 0:
+            raise _fail(what, f"qcint32 bias channel_dim must be 0: got {b.quant.channel_dim}")
+    elif n.kind in ("XNNConv2d", "XNNDepthwiseConv2d"):
+        x, w = ins[0], ins[1]
+        b = ins[2] if len(ins) > 2 else None
+        depthwise = n.kind == "XNNDepthwiseConv2d"
+        if w.constant is None and w.named_key is None:
+            raise _fail(what, f"the filter must be a constant (value {w.id})")
+        if n.flags & ~CONV_FLAGS:
+            raise _fail(what, f"unsupported flags 0x{n.flags:x}, expected a subset of 0x{CONV_FLAGS:x}")
+        table = DEPTHWISE_TYPES if depthwise else CONV_TYPES
+        key = (x.datatype, w.datatype, b.datatype if b else None, out.datatype)
+        allowed = table if b else {(i, f, None, o) for i, f, _, o in table}
+        if key not in allowed:
+            raise _fail(what, "unsupported datatypes (input, filter, bias, output): got "
+                              f"{tuple(d.name if d else None for d in key)}")
+        if isinstance(w.quant, PerChannelQuant):
+            want = len(w.dims) - 1 if depthwise else 0
+            if w.quant.channel_dim != want:
+                raise _fail(what, f"qcint8 filter channel_dim must be {want}: got {w.quant.channel_dim}")
+        if b is not None and isinstance(b.quant, PerChannelQuant) and b.quant.channel_dim != 0:
+            raise _fail(what, f"qcint32 bias channel_dim must be 0: got {b.quant.channel_dim}")
+        p = n.params
+        if not depthwise and len(w.dims) == 4 and w.dims[0] != p.get("groups", 0) * p.get("group_output_channels", 0):
+            raise _fail(what, f"filter dims[0] {w.dims[0]} must equal groups * group_output_channels = "
+                              f"{p.get('groups')} * {p.get('group_output_channels')}")
+    elif n.kind == "XNNConvert" and out.datatype is D.qdint8 and ins[0].datatype not in (D.fp32, D.fp16):
+        raise _fail(what, f"dynamic quantization needs an fp32 or fp16 input: got {ins[0].datatype.name}")
+    elif n.kind in DATA_MOVEMENT and isinstance(ins[0].quant, PerTensorQuant):
+        if ins[0].quant != out.quant:
+            raise _fail(what, f"{n.kind} needs the same scale and zero point on input and output: got "
+                              f"{ins[0].quant} and {out.quant}")
+
+
+def check_nodes(graph: Any, *, writing: bool) -> None:
+    vals = {v.id: v for v in graph.values}
+    produced = {v.id for v in graph.values if v.is_input or v.is_constant}
+    written: set[int] = set()
+    for i, n in enumerate(graph.nodes):
+        what = f"node {i} ({n.kind})"
+        kind = NODE_KINDS.get(n.kind)
+        if kind is None:
+            raise _fail(what, "unknown node kind")
+        if writing and not kind.seed:
+            raise _fail(what, "this node kind is not part of the XN01 seed schema", UnsupportedConfigError)
+        if len(n.inputs) < kind.n_required or len(n.inputs) > len(kind.input_fields):
+            raise _fail(what, f"needs {kind.n_required}..{len(kind.input_fields)} inputs: got {len(n.inputs)}")
+        if len(n.outputs) != len(kind.output_fields):
+            raise _fail(what, f"needs {len(kind.output_fields)} outputs: got {len(n.outputs)}")
+        for vid in n.inputs:
+            if vid not in vals:
+                raise _fail(what, f"input id {vid} names no value")
+            if vid not in produced:
+                raise _fail(what, f"input value {vid} is used before any node defines it "
+                                  "(and it is neither an external input nor a constant)")
+        for vid in n.outputs:
+            if vid not in vals:
+                raise _fail(what, f"output id {vid} names no value")
+            v = vals[vid]
+            if v.is_input or v.is_constant or vid in written:
+                raise _fail(what, f"output value {vid} is already defined (external input, constant, or "
+                                  "the output of an earlier node)")
+            written.add(vid)
+        produced.update(n.outputs)
+        if n.output_min is not None or n.output_max is not None:
+            lo = -np.inf if n.output_min is None else n.output_min
+            hi = np.inf if n.output_max is None else n.output_max
+            if np.isnan(lo) or np.isnan(hi) or lo > hi:
+                raise _fail(what, f"output_min/output_max must be ordered and not NaN: got {lo}, {hi}")
+        _node_rules(what, n, vals)
+
+
+def validate(graph: Any, *, writing: bool = True) -> None:
+    """Raise ``XnnquantError`` naming the first value or node the runtime would refuse."""
+    ids = [v.id for v in graph.values]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise XnnquantError(f"value id {dup} is defined more than once")
+    for v in graph.values:
+        check_value(v)
+    _check_externals(graph)
+    check_nodes(graph, writing=writing)
