@@ -1,0 +1,169 @@
+"""pack_gemm against XNNPACK's own packed bytes, captured from operator creation.
+
+The oracle is the real XNNPACK in executorch 1.4.1: ``capture_packed_weights`` creates
+the fully-connected operator with a weights cache that copies out whatever XNNPACK packs.
+For every operator this CPU has a kernel for, the captured buffer must equal
+``pack_gemm`` with the configuration gemm-config.c selects on this CPU, byte for byte.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xnnquant as xq
+from xnnquant.packing import kernel_configs, pack_gemm
+
+pytestmark = pytest.mark.xnnpack
+
+RNG = np.random.default_rng(20261130)
+
+
+def _capture():  # imported lazily: collecting the module must not need executorch
+    from xnnquant.xnnpack.capture import capture_packed_weights, selected_configs
+
+    return capture_packed_weights, selected_configs()
+
+
+def qc8(n: int, k: int, rng: np.random.Generator = RNG) -> xq.QuantizedTensor:
+    codes = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    return xq.QuantizedTensor(xq.Datatype.qcint8, codes, rng.uniform(1e-3, 1, n).astype(np.float32), channel_dim=0)
+
+
+def qc4(n: int, k: int, rng: np.random.Generator = RNG) -> xq.QuantizedTensor:
+    codes = rng.integers(-8, 8, (n, k)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1, n).astype(np.float32)
+    return xq.QuantizedTensor(xq.Datatype.qcint4, codes, scale, zero_point=8, channel_dim=0)
+
+
+def qb4(n: int, k: int, group: int, rng: np.random.Generator = RNG) -> xq.QuantizedTensor:
+    codes = rng.integers(-8, 8, (n, k)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1, (n, k // group)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    return xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, zero_point=8, group_size=group)
+
+
+def bias_or_none(n: int, with_bias: bool) -> np.ndarray | None:
+    return RNG.standard_normal(n).astype(np.float32) * 10 if with_bias else None
+
+
+def assert_same_bytes(ours: np.ndarray, theirs: np.ndarray) -> None:
+    assert ours.size == theirs.size, f"packed size: ours {ours.size}, XNNPACK {theirs.size}"
+    diff = np.flatnonzero(ours != theirs)
+    assert diff.size == 0, f"{diff.size} bytes differ, first at {diff[:8]}: ours {ours[diff[:8]]}, XNNPACK {theirs[diff[:8]]}"
+
+
+def check(weight, bias, operator: str, nr2: bool = False) -> None:
+    capture, selected = _capture()
+    config = selected["f32 nr2" if nr2 else operator]
+    if config is None:
+        pytest.skip(f"this CPU has no {operator} kernel")
+    captured = capture(weight, bias, operator=operator)
+    assert captured.config == config, f"deduced {captured.config}, gemm-config.c selects {config}"
+    assert_same_bytes(pack_gemm(weight, bias, config=config), captured.data)
+
+
+# --- the shapes of the issue: N not a multiple of nr, K not a multiple of kr / odd, bias or not ---
+
+SHAPES = [(1, 1), (3, 5), (7, 13), (13, 21), (16, 64), (33, 67), (70, 130)]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_qd8_qc8w(n: int, k: int, with_bias: bool) -> None:
+    check(qc8(n, k), bias_or_none(n, with_bias), "qd8_f32_qc8w")
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("operator", ["qd8_f32_qc4w", "qdu8_f32_qc4w"])
+def test_qc4w_signed_and_unsigned_inputs(operator: str, n: int, k: int, with_bias: bool) -> None:
+    check(qc4(n, k), bias_or_none(n, with_bias), operator)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,k,group", [(1, 32, 32), (13, 64, 32), (9, 128, 64), (19, 256, 256), (8, 512, 256),
+                                       (30, 192, 64)])
+def test_qd8_qb4w(n: int, k: int, group: int, with_bias: bool) -> None:
+    check(qb4(n, k, group), bias_or_none(n, with_bias), "qd8_f32_qb4w")
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,k", [(3, 5), (7, 13), (17, 9), (40, 33), (1, 1)])
+def test_f32_small_n_uses_the_nr2_table(n: int, k: int, with_bias: bool) -> None:
+    check(RNG.standard_normal((n, k)).astype(np.float32), bias_or_none(n, with_bias), "f32", nr2=True)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,k", [(1001, 7), (1015, 4), (1007, 2), (64, 19)])
+def test_f32_main_table(n: int, k: int, with_bias: bool) -> None:
+    """Large N whose last partial tile costs under 1%: XNNPACK keeps the main (nr 16) table."""
+    check(RNG.standard_normal((n, k)).astype(np.float32), bias_or_none(n, with_bias), "f32")
+
+
+def test_unsigned_input_falls_back_to_signed_when_the_cpu_has_no_kernel() -> None:
+    capture, selected = _capture()
+    weight = qc8(5, 9)
+    captured = capture(weight)
+    expected = "qdu8_f32_qc8w" if selected["qdu8_f32_qc8w"] is not None else "qd8_f32_qc8w"
+    assert captured.operator == expected
+    assert_same_bytes(pack_gemm(weight, config=captured.config), captured.data)
+
+
+def test_qdu8_and_qd8_corrections_differ_for_4bit() -> None:
+    """Signed nibbles with a x16 row-sum term (qd8, SSE2) versus unsigned nibbles with a x1
+    row-sum term (qdu8, madd kernels): same weights, different bytes, both XNNPACK's."""
+    capture, selected = _capture()
+    if selected["qdu8_f32_qc4w"] is None or selected["qdu8_f32_qc4w"].weights != "qc4uw":
+        pytest.skip("this CPU's qdu8 qc4w kernel reads signed nibbles")
+    weight = qc4(4, 16)
+    signed = capture(weight, operator="qd8_f32_qc4w").data
+    unsigned = capture(weight, operator="qdu8_f32_qc4w").data
+    row_sum = int(weight.codes[0].astype(int).sum())
+    assert signed[:4].view(np.int32)[0] == -16 * row_sum
+    assert unsigned[:4].view(np.int32)[0] == -row_sum
+
+
+def test_every_selected_config_is_in_the_table() -> None:
+    _, selected = _capture()
+    table = kernel_configs()
+    for operator, config in selected.items():
+        assert config is None or config in table, operator
+
+
+# --- hypothesis: random shapes, every operator this CPU has, against the real XNNPACK ---
+
+_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(n=st.integers(1, 40), k=st.integers(1, 90), seed=st.integers(0, 2**32 - 1), with_bias=st.booleans(),
+       operator=st.sampled_from(["qd8_f32_qc8w", "qd8_f32_qc4w", "qdu8_f32_qc4w"]))
+def test_random_per_channel_shapes(n: int, k: int, seed: int, with_bias: bool, operator: str) -> None:
+    rng = np.random.default_rng(seed)
+    weight = qc8(n, k, rng) if operator.endswith("qc8w") else qc4(n, k, rng)
+    check(weight, rng.standard_normal(n).astype(np.float32) if with_bias else None, operator)
+
+
+@_SETTINGS
+@given(n=st.integers(1, 40), blocks=st.integers(1, 4), group=st.sampled_from([32, 64, 256]),
+       seed=st.integers(0, 2**32 - 1), with_bias=st.booleans())
+def test_random_blockwise_shapes(n: int, blocks: int, group: int, seed: int, with_bias: bool) -> None:
+    rng = np.random.default_rng(seed)
+    check(qb4(n, blocks * group, group, rng), rng.standard_normal(n).astype(np.float32) if with_bias else None,
+          "qd8_f32_qb4w")
+
+
+@_SETTINGS
+@given(n=st.integers(1, 60), k=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), with_bias=st.booleans())
+def test_random_f32_shapes(n: int, k: int, seed: int, with_bias: bool) -> None:
+    from xnnquant.xnnpack.capture import capture_packed_weights
+
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    captured = capture_packed_weights(weight, bias, operator="f32")
+    assert captured.config is not None, "no f32 configuration reproduces XNNPACK's bytes"
+    assert_same_bytes(pack_gemm(weight, bias, config=captured.config), captured.data)
