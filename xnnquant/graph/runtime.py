@@ -1,0 +1,353 @@
+"""Running XNNGraph payloads on the real XNNPACK, through the ExecuTorch 1.4.1 runtime.
+
+``to_pte`` wraps a payload into a ``.pte`` program without ExecuTorch's partitioner;
+``run`` executes it with ``executorch.runtime`` and returns numpy arrays.
+
+How a payload becomes a program:
+
+1. A stub ``torch.nn.Module`` with the payload's external inputs and outputs (shapes
+   and dtypes; its body only makes zero tensors of the output shapes) is exported with
+   ``torch.export`` and turned into an Edge program with ``to_edge``.  This is cached
+   per I/O signature.
+2. A ``LoweredBackendModule`` is built around that Edge program with backend id
+   ``"XnnpackBackend"`` and the payload as its processed bytes; its ``.buffer()`` is
+   the ``.pte``: one delegate call taking the stub's inputs and giving its outputs.
+   Named data (constants that ExecuTorch-written payloads reference by ``named_key``)
+   travels in the program's named-data segment, aligned to 16 bytes.
+
+The ``LoweredBackendModule`` is built directly instead of through
+``to_backend("XnnpackBackend", ...)`` with a ``BackendDetails`` subclass: ``to_backend``
+uses the first subclass of that name, which is ExecuTorch's own partitioning backend
+whenever ``executorch.backends.xnnpack`` has been imported in the process.  Building it
+directly gives the same program whatever has been imported, so there is no clash.
+
+External ids order the arguments: inputs, then outputs, each by ascending external id
+(the runtime sorts them so), which is the order of ``Graph.inputs`` / ``Graph.outputs``.
+torch and executorch are imported on first use (the ``xnnpack`` extra).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, Union
+
+import numpy as np
+
+from ..arrays import to_numpy
+from ..datatypes import Datatype, storage
+from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
+
+#: Alignment of named-data blobs in the program, as ExecuTorch's serializer uses.
+NAMED_DATA_ALIGNMENT = 16
+#: Loaded programs kept ready to execute, most recently used last.
+METHOD_CACHE_SIZE = 16
+
+#: Datatypes an external (input or output) value may have, and the numpy dtype of the
+#: buffer the runtime exchanges for it.  qdint8 is never external; per-channel and
+#: blockwise datatypes are constant-only.
+EXTERNAL_DTYPES: dict[Datatype, np.dtype] = {
+    d: np.dtype(storage(d).numpy_dtype)
+    for d in (Datatype.fp32, Datatype.fp16, Datatype.qint8, Datatype.quint8, Datatype.qint32)
+}
+
+
+class TensorSpec(NamedTuple):
+    """Shape and numpy dtype of one external input or output."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class _HasToBytes(Protocol):
+    def to_bytes(self) -> bytes: ...
+
+
+PayloadLike = Union[bytes, bytearray, memoryview, str, os.PathLike, _HasToBytes]
+SpecLike = Union[TensorSpec, tuple[Sequence[int], Any]]
+
+
+def _import_torch_executorch() -> Any:
+    """The modules ``to_pte`` and ``run`` need, or ``MissingExtraError``."""
+    try:
+        import torch
+        from executorch.exir import to_edge  # noqa: F401
+        from executorch.runtime import Runtime  # noqa: F401
+    except ImportError:
+        raise missing_extra("xnnpack", "executorch", "running a payload on the real XNNPACK") from None
+    return torch
+
+
+def payload_bytes(payload: PayloadLike) -> bytes:
+    """``payload`` as bytes: bytes-like, a path to a payload file, or a ``Graph``."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    if isinstance(payload, (str, os.PathLike)):
+        try:
+            with open(payload, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise PayloadError(f"cannot read payload file {os.fspath(payload)!r}: {exc}") from None
+    if hasattr(payload, "to_bytes"):
+        return bytes(payload.to_bytes())
+    raise XnnquantError(
+        f"payload must be bytes, a path or a Graph: got {type(payload).__name__}"
+    )
+
+
+def _load_checked(payload: bytes, named_data: Mapping[str, bytes] | None, validate: bool) -> Any:
+    """``load(payload)``, refusing payloads whose named data is missing.
+
+    The 1.4.1 runtime dereferences a null named-data map when a payload names keys and the
+    program has no named data at all (the process dies), so this is checked up front.
+    """
+    from . import load  # the package exports it; imported here to avoid a cycle
+
+    graph = load(payload, named_data=named_data, validate=validate)
+    if graph.missing_named_keys:
+        keys = graph.missing_named_keys
+        raise PayloadError(
+            f"the payload's constants live in named data: got no bytes for {len(keys)} of its "
+            f"{len(graph.named_keys)} keys (first {keys[0]!r}), expected named_data={{key: bytes}} "
+            "holding all of them"
+        )
+    return graph
+
+
+def external_specs(graph: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Input and output specs of a ``Graph``, in external-id order."""
+    return ([_value_spec(graph.value(i), "input") for i in graph.inputs],
+            [_value_spec(graph.value(i), "output") for i in graph.outputs])
+
+
+def _value_spec(value: Any, role: str) -> TensorSpec:
+    datatype = Datatype(value.datatype)
+    if datatype not in EXTERNAL_DTYPES:
+        raise UnsupportedConfigError(
+            f"external {role} value {value.id} has datatype {datatype.name}: "
+            f"expected one of {', '.join(d.name for d in EXTERNAL_DTYPES)}"
+        )
+    return TensorSpec(tuple(int(d) for d in value.dims), EXTERNAL_DTYPES[datatype])
+
+
+def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
+    """User-given ``(shape, dtype)`` pairs, dtype a numpy dtype or a ``Datatype``."""
+    specs = []
+    for i, item in enumerate(given):
+        try:
+            shape, dtype = item
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise XnnquantError(f"{role}s[{i}] must be a (shape, dtype) pair: got {item!r}") from None
+        if isinstance(dtype, Datatype):
+            if dtype not in EXTERNAL_DTYPES:
+                raise UnsupportedConfigError(
+                    f"{role}s[{i}] has datatype {dtype.name}: expected one of "
+                    f"{', '.join(d.name for d in EXTERNAL_DTYPES)}"
+                )
+            dtype = EXTERNAL_DTYPES[dtype]
+        dtype = np.dtype(dtype)
+        if dtype not in EXTERNAL_DTYPES.values():
+            raise UnsupportedConfigError(
+                f"{role}s[{i}] has dtype {dtype}: expected one of "
+                f"{', '.join(str(d) for d in EXTERNAL_DTYPES.values())}"
+            )
+        if any(d < 0 for d in shape):
+            raise XnnquantError(f"{role}s[{i}] has a negative dimension: got shape {shape}")
+        specs.append(TensorSpec(shape, dtype))
+    return specs
+
+
+@functools.lru_cache(maxsize=64)
+def _stub_edge_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> Any:
+    """Edge program of a module with the given I/O whose body makes zero outputs."""
+    torch = _import_torch_executorch()
+    from executorch.exir import to_edge
+
+    def torch_dtype(dtype: np.dtype) -> Any:
+        return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+    out = [(spec.shape, torch_dtype(spec.dtype)) for spec in outputs]
+
+    class Stub(torch.nn.Module):
+        def forward(self, *args: Any) -> tuple[Any, ...]:
+            return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in out)
+
+    examples = tuple(torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype)) for spec in inputs)
+    return to_edge(torch.export.export(Stub(), examples, strict=False)).exported_program()
+
+
+def _named_data_output(named_data: Mapping[str, bytes] | None) -> Any:
+    if not named_data:
+        return None
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    store = NamedDataStore()
+    for key in sorted(named_data):
+        blob = named_data[key]
+        if not isinstance(key, str) or not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise XnnquantError(
+                f"named_data must map str keys to bytes: got {type(key).__name__} -> {type(blob).__name__}"
+            )
+        store.add_named_data(key, bytes(blob), alignment=NAMED_DATA_ALIGNMENT)
+    return store.get_named_data_store_output()
+
+
+def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
+           outputs: Sequence[SpecLike] | None = None, *,
+           named_data: Mapping[str, bytes] | None = None, validate: bool = True) -> bytes:
+    """The ``.pte`` program that runs ``payload`` as its only delegate call.
+
+    ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs in external-id order, dtype a numpy
+    dtype or a ``Datatype``; each one left ``None`` is read from the payload with
+    ``load``.  ``named_data``: key -> bytes for constants the payload references by
+    ``named_key`` (payloads written by ExecuTorch 1.4.1 itself); they go into the
+    program's named-data segment.  ``validate=False`` skips ``load``'s validation (to
+    probe what the runtime itself refuses).  Returns the program bytes (a ``*.pte``).
+    """
+    data = payload_bytes(payload)
+    found_in, found_out = external_specs(_load_checked(data, named_data, validate))
+    in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
+    out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
+    return _build_pte(data, in_specs, out_specs, named_data)
+
+
+def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
+               named_data: Mapping[str, bytes] | None) -> bytes:
+    if not outputs:
+        raise PayloadError("the payload has no external output: a program must return something")
+    _import_torch_executorch()
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    edge = _stub_edge_program(tuple(inputs), tuple(outputs))
+    lowered = LoweredBackendModule(edge, "XnnpackBackend", data, [], _named_data_output(named_data))
+    return bytes(lowered.buffer())
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Collect what native code writes to file descriptor 2 (the runtime's log).
+
+    Yields a list that holds the captured text once the block has ended.
+    """
+    captured: list[str] = []
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.append(sink.read().decode("utf-8", "replace"))
+
+
+class _Loaded(NamedTuple):
+    program: Any  # executorch.runtime.Program; keeps the method's memory alive
+    method: Any  # executorch.runtime.Method
+
+
+_methods: collections.OrderedDict[bytes, _Loaded] = collections.OrderedDict()
+
+
+def _cache_key(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
+               named_data: Mapping[str, bytes] | None) -> bytes:
+    h = hashlib.sha256(data)
+    h.update(repr((inputs, outputs)).encode())
+    for key in sorted(named_data or {}):
+        h.update(hashlib.sha256(key.encode()).digest() + hashlib.sha256(named_data[key]).digest())
+    return h.digest()
+
+
+def _loaded_method(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                   named_data: Mapping[str, bytes] | None) -> _Loaded:
+    """Program and ``forward`` method running ``data``, from a small LRU cache."""
+    key = _cache_key(data, inputs, outputs, named_data)
+    if key in _methods:
+        _methods.move_to_end(key)
+        return _methods[key]
+    pte = _build_pte(data, inputs, outputs, named_data)
+    from executorch.runtime import Runtime
+
+    with _captured_stderr() as log:
+        try:
+            program = Runtime.get().load_program(pte)
+            method = program.load_method("forward")
+        except RuntimeError as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+    if failure is not None:
+        raise UnsupportedConfigError(
+            f"the ExecuTorch runtime refused the payload: {failure}; runtime log: "
+            f"{_log_summary(log[0])}"
+        ) from None
+    _methods[key] = _Loaded(program, method)
+    while len(_methods) > METHOD_CACHE_SIZE:
+        _methods.popitem(last=False)
+    return _methods[key]
+
+
+def _log_summary(log: str) -> str:
+    """The runtime's error lines (without CPU-probe chatter), or the whole log."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip() and "cpuinfo" not in ln]
+    return " | ".join(lines[-12:]) if lines else "(empty)"
+
+
+def _check_inputs(inputs: Sequence[Any], specs: list[TensorSpec]) -> list[np.ndarray]:
+    if isinstance(inputs, np.ndarray) or len(inputs) != len(specs):
+        got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"
+        raise XnnquantError(
+            f"run needs one array per external input, in a list: got {got}, expected {len(specs)} "
+            f"({', '.join(f'{s.shape} {s.dtype}' for s in specs)})"
+        )
+    arrays = []
+    for i, (x, spec) in enumerate(zip(inputs, specs)):
+        arr = to_numpy(x, f"inputs[{i}]")
+        if arr.dtype != spec.dtype or tuple(arr.shape) != spec.shape:
+            raise XnnquantError(
+                f"inputs[{i}] does not match the payload's external input {i}: got shape "
+                f"{tuple(arr.shape)} {arr.dtype}, expected {spec.shape} {spec.dtype}"
+            )
+        arrays.append(np.ascontiguousarray(arr))
+    return arrays
+
+
+def run(payload: PayloadLike, inputs: Sequence[Any], *,
+        named_data: Mapping[str, bytes] | None = None, validate: bool = True) -> list[np.ndarray]:
+    """Execute ``payload`` on the real XNNPACK (ExecuTorch 1.4.1 runtime).
+
+    ``inputs``: one array per external input, in external-id order, each with exactly
+    the shape and dtype of that input (fp32 -> float32, fp16 -> float16, qint8 -> int8,
+    quint8 -> uint8, qint32 -> int32); nothing is converted silently.  ``named_data``
+    and ``validate``: see ``to_pte``.  Returns one freshly allocated array per external
+    output, in external-id order.
+
+    Raises ``UnsupportedConfigError`` when the runtime refuses the payload, with the
+    runtime's own log lines in the message.  Programs are cached by their bytes, so
+    running the same payload again costs only the execution.
+    """
+    torch = _import_torch_executorch()
+    data = payload_bytes(payload)
+    in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
+    arrays = _check_inputs(inputs, in_specs)
+    loaded = _loaded_method(data, in_specs, out_specs, named_data)
+    with _captured_stderr() as log:
+        try:
+            results = loaded.method.execute([torch.from_numpy(a) for a in arrays])
+        except RuntimeError as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+    if failure is not None:
+        raise UnsupportedConfigError(
+            f"the ExecuTorch runtime failed to execute the payload: {failure}; runtime log: "
+            f"{_log_summary(log[0])}"
+        ) from None
+    return [np.array(r.numpy(), copy=True) for r in results]
