@@ -1,9 +1,46 @@
-"""Quantization schemes (being written: see issue "schemes")."""
+"""Quantization schemes: floats in, ``QuantizedTensor`` (codes, scales, zero points) out.
 
+One module per scheme, each with the same verbs ``choose_qparams``, ``quantize`` and
+``dequantize``:
 
-def _pending(*_args, **_kwargs):
-    raise NotImplementedError("xnnquant.schemes is being written")
+================  ==========================  ======================================
+module            datatypes                   scales
+================  ==========================  ======================================
+``per_tensor``    qint8, quint8               one, asymmetric by default
+``per_channel``   qcint8, qcint4              one per channel, symmetric
+``blockwise``     qbint4                      one bf16 per (channel, group), symmetric
+``bias``          qint32, qcint32             input scale x weight scale
+``per_token``     qdint8                      one per row, as XNNPACK computes it
+================  ==========================  ======================================
 
+``search`` chooses symmetric scales ("minmax" or the least-squares "mse" search) and
+``granularity`` says which elements share a scale.  Nothing here knows about bytes.
+"""
 
-quantize_per_tensor = quantize_per_channel = quantize_blockwise = _pending
-quantize_bias = quantize_per_token = _pending
+from . import bias, blockwise, granularity, per_channel, per_tensor, per_token, search
+from .granularity import PerChannel, PerGroup, PerTensor, PerToken
+
+quantize_per_tensor = per_tensor.quantize
+quantize_per_channel = per_channel.quantize
+quantize_blockwise = blockwise.quantize
+quantize_bias = bias.quantize
+quantize_per_token = per_token.quantize
+
+__all__ = [
+    "PerChannel",
+    "PerGroup",
+    "PerTensor",
+    "PerToken",
+    "bias",
+    "blockwise",
+    "granularity",
+    "per_channel",
+    "per_tensor",
+    "per_token",
+    "quantize_bias",
+    "quantize_blockwise",
+    "quantize_per_channel",
+    "quantize_per_tensor",
+    "quantize_per_token",
+    "search",
+]

@@ -1,0 +1,90 @@
+"""Blockwise int4 weights (qbint4): one bf16 scale per ``(out_channel, group)``.
+
+``w`` is a linear weight ``[C, K]`` (out_features, in_features); each row is cut into
+``K // group_size`` groups of ``group_size`` consecutive columns, and each group gets its
+own scale.  Codes lie in [-8, 7] with zero point 0 (storage adds 8 to each nibble).
+
+Scales are rounded to bf16 (to nearest, ties to even) *before* the codes are computed,
+and ``scale`` holds those bf16-exact values as float32 ``(C, K // group_size)``.  Every
+XNNPACK runtime then uses exactly the scales the codes were computed against: the one in
+executorch 1.4.1 reads the float32 list and converts it to bf16 by a biased truncation
+that leaves bf16-exact values unchanged, seed-era runtimes read the bf16 list.
+
+``group_size`` must be a positive multiple of 32 (XNNPACK's least block size) that
+divides ``K``.  ``group_size == K`` is allowed, but then per-channel int4 (qcint4, float32
+scales, no bf16 rounding) is the better choice: same codes budget, more exact scales.
+
+Scales come from ``method`` (see ``search``): ``"minmax"`` is ``bf16(max|group| / 7.5)``,
+``"mse"`` searches each group's bf16 scale for the least squared error.  All-zero groups
+get scale 1.0; scales below the smallest normal float32 are clamped up to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..datatypes import Datatype, storage
+from ..errors import XnnquantError
+from ..tensor import QuantizedTensor
+from .checks import Method, check_method, float_input
+from .granularity import PerGroup
+from .search import choose_scales, quantize_blocks
+
+#: XNNPACK's ``XNN_MIN_BLOCKSIZE``: block sizes must be multiples of it.
+MIN_GROUP_SIZE = 32
+
+_FACTS = storage(Datatype.qbint4)
+
+
+def valid_group_sizes(in_features: int) -> list[int]:
+    """Every group size XNNPACK accepts for ``in_features`` columns."""
+    return [g for g in range(MIN_GROUP_SIZE, in_features + 1, MIN_GROUP_SIZE) if in_features % g == 0]
+
+
+def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup, str]:
+    arr = float_input(w, "w", min_rank=2, max_rank=2)
+    in_features = arr.shape[1]
+    valid = valid_group_sizes(in_features)
+    ok = isinstance(group_size, (int, np.integer)) and not isinstance(group_size, bool) and int(group_size) in valid
+    if not ok:
+        listed = ", ".join(map(str, valid)) if valid else (
+            f"none: in_features must be a multiple of {MIN_GROUP_SIZE} for blockwise int4; use per-channel int4"
+        )
+        raise XnnquantError(
+            f"group_size must be a multiple of {MIN_GROUP_SIZE} that divides in_features: "
+            f"got group_size={group_size!r}, in_features={in_features} (valid: {listed})"
+        )
+    return arr, PerGroup(int(group_size)), check_method(method)
+
+
+def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax") -> np.ndarray:
+    """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value."""
+    arr, granularity, method = _prepare(w, group_size, method)
+    blocks = granularity.blocks(arr).reshape(-1, granularity.group_size)
+    scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
+    return scale.reshape(granularity.scale_shape(arr.shape))
+
+
+def quantize(w: Any, group_size: int = 32, method: Method = "minmax") -> QuantizedTensor:
+    """Quantize ``w`` ``[C, K]`` (fp32/fp16/bf16) to qbint4.
+
+    Returns int8 codes ``[C, K]`` in [-8, 7], scale float32 ``(C, K // group_size)`` (bf16
+    values), zero point 0, ``channel_dim = 0``, ``group_size``.
+    """
+    arr, granularity, method = _prepare(w, group_size, method)
+    blocks = granularity.blocks(arr).reshape(-1, granularity.group_size)
+    scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
+    codes = quantize_blocks(blocks, scale, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype)
+    return QuantizedTensor(
+        Datatype.qbint4, codes.reshape(arr.shape), scale.reshape(granularity.scale_shape(arr.shape)), 0,
+        channel_dim=0, group_size=granularity.group_size, meta={"method": method},
+    )
+
+
+def dequantize(qt: QuantizedTensor) -> np.ndarray:
+    """``codes * scale[row, column // group_size]`` as float32 ``[C, K]``."""
+    if qt.datatype is not Datatype.qbint4:
+        raise XnnquantError(f"not a blockwise weight: got {qt.datatype.name}, expected qbint4")
+    return qt.dequantize()

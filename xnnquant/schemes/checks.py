@@ -1,0 +1,103 @@
+"""Input checks and scale rules shared by the schemes.
+
+Every check raises ``XnnquantError`` saying what was wrong, what was given and what was
+expected.  Two scale rules hold in every scheme (XNNPACK rejects any scale that is not a
+positive normal float32):
+
+* a block whose values are all zero gets scale 1.0 (as XNNPACK's own per-token
+  quantization does), and codes 0;
+* a non-zero scale below the smallest normal float32 (``2**-126``, about 1.18e-38) is
+  clamped up to it, so every value of such a tiny block quantizes to 0 or +-1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from ..arrays import as_float32
+from ..errors import XnnquantError
+
+#: The smallest positive normal float32, the least scale XNNPACK accepts.
+SMALLEST_NORMAL = np.float32(np.finfo(np.float32).tiny)
+
+#: XNNPACK's ``XNN_MAX_TENSOR_DIMS``.
+MAX_DIMS = 6
+
+Method = Literal["minmax", "mse"]
+METHODS: tuple[str, ...] = ("minmax", "mse")
+
+
+def float_input(x: Any, name: str, min_rank: int, max_rank: int = MAX_DIMS) -> np.ndarray:
+    """``x`` as a finite, non-empty float32 array of rank in ``[min_rank, max_rank]``.
+
+    fp32, fp16 and bf16 (numpy, ml_dtypes or torch) are accepted and widened exactly.
+    """
+    arr = as_float32(x, name)
+    if not min_rank <= arr.ndim <= max_rank:
+        expected = f"{min_rank}" if min_rank == max_rank else f"{min_rank} to {max_rank}"
+        raise XnnquantError(f"{name} has the wrong rank: got shape {arr.shape} (rank {arr.ndim}), expected rank {expected}")
+    if arr.size == 0:
+        raise XnnquantError(f"{name} is empty: got shape {arr.shape}, expected at least one element")
+    return arr
+
+
+def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
+    """``axis`` in ``[-ndim, ndim)`` as a non-negative int."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise XnnquantError(f"{name} must be an integer: got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise XnnquantError(f"{name} is out of range: got {axis} for a rank-{ndim} tensor, expected {-ndim} to {ndim - 1}")
+    return int(axis) % ndim
+
+
+def check_method(method: Any) -> str:
+    if method not in METHODS:
+        raise XnnquantError(f"unknown method: got {method!r}, expected one of {', '.join(map(repr, METHODS))}")
+    return str(method)
+
+
+def check_int(value: Any, name: str) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise XnnquantError(f"{name} must be an integer: got {value!r}")
+    return int(value)
+
+
+def positive_normal(scale: np.ndarray, all_zero: np.ndarray) -> np.ndarray:
+    """float32 ``scale`` with the two rules above applied (``all_zero`` marks zero blocks)."""
+    out = np.maximum(np.asarray(scale, np.float32), SMALLEST_NORMAL)
+    return np.where(all_zero, np.float32(1), out).astype(np.float32)
+
+
+def reciprocal(scale: np.ndarray) -> np.ndarray:
+    """``1 / scale`` in float32: every quantizer here multiplies by it (as torchao does)."""
+    return (np.float32(1) / np.asarray(scale, np.float32)).astype(np.float32)
+
+
+def user_scale(scale: Any, name: str = "scale") -> np.ndarray:
+    """A caller-given scale as a float32 array, each value a positive normal float."""
+    try:
+        arr = np.asarray(scale, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise XnnquantError(f"{name} must be a number or an array of numbers: got {scale!r}") from None
+    as32 = arr.astype(np.float32)
+    bad = ~(np.isfinite(as32) & (as32 >= SMALLEST_NORMAL))
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0]) if arr.ndim else ()
+        raise XnnquantError(
+            f"{name} must be a positive normal float32 (XNNPACK rejects others): got {arr[where]}"
+            f"{f' at index {where}' if where else ''}, expected a finite value >= {SMALLEST_NORMAL:.9g}"
+        )
+    return as32
+
+
+def user_zero_point(zero_point: Any, qmin: int, qmax: int, dtype_name: str) -> int:
+    """A caller-given zero point as an int in ``[qmin, qmax]``."""
+    value = zero_point.item() if isinstance(zero_point, np.ndarray) and zero_point.size == 1 else zero_point
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    zp = check_int(value, "zero_point")
+    if not qmin <= zp <= qmax:
+        raise XnnquantError(f"zero_point is out of range for {dtype_name}: got {zp}, expected {qmin} to {qmax}")
+    return zp

@@ -1,0 +1,96 @@
+"""Static per-tensor quantization: qint8 and quint8, one scale and one zero point.
+
+Asymmetric by default (torchao's and PyTorch's min-max rule, in float32)::
+
+    lo, hi = min(0, min(x)), max(0, max(x))
+    scale  = (hi - lo) / (qmax - qmin)
+    zp     = clamp(qmin - round_half_even(lo / scale), qmin, qmax)
+
+``symmetric=True`` gives ``scale = max|x| / ((qmax - qmin) / 2)`` with the zero point in
+the middle of the range (0 for qint8, 128 for quint8).  A tensor of zeros gets scale 1.0;
+scales below the smallest normal float32 are clamped up to it.  A caller-given scale and
+zero point are used exactly as given (both or neither).
+Codes: ``clamp(round_half_even(x * (1 / scale)) + zp, qmin, qmax)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..datatypes import Datatype, storage
+from ..errors import XnnquantError
+from ..rounding import quantize_values, round_half_even
+from ..tensor import QuantizedTensor
+from .checks import float_input, positive_normal, reciprocal, user_scale, user_zero_point
+from .search import half_range
+
+DATATYPES = (Datatype.qint8, Datatype.quint8)
+
+
+def _datatype(dtype: Any) -> Datatype:
+    try:
+        datatype = Datatype(dtype) if not isinstance(dtype, str) else Datatype[dtype]
+    except (ValueError, KeyError):
+        datatype = None
+    if datatype not in DATATYPES:
+        raise XnnquantError(f"unsupported per-tensor datatype: got {dtype!r}, expected Datatype.qint8 or Datatype.quint8")
+    return datatype
+
+
+def choose_qparams(x: Any, dtype: Datatype = Datatype.qint8, symmetric: bool = False) -> tuple[np.ndarray, int]:
+    """(scale float32 ``()``, zero point int) of ``x`` for ``dtype``."""
+    arr = float_input(x, "x", min_rank=0)
+    return _choose(arr, _datatype(dtype), symmetric)
+
+
+def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.ndarray, int]:
+    facts = storage(datatype)
+    qmin, qmax = facts.code_min, facts.code_max
+    lo = np.minimum(arr.min(), np.float32(0))
+    hi = np.maximum(arr.max(), np.float32(0))
+    with np.errstate(over="ignore"):
+        if symmetric:
+            raw = np.maximum(-lo, hi) / half_range(qmin, qmax)
+        else:
+            raw = (hi - lo) / np.float32(qmax - qmin)
+    if not np.isfinite(raw):
+        raise XnnquantError(f"x has a range that overflows float32: got min {lo}, max {hi}, expected max - min to be finite")
+    scale = positive_normal(np.float32(raw), np.bool_(hi == lo))
+    if symmetric:
+        return scale, (qmin + qmax + 1) // 2
+    zp = np.clip(qmin - round_half_even(lo / scale), qmin, qmax)
+    return scale, int(zp)
+
+
+def quantize(x: Any, dtype: Datatype = Datatype.qint8, scale: Any = None, zero_point: Any = None,
+             symmetric: bool = False) -> QuantizedTensor:
+    """Quantize ``x`` (any rank up to 6, fp32/fp16/bf16) with one scale and zero point.
+
+    Returns a qint8 (int8 codes) or quint8 (uint8 codes) ``QuantizedTensor`` shaped like
+    ``x``, scale float32 ``()``, zero point an int in the codes' range.
+    """
+    arr = float_input(x, "x", min_rank=0)
+    datatype = _datatype(dtype)
+    facts = storage(datatype)
+    if (scale is None) != (zero_point is None):
+        raise XnnquantError(
+            f"give both scale and zero_point or neither: got scale={scale!r}, zero_point={zero_point!r}"
+        )
+    if scale is None:
+        scale_arr, zp = _choose(arr, datatype, symmetric)
+    else:
+        scale_arr = user_scale(scale)
+        if scale_arr.shape != ():
+            raise XnnquantError(f"a per-tensor scale must be one number: got shape {scale_arr.shape}")
+        zp = user_zero_point(zero_point, facts.code_min, facts.code_max, datatype.name)
+    codes = quantize_values(arr, reciprocal(scale_arr), zp, facts.code_min, facts.code_max, facts.numpy_dtype)
+    return QuantizedTensor(datatype, codes, scale_arr, zp)
+
+
+def dequantize(qt: QuantizedTensor) -> np.ndarray:
+    """``(codes - zero_point) * scale`` as float32, in the logical shape."""
+    if qt.datatype not in DATATYPES:
+        raise XnnquantError(f"not a per-tensor tensor: got {qt.datatype.name}, expected qint8 or quint8")
+    return qt.dequantize()
