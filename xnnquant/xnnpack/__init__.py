@@ -3,11 +3,25 @@
 Needs the ``xnnpack`` extra; without it every entry point raises ``MissingExtraError``.
 
 * ``quantize_per_token(x)``: XNNPACK's own f32 -> qdint8 per-row quantization.
-* ``load_library()``: the configured ``ctypes.CDLL`` (for modules that call more of the API).
+* ``fully_connected(x, weight, bias, dynamic=...)``: float-output linear layer.
+* ``static_fully_connected(x, weight, bias, output_scale=...)``: the all-int8 path.
+* ``last_operators()``: the XNNPACK operators the last layer ran.
+* ``load_library()``, ``Subgraph``, ``Runtime``: for modules that build their own graphs
+  (e.g. with a weights cache).
 """
 
 from ._capi import library_path, load_library
-from .capture import capture_packed_weights
+from .fully_connected import fully_connected, last_operators, static_fully_connected
 from .operators import quantize_per_token
+from .runtime import Runtime, Subgraph
 
-__all__ = ["capture_packed_weights", "library_path", "load_library", "quantize_per_token"]
+__all__ = [
+    "Runtime",
+    "Subgraph",
+    "fully_connected",
+    "last_operators",
+    "library_path",
+    "load_library",
+    "quantize_per_token",
+    "static_fully_connected",
+]
