@@ -11,7 +11,7 @@ Needs the ``xnnpack`` extra; without it every entry point raises ``MissingExtraE
 """
 
 from ._capi import library_path, load_library
-from .fully_connected import fully_connected, last_operators, static_fully_connected
+from .fully_connected import fully_connected, last_operators, last_timings_us, static_fully_connected
 from .operators import quantize_per_token
 from .runtime import Runtime, Subgraph
 
@@ -20,6 +20,7 @@ __all__ = [
     "Subgraph",
     "fully_connected",
     "last_operators",
+    "last_timings_us",
     "library_path",
     "load_library",
     "quantize_per_token",

@@ -67,6 +67,7 @@ from .runtime import Runtime, Subgraph
 FLOAT_OUTPUT_WEIGHTS = (Datatype.qcint8, Datatype.qcint4, Datatype.qbint4)
 _X, _Y = 0, 1  # external ids of the input and the output
 _last: tuple[str, ...] = ()
+_last_timings: tuple[int, ...] = ()
 
 
 def last_operators() -> tuple[str, ...]:
@@ -74,6 +75,12 @@ def last_operators() -> tuple[str, ...]:
     ``static_fully_connected`` call ran, from runtime profiling, e.g.
     ``("Fully Connected (NC, QDU8, F32, QB4W) GEMM",)``."""
     return _last
+
+
+def last_timings_us() -> tuple[int, ...]:
+    """Time of each operator of ``last_operators()`` in that (single, first) invocation,
+    microseconds, as XNNPACK's runtime profiling measured it."""
+    return _last_timings
 
 
 def fully_connected(
@@ -316,7 +323,8 @@ def _define_weight(sg: Subgraph, weight: QuantizedTensor, transpose: bool) -> in
 
 def _run(runtime: Runtime, x: np.ndarray, out: np.ndarray) -> None:
     """Run ``runtime`` once with input ``x`` and output ``out``; record the operators."""
-    global _last
+    global _last, _last_timings
     with runtime:
         runtime.run({_X: x, _Y: out})
         _last = runtime.operator_names()
+        _last_timings = runtime.operator_timings_us()
