@@ -28,7 +28,7 @@ import numpy as np
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
-from .checks import Method, check_method, float_input
+from .checks import Method, check_method, float_input, user_scales
 from .granularity import PerGroup
 from .search import choose_scales, quantize_blocks
 
@@ -67,19 +67,26 @@ def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax") -> n
     return scale.reshape(granularity.scale_shape(arr.shape))
 
 
-def quantize(w: Any, group_size: int = 32, method: Method = "minmax") -> QuantizedTensor:
+def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
+             scale: Any = None) -> QuantizedTensor:
     """Quantize ``w`` ``[C, K]`` (fp32/fp16/bf16) to qbint4.
+
+    ``scale`` (float32 ``(C, K // group_size)``, positive normal bf16 values), when
+    given, is used as is instead of ``method``.
 
     Returns int8 codes ``[C, K]`` in [-8, 7], scale float32 ``(C, K // group_size)`` (bf16
     values), zero point 0, ``channel_dim = 0``, ``group_size``.
     """
     arr, granularity, method = _prepare(w, group_size, method)
     blocks = granularity.blocks(arr).reshape(-1, granularity.group_size)
-    scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
-    codes = quantize_blocks(blocks, scale, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype)
+    if scale is None:
+        flat_scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
+    else:
+        flat_scale = user_scales(scale, granularity.scale_shape(arr.shape), bf16=True).reshape(-1)
+    codes = quantize_blocks(blocks, flat_scale, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype)
     return QuantizedTensor(
-        Datatype.qbint4, codes.reshape(arr.shape), scale.reshape(granularity.scale_shape(arr.shape)), 0,
-        channel_dim=0, group_size=granularity.group_size, meta={"method": method},
+        Datatype.qbint4, codes.reshape(arr.shape), flat_scale.reshape(granularity.scale_shape(arr.shape)), 0,
+        channel_dim=0, group_size=granularity.group_size, meta={"method": method if scale is None else "given"},
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..arrays import as_float32
 from ..errors import XnnquantError
+from ..rounding import to_bf16
 
 #: The smallest positive normal float32, the least scale XNNPACK accepts.
 SMALLEST_NORMAL = np.float32(np.finfo(np.float32).tiny)
@@ -90,6 +91,22 @@ def user_scale(scale: Any, name: str = "scale") -> np.ndarray:
             f"{f' at index {where}' if where else ''}, expected a finite value >= {SMALLEST_NORMAL:.9g}"
         )
     return as32
+
+
+def user_scales(scale: Any, shape: tuple[int, ...], bf16: bool = False) -> np.ndarray:
+    """Caller-given scales of the expected ``shape``, positive normal (and bf16-exact if asked)."""
+    arr = user_scale(scale)
+    if arr.shape != shape:
+        raise XnnquantError(f"scale has the wrong shape: got {arr.shape}, expected {shape}")
+    if bf16:
+        inexact = arr != to_bf16(arr).values
+        if inexact.any():
+            where = tuple(int(i) for i in np.argwhere(inexact)[0])
+            raise XnnquantError(
+                f"scale must hold bf16 values: got {arr[where]:.9g} at index {where}, expected a value exactly "
+                "representable in bf16 (round with xnnquant.packing.to_bf16)"
+            )
+    return arr
 
 
 def user_zero_point(zero_point: Any, qmin: int, qmax: int, dtype_name: str) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
-from .checks import Method, check_method, float_input, normalize_axis
+from .checks import Method, check_method, float_input, normalize_axis, user_scales
 from .granularity import PerChannel
 from .search import choose_scales, quantize_blocks
 
@@ -50,8 +50,12 @@ def choose_qparams(w: Any, bits: int = 8, axis: int = 0, method: Method = "minma
     return choose_scales(_blocks(arr, granularity), facts.code_min, facts.code_max, method)
 
 
-def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax") -> QuantizedTensor:
+def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
+             scale: Any = None) -> QuantizedTensor:
     """Quantize ``w`` (any rank >= 1, fp32/fp16/bf16) per channel along ``axis``.
+
+    ``scale`` (float32 ``(C,)``, positive normal), when given, is used as is instead of
+    ``method``.
 
     Returns a qcint8 (``bits=8``) or qcint4 (``bits=4``) ``QuantizedTensor``: int8 codes in
     the shape of ``w``, scale float32 ``(C,)``, zero point 0, ``channel_dim = axis``.
@@ -59,11 +63,14 @@ def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax") ->
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
     facts = storage(datatype)
     blocks = _blocks(arr, granularity)
-    scale = choose_scales(blocks, facts.code_min, facts.code_max, method)
-    codes = quantize_blocks(blocks, scale, facts.code_min, facts.code_max, facts.numpy_dtype)
+    if scale is None:
+        scales = choose_scales(blocks, facts.code_min, facts.code_max, method)
+    else:
+        scales = user_scales(scale, granularity.scale_shape(arr.shape))
+    codes = quantize_blocks(blocks, scales, facts.code_min, facts.code_max, facts.numpy_dtype)
     return QuantizedTensor(
-        datatype, granularity.unblocks(codes, arr.shape), scale, 0,
-        channel_dim=granularity.axis, meta={"method": method},
+        datatype, granularity.unblocks(codes, arr.shape), scales, 0,
+        channel_dim=granularity.axis, meta={"method": method if scale is None else "given"},
     )
 
 
