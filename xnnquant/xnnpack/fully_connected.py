@@ -4,21 +4,25 @@
 ``static_fully_connected`` the all-int8 path, ``last_operators`` names what ran.
 
 Measured on XNNPACK 1adaa7c7 (executorch 1.4.1) on an x86-64 AMD EPYC with AVX2 (no
-AVX-512), against an integer-exact numpy reference, over M in {1, 2, 3, 5, 17, 64},
-N in {1, 7, 16, 33, 100} and odd K in
-(1, 3, 5, 7, 9, 15, 17, 31, 33, 63, 65, 67, 127, 129, 255), with and without bias:
+AVX-512), against a float64 reference built from the integer codes, over
+M in {1, 2, 3, 5, 17}, N in {1, 7, 16, 33} and odd K in
+(1, 3, 5, 7, 9, 15, 17, 31, 33, 63, 65, 67, 127, 129, 255), with bias, the input buffer
+followed by floats of value 1000 (``benchmarks/measure_xnnpack_odd_k.py`` reproduces the
+table; the tests re-check the refusals and the failure itself):
 
 ===============  =====================  ==================================================
 weight           path                   odd K
 ===============  =====================  ==================================================
 qcint8           dynamic (qdint8 x)     correct
 qcint8           weight-only (fp32 x)   correct
-qcint4           dynamic                **wrong**: the fused per-row quantization reads
-                                        K + 1 floats per row (the row plus the first
-                                        value of the next row, or whatever follows the
-                                        last row), so a row's scale and zero point
-                                        change when that extra value lies outside the
-                                        row's range.  Refused.
+qcint4           dynamic                **wrong** (295 of 300; K = 1, N = 1 crashes):
+                                        the fused per-row quantization reads K + 1
+                                        floats per row (the row plus the first value of
+                                        the next row, or whatever follows the last row),
+                                        so a row's scale and zero point change when that
+                                        extra value lies outside the row's range; with
+                                        zeros after the input, M = 1 happens to be
+                                        right.  Refused for every odd K.
 qcint4           weight-only            correct for K >= 3 (and K = 1 when N >= 2); a
                                         1 x 1 filter crashes XNNPACK while it packs the
                                         weights (segfault).  The 1 x 1 case is refused.
