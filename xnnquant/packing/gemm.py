@@ -86,8 +86,8 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
         [ chunk 0: row 0 kr floats | row 1 kr floats | ... | row nr-1 kr floats ]
         [ chunk 1 ... ]  ...  [ chunk Kp/kr - 1 ]
 
-    With ``kr = sr = 1`` (every x86 f32 config) chunk ``k`` is simply column ``k`` of the
-    tile: ``w[t*nr + 0, k], w[t*nr + 1, k], ..., w[t*nr + nr-1, k]``.
+    With ``kr = sr = 1`` (every x86 f32 config but SSE2's nr2) chunk ``k`` is column ``k``
+    of the tile: ``w[t*nr + 0, k], w[t*nr + 1, k], ..., w[t*nr + nr-1, k]``.
 
     Rows ``n..nr-1`` of a last tile holding ``n < nr`` real rows (``pad_rows``):
     ``"zero"``: 0.0.  ``"replicate"`` (XNNPACK's AVX/AVX-512 packing micro-kernels,
@@ -96,16 +96,15 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
     """
     n_rows, k = weight.shape
     kp = round_up(k, kr * sr)
-    tiles = _row_tiles(np.pad(weight, ((0, 0), (0, kp - k))), nr)  # (T, nr, Kp) f32
-    if pad_rows == "replicate" and n_rows % nr:
+    tiles = _tiles(weight, nr, kp)  # (T, nr, Kp) float32
+    if pad_rows == "replicate" and n_rows % nr:  # _tiles made a fresh padded copy
         last, n = tiles[-1], n_rows % nr
         last[n:] = last[n - 1]
         last[nr - 1, : 4 * (k // 4)] = 0.0
-    chunks = _chunks(tiles, kr, sr, step=kr)  # (T, C, nr, kr)
-    out = _tile_buffer(tiles.shape[0], nr, [4, kp * 4])
-    out[0][...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
-    out[1][...] = chunks.reshape(tiles.shape[0], -1).view(np.uint8)
-    return _finish(out)
+    buffer, (head, body) = _tile_buffer(tiles.shape[0], nr, [4, kp * 4])
+    head[...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
+    _store_chunks(body, _chunk_view(tiles, kr, sr, step=kr))
+    return buffer
 
 
 def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int,
@@ -128,14 +127,14 @@ def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     """
     n_rows, k = codes.shape
     kp = round_up(k, kr * sr)
-    tiles = _row_tiles(np.pad(codes.astype(np.int8, copy=False), ((0, 0), (0, kp - k))), nr)
-    corr = -codes.astype(np.int64).sum(axis=1)
-    out = _tile_buffer(tiles.shape[0], nr, [4, kp, 4, 4])
-    out[0][...] = _per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)
-    out[1][...] = _chunks(tiles, kr, sr, step=kr).reshape(tiles.shape[0], -1).view(np.uint8)
-    out[2][...] = _per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
-    out[3][...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
-    return _finish(out)
+    tiles = _tiles(codes.astype(np.int8, copy=False), nr, kp)
+    corr = -np.sum(codes, axis=1, dtype=np.int64)
+    buffer, sections = _tile_buffer(tiles.shape[0], nr, [4, kp, 4, 4])
+    sections[0][...] = _per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)
+    _store_chunks(sections[1], _chunk_view(tiles, kr, sr, step=kr))
+    sections[2][...] = _per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
+    sections[3][...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
+    return buffer
 
 
 def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int,
@@ -167,21 +166,17 @@ def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     """
     n_rows, k = codes.shape
     kp = round_up(round_up(k, 2), 2 * kr * sr)
-    lo, hi = _nibble_chunks(codes, nr, kr, sr, kp)  # (T, C, nr, kr) int8 each
-    if unsigned:
-        packed = (lo + 8).view(np.uint8) | ((hi + 8).view(np.uint8) << 4)
-        corr = -codes.astype(np.int64).sum(axis=1)
-    else:
-        packed = (lo.view(np.uint8) & 0xF) | (hi.view(np.uint8) << 4)
-        corr = -16 * codes.astype(np.int64).sum(axis=1)
-    _zero_padding_rows(packed, n_rows, nr)
-    t = packed.shape[0]
-    out = _tile_buffer(t, nr, [4, kp // 2, 4, 4])
-    out[0][...] = _per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)
-    out[1][...] = packed.reshape(t, -1)
-    out[2][...] = _per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
-    out[3][...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
-    return _finish(out)
+    lo, hi = _nibble_views(codes, nr, kr, sr, kp)  # (T, nr, C, kr) int8 each
+    packed = _nibble_bytes(lo, hi, unsigned, n_rows % nr)
+    row_sums = _int4_group_sums(codes, 8).sum(axis=1, dtype=np.int64) if k % 8 == 0 else \
+        np.sum(codes, axis=1, dtype=np.int64)
+    corr = -row_sums if unsigned else -16 * row_sums
+    buffer, sections = _tile_buffer(packed.shape[0], nr, [4, kp // 2, 4, 4])
+    sections[0][...] = _per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)
+    _store_chunks(sections[1], packed)
+    sections[2][...] = _per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
+    sections[3][...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
+    return buffer
 
 
 def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None, *, group_size: int,
@@ -213,28 +208,29 @@ def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None
             f"qb4w packing needs group_size to be a multiple of kr*sr and at least 2*kr*sr: got "
             f"group_size={group_size}, kr={kr}, sr={sr}"
         )
-    kp = round_up(k, 2 * skr)
-    assert kp == k == round_up(round_up(k, planes), skr * planes), "K is a multiple of group_size"
-    lo, hi = _nibble_chunks(codes, nr, kr, sr, kp)  # (T, C, nr, kr) int8
-    t, n_chunks = lo.shape[:2]
-    blocks = k // group_size
-    scale_f32 = _per_tile(scale_bits.astype(np.uint32) << 16, n_rows, nr, np.uint32).view(np.float32)
-    chunk_scale = np.repeat(scale_f32.reshape(t, nr, blocks), group_size // (2 * kr), axis=2)  # (T, nr, C)
-    ksum = (lo.astype(np.int32) + hi).sum(axis=3).astype(np.float32)  # (T, C, nr)
-    terms = ksum * chunk_scale.transpose(0, 2, 1)  # (T, C, nr) float32 products, rounded each
-    steps = np.concatenate([np.zeros((t, 1, nr), np.float32), -terms], axis=1)
+    assert k % (2 * skr) == 0 and k == round_up(round_up(k, planes), skr * planes), "K is a multiple of g"
+    lo, hi = _nibble_views(codes, nr, kr, sr, k)  # (T, nr, C, kr) int8
+    t, n_chunks, blocks = lo.shape[0], lo.shape[2], k // group_size
+    if sr == 1:  # chunk c covers channels [2 kr c, 2 kr (c + 1)) of every row
+        ksum = _int4_group_sums(codes, 2 * kr)
+    else:
+        ksum = (np.sum(lo, axis=3, dtype=np.int32) + np.sum(hi, axis=3, dtype=np.int32)).reshape(-1, n_chunks)[:n_rows]
+    scale_f32 = (scale_bits.astype(np.uint32) << 16).view(np.float32)  # (N, B)
+    terms = ksum.astype(np.float32) * np.repeat(scale_f32, group_size // (2 * kr), axis=1)  # (N, C), each rounded
+    steps = np.concatenate([np.zeros((n_rows, 1), np.float32), -terms], axis=1)
     corr = np.add.accumulate(steps, axis=1, dtype=np.float32)[:, -1]  # sequential float32 sums
-    packed = (lo.view(np.uint8) & 0xF) | (hi.view(np.uint8) << 4)
-    _zero_padding_rows(packed, n_rows, nr)
     s16 = ((scale_f32 / np.float32(16)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    block_bytes = group_size // 2 * nr
-    out = _tile_buffer(t, nr, [4, blocks * (group_size // 2 + 2), 4])
-    out[0][...] = np.ascontiguousarray(corr).view(np.uint8)
-    body = out[1].reshape(t, blocks, block_bytes + 2 * nr)
-    body[:, :, :block_bytes] = packed.reshape(t, blocks, block_bytes)
-    body[:, :, block_bytes:] = s16.reshape(t, nr, blocks).transpose(0, 2, 1).copy().view(np.uint8)
-    out[2][...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
-    return _finish(out)
+    packed = _nibble_bytes(lo, hi, False, n_rows % nr)  # (T, nr, C, kr) uint8
+    buffer, (head, body, tail) = _tile_buffer(t, nr, [4, blocks * (group_size // 2 + 2), 4])
+    head[...] = _per_tile(corr, n_rows, nr, np.float32).view(np.uint8)
+    per_block = group_size // (2 * kr)
+    block_bytes = per_block * nr * kr
+    body3 = body.reshape(t, blocks, block_bytes + 2 * nr)
+    _store_chunks(body3[:, :, :block_bytes], packed.reshape(t, nr, blocks, per_block, kr))
+    scales = _per_tile(s16, n_rows, nr, np.uint16).reshape(t, nr, blocks)  # (T, nr, B)
+    body3[:, :, block_bytes:] = scales.transpose(0, 2, 1).copy().view(np.uint8)
+    tail[...] = _per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
+    return buffer
 
 
 def packed_size(layout: str, n: int, k: int, *, nr: int, kr: int, sr: int = 1, planes: int = 1,
@@ -338,88 +334,133 @@ def _bf16_bits(scale: np.ndarray) -> np.ndarray:
 # --- tiling helpers ---------------------------------------------------------------------
 
 
-def _row_tiles(rows: np.ndarray, nr: int) -> np.ndarray:
-    """``(N, K')`` -> ``(ceil(N / nr), nr, K')``, padding rows zero."""
-    n = rows.shape[0]
-    padded = np.zeros((round_up(n, nr),) + rows.shape[1:], rows.dtype)
-    padded[:n] = rows
-    return padded.reshape(-1, nr, *rows.shape[1:])
+def _tiles(rows: np.ndarray, nr: int, width: int) -> np.ndarray:
+    """``(N, K)`` -> ``(ceil(N / nr), nr, width)``, zero rows and columns appended.
+
+    A view of ``rows`` when nothing needs appending, else a fresh array.
+    """
+    n, k = rows.shape
+    n_pad = round_up(n, nr)
+    if n_pad == n and width == k:
+        return np.ascontiguousarray(rows).reshape(n // nr, nr, width)
+    out = np.zeros((n_pad, width), rows.dtype)
+    out[:n, :k] = rows
+    return out.reshape(n_pad // nr, nr, width)
 
 
-def _chunks(tiles: np.ndarray, kr: int, sr: int, step: int, offset: int = 0) -> np.ndarray:
-    """``(T, nr, Kx)`` -> ``(T, C, nr, kr)``: chunk ``c`` of row ``o`` starts at channel
-    ``(s // (kr sr)) kr sr + ((s + o kr) mod kr sr) + offset`` with ``s = c * step``.
+def _chunk_view(tiles: np.ndarray, kr: int, sr: int, step: int, offset: int = 0) -> np.ndarray:
+    """``(T, nr, Kx)`` -> ``(T, nr, C, kr)``: chunk ``c`` of row ``o`` holds channels
+    ``(s // (kr sr)) kr sr + ((s + o kr) mod kr sr) + offset + j``, ``s = c step``.
 
-    ``C = Kx // step``.  Values are moved ``kr`` at a time (one wide element when possible).
+    ``C = Kx // step``; channels past ``Kx`` read as zero.  A view when ``sr == 1``.
     """
     t, nr, kx = tiles.shape
     n_chunks = kx // step
     if sr == 1:  # chunk c of every row starts at c * step: a plain reshape
-        chunked = tiles[:, :, : n_chunks * step].reshape(t, nr, n_chunks, step)[..., offset:offset + kr]
+        return tiles[:, :, : n_chunks * step].reshape(t, nr, n_chunks, step)[..., offset:offset + kr]
+    skr = kr * sr
+    start = np.arange(n_chunks)[None, :, None] * step
+    row = np.arange(nr)[:, None, None]
+    index = (start // skr) * skr + ((start + row * kr) & (skr - 1)) + offset + np.arange(kr)
+    wide = np.concatenate([tiles, np.zeros((t, nr, 1), tiles.dtype)], axis=2)
+    index = np.minimum(index, kx).reshape(1, nr, -1)  # past Kx: the zero column appended above
+    return np.take_along_axis(wide, index, axis=2).reshape(t, nr, n_chunks, kr)
+
+
+def _store_chunks(section: np.ndarray, chunks: np.ndarray) -> None:
+    """Write ``chunks`` ``(T, nr, ..., kr)`` chunk-major into ``section`` (``(T, bytes)`` uint8
+    view of the tile buffer): ``section[t] = chunks[t].swapaxes(0, -2)`` flattened, i.e.
+    for every chunk the ``kr`` values of row 0, then row 1, ... row ``nr - 1``.
+
+    The ``kr`` values of a row travel as one wide element when they fit 1, 2, 4 or 8 bytes.
+    """
+    width = chunks.shape[-1] * chunks.itemsize
+    shape = (chunks.shape[0],) + chunks.shape[2:-1] + (chunks.shape[1],)  # (T, ..., nr)
+    if width in (1, 2, 4, 8) and chunks.strides[-1] == chunks.itemsize:
+        wide = np.dtype(f"u{width}")
+        source = chunks.view(wide)[..., 0]  # (T, nr, ...)
+        target = section.view(wide).reshape(shape)
     else:
-        skr = kr * sr
-        start = np.arange(n_chunks)[None, :, None] * step
-        row = np.arange(nr)[:, None, None]
-        index = (start // skr) * skr + ((start + row * kr) & (skr - 1)) + offset + np.arange(kr)
-        index = np.minimum(index, kx)  # channels past Kx read the zero column appended below
-        wide = np.concatenate([tiles, np.zeros((t, nr, 1), tiles.dtype)], axis=2)
-        chunked = np.take_along_axis(wide, index.reshape(1, nr, -1), axis=2).reshape(t, nr, n_chunks, kr)
-    return _swap_rows_and_chunks(np.ascontiguousarray(chunked))
+        source = chunks
+        target = section.view(chunks.dtype).reshape(shape + chunks.shape[-1:])
+    np.copyto(target, np.moveaxis(source, 1, -1 if source.ndim == len(shape) else -2))
 
 
-def _swap_rows_and_chunks(chunked: np.ndarray) -> np.ndarray:
-    """``(T, nr, C, kr)`` -> contiguous ``(T, C, nr, kr)``, moving whole ``kr``-runs."""
-    t, nr, n_chunks, kr = chunked.shape
-    width = kr * chunked.itemsize
-    if width in (1, 2, 4, 8):
-        wide = chunked.view(f"u{width}").reshape(t, nr, n_chunks)
-        return np.ascontiguousarray(wide.transpose(0, 2, 1)).view(chunked.dtype).reshape(t, n_chunks, nr, kr)
-    return np.ascontiguousarray(chunked.transpose(0, 2, 1, 3))
-
-
-def _nibble_chunks(codes: np.ndarray, nr: int, kr: int, sr: int, kp: int) -> tuple[np.ndarray, np.ndarray]:
-    """Low- and high-nibble codes of every chunk: two int8 ``(T, C, nr, kr)``, ``C = kp / 2kr``."""
-    k = codes.shape[1]
-    width = kp + 2 * kr * sr  # room for the high nibble of rotated chunks; zeros past K
-    tiles = _row_tiles(np.pad(codes.astype(np.int8, copy=False), ((0, 0), (0, width - k))), nr)
-    lo = _chunks(tiles, kr, sr, step=2 * kr)[:, : kp // (2 * kr)]
-    hi = _chunks(tiles, kr, sr, step=2 * kr, offset=kr)[:, : kp // (2 * kr)]
+def _nibble_views(codes: np.ndarray, nr: int, kr: int, sr: int, kp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Low- and high-nibble codes of every chunk: int8 ``(T, nr, C, kr)`` each, ``C = kp / 2kr``."""
+    width = kp if sr == 1 else kp + 2 * kr * sr  # rotated chunks reach past kp: zeros
+    tiles = _tiles(codes.astype(np.int8, copy=False), nr, width)
+    n_chunks = kp // (2 * kr)
+    lo = _chunk_view(tiles, kr, sr, step=2 * kr)[:, :, :n_chunks]
+    hi = _chunk_view(tiles, kr, sr, step=2 * kr, offset=kr)[:, :, :n_chunks]
     return lo, hi
 
 
-def _zero_padding_rows(packed: np.ndarray, n_rows: int, nr: int) -> None:
-    """Padding rows of the last tile (``packed`` ``(T, C, nr, kr)``) are never written: 0."""
-    if n_rows % nr:
-        packed[-1, :, n_rows % nr:] = 0
+def _nibble_bytes(lo: np.ndarray, hi: np.ndarray, unsigned: bool, last_rows: int) -> np.ndarray:
+    """``lo & 0xF | hi << 4`` as uint8 ``(T, nr, C, kr)``: two's-complement nibbles, or
+    ``q + 8`` (the same XOR 0x88) when ``unsigned``.  Rows past ``last_rows`` of the last
+    tile (when non-zero) are 0x00.
+
+    The ``kr`` bytes of a row are combined as one wide integer when ``kr`` is 1, 2, 4 or 8:
+    ``hi << 4`` only spills bits into the neighbouring byte's low nibble, which the 0xF0
+    mask clears.
+    """
+    kr = lo.shape[-1]
+    if kr in (1, 2, 4, 8) and lo.strides[-1] == 1 and hi.strides[-1] == 1:
+        wide = np.dtype(f"u{kr}")
+        low, high = lo.view(wide)[..., 0], hi.view(wide)[..., 0]
+        ones = int.from_bytes(b"\x01" * kr, "little")
+        packed = np.bitwise_and(low, wide.type(0x0F * ones))
+        packed |= np.left_shift(high, wide.type(4)) & wide.type(0xF0 * ones)
+        if unsigned:
+            packed ^= wide.type(0x88 * ones)
+        packed = packed[..., None].view(np.uint8)
+    else:
+        packed = np.bitwise_and(lo.view(np.uint8), 0x0F)
+        packed |= np.left_shift(hi.view(np.uint8), 4)
+        if unsigned:
+            packed ^= 0x88
+    if last_rows:
+        packed[-1, last_rows:] = 0
+    return packed
+
+
+def _int4_group_sums(codes: np.ndarray, width: int) -> np.ndarray:
+    """Sums of consecutive groups of ``width`` int4 codes of every row: int32 ``(N, K / width)``.
+
+    ``K`` must be a multiple of ``width``.  When ``width`` is 8 or 16, eight codes travel as
+    one uint64: ``q + 8`` (each byte in [0, 15], 30 for two words added) summed across bytes by one multiplication
+    by 0x0101010101010101 (the top byte collects the sum, at most 240, without carries).
+    """
+    n, k = codes.shape
+    if width not in (8, 16) or not codes.flags.c_contiguous:
+        return np.sum(codes.reshape(n, k // width, width), axis=2, dtype=np.int32)
+    ones = np.uint64(0x0101010101010101)
+    nibbles = codes.view(np.uint64).reshape(n, k // width, width // 8) & (ones * np.uint64(0x0F))
+    words = nibbles ^ (ones * np.uint64(8))  # each byte (q & 0xF) ^ 8 = q + 8
+    bytes_sum = words[..., 0] + words[..., 1] if width == 16 else words[..., 0]
+    return ((bytes_sum * ones) >> np.uint64(56)).astype(np.int32) - 8 * width
 
 
 def _per_tile(values: np.ndarray | None, n_rows: int, nr: int, dtype: Any) -> np.ndarray:
-    """``(N,)`` (or ``(N, B)``) -> ``(T, nr * ...)`` of ``dtype``, zero past N (or None: zeros)."""
+    """``(N, ...)`` -> ``(T, nr * ...)`` of ``dtype``, zero past N (None: ``(T, nr)`` zeros)."""
     t = -(-n_rows // nr)
     if values is None:
         return np.zeros((t, nr), dtype)
-    return _row_tiles(np.asarray(values).astype(dtype, copy=False), nr).reshape(t, -1)
+    values = np.asarray(values)
+    out = np.zeros((t * nr,) + values.shape[1:], dtype)
+    out[:n_rows] = values
+    return out.reshape(t, -1)
 
 
-def _tile_buffer(n_tiles: int, nr: int, section_bytes: list[int]) -> list[np.ndarray]:
-    """Views ``(T, nr * b)`` uint8 of one zeroed ``(T, tile)`` buffer, one per section.
-
-    The buffer itself is ``views[0].base``; ``_finish`` flattens and aligns it.
-    """
+def _tile_buffer(n_tiles: int, nr: int, section_bytes: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The zeroed packed buffer (uint8, size rounded up to ``ALIGNMENT``) and one
+    ``(T, nr * b)`` uint8 view per section of ``b`` bytes per row, in tile order."""
     tile = nr * sum(section_bytes)
-    buffer = np.zeros((n_tiles, tile), np.uint8)
+    buffer = np.zeros(round_up(n_tiles * tile, ALIGNMENT), np.uint8)
+    tiles = buffer[: n_tiles * tile].reshape(n_tiles, tile)
     edges = np.cumsum([0] + [nr * b for b in section_bytes])
-    return [buffer[:, a:b] for a, b in zip(edges[:-1], edges[1:])]
-
-
-def _finish(sections: list[np.ndarray]) -> np.ndarray:
-    """The tiles back to back, zero-padded to a multiple of ``ALIGNMENT`` bytes."""
-    buffer = sections[0].base
-    assert buffer is not None and buffer.ndim == 2
-    size = buffer.size
-    out = np.zeros(round_up(size, ALIGNMENT), np.uint8)
-    out[:size] = buffer.reshape(-1)
-    return out
+    return buffer, [tiles[:, a:b] for a, b in zip(edges[:-1], edges[1:])]
 
 
 __all__ = [

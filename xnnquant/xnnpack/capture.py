@@ -207,33 +207,56 @@ def _resolve_operator(weight: Any, operator: str | None) -> str:
     return operator
 
 
+def creation_seconds(weight: Any, bias: Any = None, *, operator: str, repeat: int = 3) -> float:
+    """Fastest of ``repeat`` wall times of ``xnn_create_fully_connected_nc_<operator>``
+    without a weights cache (XNNPACK allocates and packs on its own), operator deleted after.
+
+    This is XNNPACK's own load-time packing cost for ``weight``, as a device pays it.
+    """
+    operator = _resolve_operator(weight, operator)
+    arrays = _arguments(weight, bias)
+    try:
+        return min(_create(operator, arrays, None)[1] for _ in range(max(1, repeat)))
+    except _Unsupported:
+        raise UnsupportedConfigError(f"XNNPACK has no {operator} kernel for this CPU") from None
+
+
 def _capture(operator: str, weight: Any, bias: Any) -> CapturedWeights:
     """Run ``xnn_create_fully_connected_nc_<operator>`` with a capturing cache."""
+    cache = _Cache()
+    _, seconds = _create(operator, _arguments(weight, bias), cache)
+    if len(cache.inserted) != 1:
+        raise XnnquantError(f"{operator} inserted {len(cache.inserted)} packed buffers into the cache: expected 1")
+    seed, fingerprint, data = cache.inserted[0]
+    return CapturedWeights(operator, np.frombuffer(data, np.uint8).copy(), seed, fingerprint, seconds)
+
+
+def _create(operator: str, arrays: dict[str, Any], cache: _Cache | None) -> tuple[int, float]:
+    """Create (then delete) the operator; returns (status, seconds of the create call).
+
+    Raises ``_Unsupported`` for xnn_status_unsupported_hardware, ``XnnquantError`` for any
+    other failure.  ``arrays`` (from ``_arguments``) and ``cache`` outlive the call.
+    """
     lib = _capi.load_library()
     kinds = _OPERATORS[operator][1]
     name = f"xnn_create_fully_connected_nc_{operator}"
     create: Callable[..., int] = _capi.declare(
         name, ctypes.c_int, c_size_t, c_size_t, c_size_t, c_size_t, *(_CTYPES[k] for k in kinds),
         POINTER(c_float), c_float, c_float, c_uint32, c_void_p, POINTER(c_void_p))
-    arrays = _arguments(weight, bias)  # keeps every array alive during the call
     n, k = arrays["shape"]
     args = [_argument(kind, arrays) for kind in kinds]
-    cache = _Cache()
-    op = c_void_p()
     bias_ptr = None if arrays["bias"] is None else _capi.typed_pointer(arrays["bias"], c_float)
+    provider = None if cache is None else ctypes.cast(byref(cache.provider), c_void_p)
+    op = c_void_p()
     start = time.perf_counter()
-    status = create(k, n, k, n, *args, bias_ptr, c_float(-np.inf), c_float(np.inf), 0,
-                    ctypes.cast(byref(cache.provider), c_void_p), byref(op))
+    status = create(k, n, k, n, *args, bias_ptr, c_float(-np.inf), c_float(np.inf), 0, provider, byref(op))
     seconds = time.perf_counter() - start
     if op.value:
         lib.xnn_delete_operator(op)
     if status == STATUS_UNSUPPORTED_HARDWARE:
         raise _Unsupported(operator)
     _capi.check(status, name)
-    if len(cache.inserted) != 1:
-        raise XnnquantError(f"{name} inserted {len(cache.inserted)} packed buffers into the cache: expected 1")
-    seed, fingerprint, data = cache.inserted[0]
-    return CapturedWeights(operator, np.frombuffer(data, np.uint8).copy(), seed, fingerprint, seconds)
+    return status, seconds
 
 
 def _arguments(weight: Any, bias: Any) -> dict[str, Any]:
@@ -276,4 +299,11 @@ def _argument(kind: str, arrays: dict[str, Any]) -> Any:
     return _capi.typed_pointer(arrays["scale"], c_float)
 
 
-__all__ = ["CapturedWeights", "capture_packed_weights", "cpu_features", "deduce_config", "selected_configs"]
+__all__ = [
+    "CapturedWeights",
+    "capture_packed_weights",
+    "cpu_features",
+    "creation_seconds",
+    "deduce_config",
+    "selected_configs",
+]
