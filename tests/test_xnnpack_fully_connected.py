@@ -475,3 +475,28 @@ def test_buffers_are_owned_by_the_runtime() -> None:
     with runtime:
         runtime.run({0: _capi.padded(np.ones((1, 8), np.float32)), 1: y})
     np.testing.assert_array_equal(y, np.full((1, 4), 4.0, np.float32))
+
+
+# --- real weights quantized by the library's schemes -------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["qcint8", "qcint4", "qbint4-32", "qbint4-128"])
+def test_minilm_layers_quantized_by_the_schemes(scheme: str) -> None:
+    """all-MiniLM-L6-v2 intermediate and output layers with their biases, both paths."""
+    import xnnquant as xq
+    from xnnquant.weights import minilm_tensors
+
+    tensors = minilm_tensors()
+    rng = np.random.default_rng(9)
+    for name in ("encoder.layer.2.intermediate.dense", "encoder.layer.2.output.dense"):
+        w, b = tensors[name + ".weight"], tensors[name + ".bias"]
+        if scheme.startswith("qbint4"):
+            qt = xq.quantize_blockwise(w, group_size=int(scheme.split("-")[1]), method="minmax")
+        else:
+            qt = xq.quantize_per_channel(w, bits=8 if scheme == "qcint8" else 4, axis=0, method="minmax")
+        x = _x(24, w.shape[1], rng)
+        for dynamic in ([True] if scheme.startswith("qbint4") else [True, False]):
+            y = xx.fully_connected(x, qt, b, dynamic=dynamic)
+            ref = _reference_dynamic(x, qt, b) if dynamic else _reference_weight_only(x, qt, b)
+            assert _relerr(y, ref) <= RTOL, (name, dynamic)
+            assert _relerr(y, x.astype(np.float64) @ w.T.astype(np.float64) + b) < 0.2  # it is the layer
