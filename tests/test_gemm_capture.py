@@ -167,3 +167,35 @@ def test_random_f32_shapes(n: int, k: int, seed: int, with_bias: bool) -> None:
     captured = capture_packed_weights(weight, bias, operator="f32")
     assert captured.config is not None, "no f32 configuration reproduces XNNPACK's bytes"
     assert_same_bytes(pack_gemm(weight, bias, config=captured.config), captured.data)
+
+
+# --- the runtime path: the subgraph ExecuTorch builds, created with xnn_create_runtime_v4 ---
+
+
+def _runtime_weights():
+    yield "f32", RNG.standard_normal((13, 21)).astype(np.float32)
+    yield "f32", RNG.standard_normal((1001, 6)).astype(np.float32)
+    yield "qc8w", qc8(13, 21)
+    yield "qc4w", qc4(13, 67)
+    yield "qc4w", qc4(33, 64)
+    for group in (32, 64, 256):
+        yield "qb4w", qb4(19, 2 * group, group)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("kind,weight", list(_runtime_weights()))
+def test_runtime_packs_what_pack_gemm_packs(kind: str, weight, with_bias: bool) -> None:
+    from xnnquant.xnnpack.capture import capture_runtime_packed_weights, selected_configs
+
+    bias = bias_or_none(weight.shape[0], with_bias)
+    captured = capture_runtime_packed_weights(weight, bias)
+    selected = selected_configs()
+    if kind == "f32":
+        assert captured.operator == "f32"
+        assert captured.config in (selected["f32"], selected["f32 nr2"])
+    else:  # the runtime prefers the unsigned-input kernel when the CPU has one
+        unsigned = f"qdu8_f32_{kind}"
+        expected = unsigned if selected[unsigned] is not None else f"qd8_f32_{kind}"
+        assert captured.operator == expected
+        assert captured.config == selected[expected]
+    assert_same_bytes(pack_gemm(weight, bias, config=captured.config), captured.data)

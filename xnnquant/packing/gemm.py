@@ -168,8 +168,7 @@ def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     kp = round_up(round_up(k, 2), 2 * kr * sr)
     lo, hi = _nibble_views(codes, nr, kr, sr, kp)  # (T, nr, C, kr) int8 each
     packed = _nibble_bytes(lo, hi, unsigned, n_rows % nr)
-    row_sums = _int4_group_sums(codes, 8).sum(axis=1, dtype=np.int64) if k % 8 == 0 else \
-        np.sum(codes, axis=1, dtype=np.int64)
+    row_sums = np.sum(codes, axis=1, dtype=np.int64)
     corr = -row_sums if unsigned else -16 * row_sums
     buffer, sections = _tile_buffer(packed.shape[0], nr, [4, kp // 2, 4, 4])
     sections[0][...] = _per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)

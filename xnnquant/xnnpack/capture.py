@@ -122,6 +122,60 @@ def capture_packed_weights(weight: Any, bias: Any = None, *, operator: str | Non
                            captured.seconds, config)
 
 
+def capture_runtime_packed_weights(weight: Any, bias: Any = None) -> CapturedWeights:
+    """Build the subgraph ExecuTorch builds for a linear layer, create its runtime with
+    ``xnn_create_runtime_v4`` and a capturing weights cache, and return what it packed.
+
+    Float weights: fp32 input -> FullyConnected(fp32 filter) -> fp32.  Quantized weights:
+    fp32 input -> Convert -> qdint8 -> FullyConnected(filter) -> fp32, with 4-bit filters
+    as ``pack_int4`` rows and zero point 8, as ExecuTorch passes them.  The runtime decides
+    which operator runs (e.g. signed or unsigned input); ``operator`` is read back from the
+    runtime's profiling names ("Fully Connected (NC, QDU8, F32, QC4W) GEMM" ->
+    "qdu8_f32_qc4w") and ``config`` deduced from the bytes.  Nothing is run.
+    """
+    from .runtime import Runtime, Subgraph
+
+    arrays = _arguments(weight, bias)
+    n, k = arrays["shape"]
+    cache = _Cache()
+    with Subgraph(2) as graph:
+        x = graph.tensor(Datatype.fp32, (1, k), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        y = graph.tensor(Datatype.fp32, (1, n), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
+        b = _capi.INVALID_VALUE_ID if arrays["bias"] is None else graph.tensor(Datatype.fp32, (n,), arrays["bias"])
+        if not isinstance(weight, QuantizedTensor):
+            graph.fully_connected(x, graph.tensor(Datatype.fp32, (n, k), arrays["kernel"]), b, y)
+        else:
+            q = graph.dynamic_tensor((1, k))
+            graph.convert(x, q)
+            zero_point = 8 if weight.bits == 4 else 0
+            if weight.datatype is Datatype.qbint4:
+                f = graph.blockwise_tensor((n, k), arrays["bf16_scale"], arrays["block_size"], zero_point,
+                                           arrays["kernel"])
+            else:
+                f = graph.channelwise_tensor(weight.datatype, (n, k), arrays["scale"], 0, zero_point,
+                                             arrays["kernel"])
+            graph.fully_connected(q, f, b, y)
+        start = time.perf_counter()
+        with Runtime(graph, weights_cache=cache.provider) as runtime:
+            seconds = time.perf_counter() - start
+            names = runtime.operator_names()
+    operator = _operator_from_names(names)
+    if len(cache.inserted) != 1:
+        raise XnnquantError(f"the runtime inserted {len(cache.inserted)} packed buffers into the cache: expected 1")
+    seed, fingerprint, data = cache.inserted[0]
+    captured = CapturedWeights(operator, np.frombuffer(data, np.uint8).copy(), seed, fingerprint, seconds)
+    return CapturedWeights(operator, captured.data, seed, fingerprint, seconds, deduce_config(captured, weight, bias))
+
+
+def _operator_from_names(names: tuple[str, ...]) -> str:
+    """"Fully Connected (NC, QDU8, F32, QC4W) GEMM" -> "qdu8_f32_qc4w"; "(NC, F32)" -> "f32"."""
+    for name in names:
+        if name.startswith("Fully Connected (NC, "):
+            types = name[len("Fully Connected (NC, "):name.index(")")].split(", ")
+            return "_".join(t.lower() for t in types)
+    raise XnnquantError(f"the runtime runs no fully-connected operator: got operators {names}")
+
+
 def deduce_config(captured: CapturedWeights, weight: Any, bias: Any = None) -> KernelConfig | None:
     """The configuration behind ``captured``: the first candidate whose ``pack_gemm`` bytes
     equal ``captured.data`` (None when none does).
@@ -302,6 +356,7 @@ def _argument(kind: str, arrays: dict[str, Any]) -> Any:
 __all__ = [
     "CapturedWeights",
     "capture_packed_weights",
+    "capture_runtime_packed_weights",
     "cpu_features",
     "creation_seconds",
     "deduce_config",
