@@ -53,9 +53,8 @@ def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int |
     ``pack_qb4w``.
     """
     if config is not None:
-        args = config.pack_args()
-        nr, kr, sr, planes = args["nr"], args["kr"], args["sr"], args["planes"]  # type: ignore[assignment]
-        layout, pad_rows = str(args["layout"]), str(args["pad_rows"])
+        nr, kr, sr, planes = config.nr, config.kr, config.sr, config.planes
+        layout, pad_rows = config.weights, config.pad_rows
     if nr is None or kr is None:
         raise XnnquantError("pack_gemm needs the tile parameters: got nr=None or kr=None, expected nr=, kr= or config=")
     layout = _layout_for(weight, layout)
@@ -63,8 +62,7 @@ def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int |
     _check_tile(nr, kr, sr, planes, layout, pad_rows)
     if layout == "f32":
         w = as_float32(weight, "weight")
-        if w.ndim != 2:
-            raise XnnquantError(f"GEMM weights must be 2-D (N, K): got shape {w.shape}")
+        _check_shape(w.shape)
         return pack_f32(w, _bias(bias, w), nr=nr, kr=kr, sr=sr, pad_rows=pad_rows)
     qt: QuantizedTensor = weight
     b = _bias(bias, qt.codes)
@@ -92,7 +90,8 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
     Rows ``n..nr-1`` of a last tile holding ``n < nr`` real rows (``pad_rows``):
     ``"zero"``: 0.0.  ``"replicate"`` (XNNPACK's AVX/AVX-512 packing micro-kernels,
     ``kr = sr = 1`` only): copies of row ``n-1``, except row ``nr-1``, which is 0.0 in the
-    columns ``k < 4 * floor(K / 4)``.  Bias lanes past N are 0.0 in both cases.
+    columns ``k < 4 * floor(K / 4)``.  Bias lanes past N are 0.0 in both cases.  After the
+    last tile, zero bytes up to a multiple of 64.
     """
     n_rows, k = weight.shape
     kp = round_up(k, kr * sr)
@@ -123,7 +122,7 @@ def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     ``corr`` is the row sum times the input zero point XNNPACK packs with, which is 1 for
     both the signed (qd8) and the unsigned (qdu8) input kernels: the run-time zero point
     (and the +128 of unsigned inputs) multiplies it inside the kernel.  Padding rows and
-    padding channels hold zero bytes.
+    padding channels hold zero bytes, and so does the buffer end (up to a multiple of 64).
     """
     n_rows, k = codes.shape
     kp = round_up(k, kr * sr)
@@ -162,7 +161,8 @@ def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     kernels shift each nibble to the top of a byte, scaling products by 16).
     ``unsigned=True`` (layout qc4uw, the x86 "madd" kernels): unsigned nibbles ``q + 8``
     and ``corr[r] = -sum_k q[r, k]``.  Padding channels hold code 0 (nibble 0, or 8
-    unsigned); padding rows hold zero bytes.
+    unsigned); padding rows (all their sections) and the buffer end (up to a multiple of
+    64) hold zero bytes.
     """
     n_rows, k = codes.shape
     kp = round_up(round_up(k, 2), 2 * kr * sr)
@@ -198,7 +198,8 @@ def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None
 
         corr[r] = corr[r] - float32(float32(sum of the 2 kr codes of the chunk) * scale[r, b])
 
-    (``scale`` as the float32 value of the bf16).  Padding rows hold zero bytes.
+    (``scale`` as the float32 value of the bf16).  Padding rows (weights, corr, scales,
+    bias) and the buffer end (up to a multiple of 64) hold zero bytes.
     """
     n_rows, k = codes.shape
     skr = kr * sr
@@ -260,8 +261,7 @@ def _layout_for(weight: Any, layout: str | None) -> str:
         raise UnsupportedConfigError(
             f"GEMM packing supports qcint8, qcint4 and qbint4 weights: got {weight.datatype.name}"
         )
-    if weight.codes.ndim != 2:
-        raise XnnquantError(f"GEMM weights must be 2-D (N, K): got shape {weight.shape}")
+    _check_shape(weight.shape)
     if weight.datatype is not Datatype.qbint4 and weight.channel_dim != 0:
         raise UnsupportedConfigError(
             f"GEMM packing needs per-output-channel scales: got channel_dim={weight.channel_dim}, expected 0"
@@ -283,6 +283,11 @@ def _layout_for(weight: Any, layout: str | None) -> str:
     if layout not in allowed:
         raise XnnquantError(f"layout {layout!r} does not fit {weight.datatype.name} weights: expected one of {allowed}")
     return layout
+
+
+def _check_shape(shape: tuple[int, ...]) -> None:
+    if len(shape) != 2 or min(shape) < 1:
+        raise XnnquantError(f"GEMM weights must be 2-D (N, K) with N, K >= 1: got shape {tuple(shape)}")
 
 
 def _check_tile(nr: int, kr: int, sr: int, planes: int, layout: str, pad_rows: str) -> None:
@@ -382,6 +387,7 @@ def _store_chunks(section: np.ndarray, chunks: np.ndarray) -> None:
     else:
         source = chunks
         target = section.view(chunks.dtype).reshape(shape + chunks.shape[-1:])
+    assert np.may_share_memory(target, section), "reshape must not copy: the write would be lost"
     np.copyto(target, np.moveaxis(source, 1, -1 if source.ndim == len(shape) else -2))
 
 
