@@ -96,28 +96,34 @@ def _value(b: flatbuffers.Builder, v: Value, constant_idx: int) -> int:
     return _table(b, "XValue", {"xvalue_union_type": tag, "xvalue_union": inner})
 
 
-def _node(b: flatbuffers.Builder, n: Node) -> int:
-    """An ``XNode``: the kind's own table, its output bounds, its debug handle."""
+def node_fields(n: Node) -> dict[str, Any]:
+    """The fields of node ``n``'s own table, by schema name (vectors as tuples).
+
+    Inputs fill the kind's input fields in order; a missing optional input (bias, unused
+    concatenation slots) is the invalid id 0xFFFFFFFF.
+    """
     kind = NODE_KINDS[n.kind]
-    fields: dict[str, Any] = {"flags": n.flags}
-    for name, ftype in kind.param_fields:
-        if name in n.params:
-            value = n.params[name]
-            fields[name] = _vector(b, ftype, value) if ftype.startswith("[") else value
-    slots = kind.input_fields
-    for i, name in enumerate(slots):
+    fields: dict[str, Any] = {name: n.params[name] for name, _ in kind.param_fields if name in n.params}
+    for i, name in enumerate(kind.input_fields):
         fields[name] = n.inputs[i] if i < len(n.inputs) else INVALID_ID
-    if kind.table == "_XNNCat":  # unused concatenation inputs hold the invalid id
+    if kind.table == "_XNNCat":
         for name in ("input1_id", "input2_id", "input3_id", "input4_id"):
             fields.setdefault(name, INVALID_ID)
     fields.update(zip(kind.output_fields, n.outputs))
+    fields["flags"] = n.flags
+    return fields
+
+
+def _node(b: flatbuffers.Builder, n: Node) -> int:
+    """An ``XNode``: the kind's own table, its output bounds, its debug handle."""
+    kind = NODE_KINDS[n.kind]
+    types = dict(TABLES[kind.table])
+    fields = {name: _vector(b, types[name], value) if types[name].startswith("[") else value
+              for name, value in node_fields(n).items()}
     inner = _table(b, kind.table, fields)
-    bounds = None
-    if n.output_min is not None:
-        bounds = _table(b, "OutputMinMax", {"output_min": n.output_min, "output_max": n.output_max})
     node: dict[str, Any] = {"xnode_union_type": kind.tag, "xnode_union": inner, "debug_handle": n.debug_handle}
-    if bounds is not None:
-        node["output_min_max"] = bounds
+    if n.output_min is not None:
+        node["output_min_max"] = _table(b, "OutputMinMax", {"output_min": n.output_min, "output_max": n.output_max})
     return _table(b, "XNode", node)
 
 
