@@ -95,6 +95,35 @@ class _Cache:
         return None
 
 
+class PrepackedCache:
+    """A weights-cache provider that serves one buffer packed ahead of time.
+
+    Every ``look_up`` hits (offset 0) and ``offset_to_addr`` returns the buffer, so
+    XNNPACK skips packing and reads ``data`` as its packed weights; ``is_finalized`` is
+    true, and nothing is ever inserted (``look_up_or_insert`` and ``reserve_space`` fail).
+    Meant for a runtime or operator with exactly one packed-weights operand.  Pass
+    ``provider`` as the weights cache; keep this object alive while XNNPACK may read.
+    ``hits`` counts the look-ups served.
+    """
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = _capi.padded(np.asarray(data, np.uint8).reshape(-1))
+        self.hits = 0
+        self._callbacks = (
+            _capi.LOOK_UP_FN(self._look_up),
+            _capi.RESERVE_SPACE_FN(lambda ctx, size: None),
+            _capi.LOOK_UP_OR_INSERT_FN(lambda ctx, key, ptr, size: SIZE_MAX),
+            _capi.IS_FINALIZED_FN(lambda ctx: True),
+            _capi.OFFSET_TO_ADDR_FN(lambda ctx, offset: self.data.ctypes.data),
+            _capi.DELETE_CACHE_FN(lambda ctx: 0),
+        )
+        self.provider = _capi.WeightsCacheProvider(None, *self._callbacks)
+
+    def _look_up(self, ctx: Any, key: Any) -> int:
+        self.hits += 1
+        return 0
+
+
 def capture_packed_weights(weight: Any, bias: Any = None, *, operator: str | None = None,
                            deduce: bool = True) -> CapturedWeights:
     """Create XNNPACK's fully-connected operator for ``weight`` and return its packed weights.
@@ -355,6 +384,7 @@ def _argument(kind: str, arrays: dict[str, Any]) -> Any:
 
 __all__ = [
     "CapturedWeights",
+    "PrepackedCache",
     "capture_packed_weights",
     "capture_runtime_packed_weights",
     "cpu_features",
