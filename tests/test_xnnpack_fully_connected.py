@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import re
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
@@ -384,7 +385,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("name", "call", "match"), REFUSED, ids=[r[0] for r in REFUSED])
-def test_refused(name: str, call, match: str) -> None:
+def test_refused(name: str, call: Callable[[], object], match: str) -> None:
     with pytest.raises(UnsupportedConfigError, match=match):
         call()
 
@@ -435,7 +436,7 @@ BAD = [
 
 
 @pytest.mark.parametrize(("name", "call", "match"), BAD, ids=[b[0] for b in BAD])
-def test_bad_input(name: str, call, match: str) -> None:
+def test_bad_input(name: str, call: Callable[[], object], match: str) -> None:
     with pytest.raises(XnnquantError, match=match):
         call()
 
@@ -500,3 +501,39 @@ def test_minilm_layers_quantized_by_the_schemes(scheme: str) -> None:
             ref = _reference_dynamic(x, qt, b) if dynamic else _reference_weight_only(x, qt, b)
             assert _relerr(y, ref) <= RTOL, (name, dynamic)
             assert _relerr(y, x.astype(np.float64) @ w.T.astype(np.float64) + b) < 0.2  # it is the layer
+
+
+def test_weights_cache_reaches_xnnpack() -> None:
+    """A Python weights-cache provider passed to fully_connected receives the packed weights:
+    qd8/qdu8 x qc8w packs, per output channel, an int32 correction, K int8 weights, a float
+    scale and a float bias: 4 + 64 + 4 + 4 = 76 bytes for K = 64, times N = 16 rounded up to
+    the kernel's nr (16 on AVX2)."""
+    import ctypes
+
+    from xnnquant.xnnpack import _capi
+
+    reserved: list[np.ndarray] = []
+    inserted: list[int] = []
+
+    def reserve(_ctx: object, size: int) -> int:
+        reserved.append(_capi.padded(np.zeros(size, np.uint8)))
+        return reserved[-1].ctypes.data
+
+    def insert(_ctx: object, _key: object, ptr: int, size: int) -> int:
+        inserted.append(size)
+        return ptr  # the "offset" is the address itself; offset_to_addr is the identity
+
+    callbacks = (
+        _capi.LOOK_UP_FN(lambda _ctx, _key: ctypes.c_size_t(-1).value),
+        _capi.RESERVE_SPACE_FN(reserve),
+        _capi.LOOK_UP_OR_INSERT_FN(insert),
+        _capi.IS_FINALIZED_FN(lambda _ctx: True),
+        _capi.OFFSET_TO_ADDR_FN(lambda _ctx, offset: offset),
+        _capi.DELETE_CACHE_FN(lambda _ctx: 0),
+    )
+    provider = _capi.WeightsCacheProvider(None, *callbacks)
+    rng = np.random.default_rng(4)
+    w, x = _weight("qcint8", 16, 64, rng), _x(3, 64, rng)
+    y = xx.fully_connected(x, w, weights_cache=provider)
+    assert _relerr(y, _reference_dynamic(x, w, None)) <= RTOL
+    assert len(inserted) == 1 and inserted[0] % 76 == 0 and inserted[0] >= 16 * 76

@@ -104,7 +104,10 @@ def fully_connected(
 
     ``dynamic=True`` quantizes x to qdint8 per row inside XNNPACK (Convert node);
     ``dynamic=False`` feeds x as fp32 (weight-only quantization; a float weight needs this).
-    ``weights_cache`` is handed to ``xnn_create_runtime_v4`` (see ``Runtime``).
+    ``weights_cache`` (a ``_capi.WeightsCacheProvider``) is handed to
+    ``xnn_create_runtime_v4``; its ``is_finalized`` must answer true by the time the
+    runtime is set up, right after creation (XNNPACK refuses to set up an operator whose
+    cache is not finalized).
     Configurations XNNPACK rejects or computes wrongly raise ``UnsupportedConfigError``;
     the module docstring lists what was measured.
     """
