@@ -161,3 +161,34 @@ def test_hand_derived_row() -> None:
     assert qt.zero_point.tolist() == [-64]
     assert qt.codes.tolist() == [[-128, -64, 127]]
     assert qt.scale[0] == np.float32(1) / np.float32(63.75)
+
+
+def test_denormals_are_flushed_like_xnnpack() -> None:
+    """XNNPACK runs with denormals flushed to zero: subnormal values count as 0."""
+    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+
+    tiny = np.finfo(np.float32).tiny
+    x = np.array(
+        [
+            [1e-39, -1e-39, 0.0, 5e-40],  # all subnormal: an all-zero row
+            [1e-35, 1.1e-38, -1e-38, 0.0],  # normal range, subnormal members
+            [3.1e-36, 0.0, tiny, -tiny],  # just above the least usable range
+            [1.0, 1e-39, -2.0, 0.5],
+        ],
+        np.float32,
+    )
+    ours, ref = xq.quantize_per_token(x), xnnpack_quantize_per_token(x)
+    np.testing.assert_array_equal(ours.codes, ref.codes)
+    np.testing.assert_array_equal(ours.scale.view(np.uint32), ref.scale.view(np.uint32))
+    np.testing.assert_array_equal(ours.zero_point, ref.zero_point)
+
+
+@pytest.mark.parametrize("row", [[8e-37, 0.0], [-1e-37, 1e-37], [3e38, -3e38]])
+def test_rows_xnnpack_cannot_scale_are_refused(row: list[float]) -> None:
+    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+
+    x = np.array([[1.0, 2.0], row], np.float32)
+    ref_scale = xnnpack_quantize_per_token(x).scale[1]
+    assert ref_scale == 0 or np.isinf(ref_scale)  # what XNNPACK itself reports for such a row
+    with pytest.raises(xq.XnnquantError, match=r"x row 1 cannot be quantized per token: got min"):
+        xq.quantize_per_token(x)

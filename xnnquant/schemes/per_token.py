@@ -14,6 +14,12 @@ float32 arithmetic::
 
 The textbook ``rint(x / ((hi - lo) / 255) + zp)`` disagrees on several percent of rows.
 fp16 and bf16 inputs are widened to float32 first (XNNPACK's fp32 path).
+
+XNNPACK runs its operators with denormals flushed to zero (``PTHREADPOOL_FLAG_DISABLE_DENORMALS``):
+subnormal inputs count as 0 (a row of them is an all-zero row), and a subnormal scale
+comes out as 0.  A row whose range ``hi - lo`` is non-zero but below ``255 * 2**-126``
+(about 3e-36), or overflows float32, would get scale 0 or inf from XNNPACK, which no
+kernel can use: such rows raise ``XnnquantError``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from ..datatypes import Datatype
 from ..errors import XnnquantError
 from ..rounding import quantize_values, round_half_even
 from ..tensor import QuantizedTensor
-from .checks import check_int, float_input
+from .checks import SMALLEST_NORMAL, check_int, float_input
 from .granularity import PerToken
 
 QMIN, QMAX = -128, 127
@@ -40,20 +46,27 @@ def _prepare(x: Any, num_nonbatch_dims: Any) -> tuple[np.ndarray, PerToken]:
     return arr, PerToken(n)
 
 
+def _flush_denormals(rows: np.ndarray) -> np.ndarray:
+    """``rows`` with subnormal values replaced by 0, as XNNPACK's denormals-are-zero mode reads them."""
+    return np.where(np.abs(rows) < SMALLEST_NORMAL, np.float32(0), rows)
+
+
 def _multipliers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``rows`` ``(M, K)`` float32 -> (multiplier ``m`` float32 ``(M,)``, zero point int32 ``(M,)``)."""
+    """``rows`` ``(M, K)`` float32, denormals flushed -> (multiplier ``m`` float32 ``(M,)``,
+    zero point int32 ``(M,)``)."""
     lo = np.minimum(rows.min(axis=1), np.float32(0))
     hi = np.maximum(rows.max(axis=1), np.float32(0))
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore"):
         span = hi - lo
-    if not np.isfinite(span).all():
-        row = int(np.argmax(~np.isfinite(span)))
-        raise XnnquantError(
-            f"x row {row} has a range that overflows float32: got min {lo[row]}, max {hi[row]}, "
-            "expected max - min to be finite"
-        )
-    with np.errstate(divide="ignore"):
         mult = np.where(span == 0, np.float32(1), np.float32(255) / span).astype(np.float32)
+        unusable = ~np.isfinite(span) | ~np.isfinite(mult) | (np.float32(1) / mult < SMALLEST_NORMAL)
+    if unusable.any():
+        row = int(np.argmax(unusable))
+        raise XnnquantError(
+            f"x row {row} cannot be quantized per token: got min {lo[row]:.9g}, max {hi[row]:.9g}, "
+            f"expected max - min to be 0 or finite and >= {255 * SMALLEST_NORMAL:.3g} "
+            "(else XNNPACK's scale, range / 255, is flushed to 0 or overflows)"
+        )
     lo_scaled, hi_scaled = lo * mult, hi * mult
     from_min = (np.float32(QMIN) + lo_scaled) + (np.float32(QMAX) + hi_scaled) > 0
     zp = np.where(from_min, np.float32(QMIN) - lo_scaled, np.float32(QMAX) - hi_scaled)
@@ -66,7 +79,7 @@ def choose_qparams(x: Any, num_nonbatch_dims: int = 1) -> tuple[np.ndarray, np.n
     ``M`` is the product of the leading ``x.ndim - num_nonbatch_dims`` dims.
     """
     arr, granularity = _prepare(x, num_nonbatch_dims)
-    mult, zp = _multipliers(granularity.rows(arr))
+    mult, zp = _multipliers(_flush_denormals(granularity.rows(arr)))
     return (np.float32(1) / mult).astype(np.float32), zp
 
 
@@ -74,7 +87,7 @@ def quantize(x: Any, num_nonbatch_dims: int = 1) -> QuantizedTensor:
     """qdint8 ``QuantizedTensor`` of ``x``: int8 codes shaped like ``x``, scale float32 ``(M,)``,
     zero point int32 ``(M,)``, ``num_nonbatch_dims`` kept."""
     arr, granularity = _prepare(x, num_nonbatch_dims)
-    rows = granularity.rows(arr)
+    rows = _flush_denormals(granularity.rows(arr))
     mult, zp = _multipliers(rows)
     codes = quantize_values(rows, mult[:, None], zp[:, None], QMIN, QMAX, "int8")
     return QuantizedTensor(
