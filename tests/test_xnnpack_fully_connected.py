@@ -430,6 +430,9 @@ BAD = [
      r"bias must be a qcint32 QuantizedTensor of shape \(3,\)"),
     ("static output zp", lambda: xx.static_fully_connected(_X8, _W8, output_scale=1.0, output_zero_point=200),
      r"output_zero_point must be in \[-128, 127\]: got 200"),
+    ("static x zero point", lambda: xx.static_fully_connected(QuantizedTensor(
+        Datatype.qint8, np.ones((2, 4), np.int8), 0.5, 300), _W8, output_scale=1.0),
+     r"x zero_point must be one integer in \[-128, 127\]: got 300"),
     ("static output scale", lambda: xx.static_fully_connected(_X8, _W8, output_scale=-1.0),
      "output_scale must be positive normal floats"),
 ]

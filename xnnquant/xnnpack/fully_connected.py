@@ -173,8 +173,13 @@ def static_fully_connected(
     if not isinstance(weight, QuantizedTensor) or weight.datatype is not Datatype.qcint8:
         raise XnnquantError(f"weight must be a qcint8 QuantizedTensor: got {weight!r}")
     m, k = x.shape
+    if m == 0 or k == 0:
+        raise XnnquantError(f"x must be non-empty: got shape {x.shape}")
     n = _check_quantized_weight(weight, k, False, False)
-    x_scale, x_zero = float(x.scale), int(np.asarray(x.zero_point))
+    zero = np.asarray(x.zero_point)
+    if zero.shape != () or not -128 <= int(zero) <= 127:
+        raise XnnquantError(f"x zero_point must be one integer in [-128, 127]: got {x.zero_point!r}")
+    x_scale, x_zero = float(x.scale), int(zero)
     _check_scales(np.float32(x_scale), "x scale")
     _check_scales(np.float32(output_scale), "output_scale")
     if not -128 <= output_zero_point <= 127:
