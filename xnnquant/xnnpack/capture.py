@@ -25,7 +25,7 @@ import numpy as np
 from ..arrays import as_float32
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
-from ..packing.gemm import _bf16_bits, pack_gemm
+from ..packing.gemm import bf16_scale_bits, pack_gemm
 from ..packing.gemm_configs import KernelConfig, kernel_configs, select_config
 from ..packing.int4 import pack_int4
 from ..tensor import QuantizedTensor
@@ -354,7 +354,7 @@ def _arguments(weight: Any, bias: Any) -> dict[str, Any]:
         else:
             out["kernel"] = _capi.padded(weight.codes.astype(np.int8))
         if weight.datatype is Datatype.qbint4:
-            out["bf16_scale"] = _capi.padded(_bf16_bits(weight.scale))
+            out["bf16_scale"] = _capi.padded(bf16_scale_bits(weight.scale))
             out["block_size"] = int(weight.group_size)  # type: ignore[arg-type]
         else:
             out["scale"] = _capi.padded(weight.scale.astype(np.float32))
