@@ -540,3 +540,40 @@ def test_weights_cache_reaches_xnnpack() -> None:
     y = xx.fully_connected(x, w, weights_cache=provider)
     assert _relerr(y, _reference_dynamic(x, w, None)) <= RTOL
     assert len(inserted) == 1 and inserted[0] % 76 == 0 and inserted[0] >= 16 * 76
+
+
+def test_dynamic_path_special_rows() -> None:
+    """All-zero, all-positive, all-negative, constant and outlier rows through the Convert."""
+    rng = np.random.default_rng(12)
+    k = 64
+    x = _x(8, k, rng)
+    x[0] = 0.0
+    x[1] = np.abs(x[1])
+    x[2] = -np.abs(x[2])
+    x[3] = 0.75
+    x[4, 5] = 1e4
+    x[5] = x[5] * 1e-30  # tiny values
+    b = rng.standard_normal(16).astype(np.float32)
+    for kind in ("qcint8", "qcint4", "qbint4"):
+        w = _weight(kind, 16, k, rng)
+        y = xx.fully_connected(x, w, b)
+        ref = _reference_dynamic(x, w, b)
+        assert _relerr(y, ref) <= RTOL, kind
+        np.testing.assert_allclose(y[0], b, rtol=0, atol=1e-6)  # a zero row gives the bias
+
+
+def test_dynamic_path_random_shapes() -> None:
+    """Many (M, N, K) drawn at random, qcint8 and qcint4 (K even), both with bias."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    @given(m=st.integers(1, 40), n=st.integers(1, 70), half_k=st.integers(1, 150),
+           kind=st.sampled_from(["qcint8", "qcint4"]), seed=st.integers(0, 2**32 - 1))
+    def check(m: int, n: int, half_k: int, kind: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        w, x = _weight(kind, n, 2 * half_k, rng), _x(m, 2 * half_k, rng)
+        b = rng.standard_normal(n).astype(np.float32)
+        assert _relerr(xx.fully_connected(x, w, b), _reference_dynamic(x, w, b)) <= RTOL
+
+    check()
