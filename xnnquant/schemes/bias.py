@@ -58,7 +58,7 @@ def _choose(arr: np.ndarray, input_scale: Any, weight_scale: Any) -> tuple[Datat
         where = int(np.argmax(bad.reshape(-1)))
         raise XnnquantError(
             f"bias scale input_scale * weight_scale must be a positive normal float32: got "
-            f"{scale.reshape(-1)[where]} (channel {where}), expected a finite value >= {SMALLEST_NORMAL:.9g}"
+            f"{scale.reshape(-1)[where]:.9g} (channel {where}), expected a finite value >= {SMALLEST_NORMAL:.9g}"
         )
     return datatype, scale
 

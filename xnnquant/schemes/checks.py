@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..arrays import as_float32
+from ..arrays import as_float32, to_numpy
 from ..errors import XnnquantError
 from ..rounding import to_bf16
 
@@ -35,7 +35,8 @@ def float_input(x: Any, name: str, min_rank: int, max_rank: int = MAX_DIMS) -> n
 
     fp32, fp16 and bf16 (numpy, ml_dtypes or torch) are accepted and widened exactly.
     """
-    arr = as_float32(x, name)
+    given = to_numpy(x, name)
+    arr = as_float32(given, name).reshape(given.shape)  # as_float32 widens 0-d arrays to (1,)
     if not min_rank <= arr.ndim <= max_rank:
         expected = f"{min_rank}" if min_rank == max_rank else f"{min_rank} to {max_rank}"
         raise XnnquantError(f"{name} has the wrong rank: got shape {arr.shape} (rank {arr.ndim}), expected rank {expected}")
