@@ -6,6 +6,8 @@ For a 4096 x 4096 weight of every type this CPU has a kernel for, prints:
            (XNNPACK allocates and packs the weights; that is the load-time cost prepacking
            removes from the device)
   GB/s     packed bytes written per second, and input + output bytes moved per second
+  prepacked  the same creation served our buffer through a weights cache (PrepackedCache):
+           what loading costs once the packing is done offline
   equal    whether the two buffers are byte for byte the same (captured once)
 A memcpy of the same number of bytes, timed in the same run, gives the machine's
 bandwidth for reference (the machine may be shared: compare figures from one run).
@@ -64,8 +66,8 @@ def main() -> None:
     bias = rng.standard_normal(n).astype(np.float32)
     selected = selected_configs()
     print(f"GEMM weight packing, {n} x {k}, with bias; fastest of {args.repeat} runs")
-    print(f"{'weights':24} {'tile (mr x nr, kr, sr, planes)':34} {'MB out':>7} {'ours ms':>8} {'GB/s out':>8} "
-          f"{'GB/s r+w':>8} {'xnnpack ms':>10} {'ratio':>6} {'equal':>5}")
+    print(f"{'weights':24} {'tile (mr x nr, kr, sr, planes) [isa]':50} {'MB out':>7} {'ours ms':>8} {'GB/s out':>8} "
+          f"{'GB/s r+w':>8} {'xnnpack ms':>10} {'ratio':>6} {'prepacked ms':>12} {'equal':>5}")
     for label, operator, weight in weights(n, k, rng):
         config = selected[operator]
         if config is None:
@@ -74,11 +76,13 @@ def main() -> None:
         ours = fastest(lambda: pack_gemm(weight, bias, config=config), args.repeat)
         packed = pack_gemm(weight, bias, config=config)
         theirs = creation_seconds(weight, bias, operator=operator, repeat=args.repeat)
+        served = creation_seconds(weight, bias, operator=operator, repeat=args.repeat, prepacked=packed)
         same = np.array_equal(packed, capture_packed_weights(weight, bias, operator=operator, deduce=False).data)
         source = weight.codes.nbytes if isinstance(weight, xq.QuantizedTensor) else weight.nbytes
         tile = f"{config.mr}x{config.nr}, kr {config.kr}, sr {config.sr}, planes {config.planes} [{config.isa}]"
-        print(f"{label:24} {tile:34} {packed.nbytes / 1e6:7.1f} {ours * 1e3:8.1f} {packed.nbytes / ours / 1e9:8.2f} "
-              f"{(packed.nbytes + source) / ours / 1e9:8.2f} {theirs * 1e3:10.1f} {ours / theirs:6.2f} {str(same):>5}")
+        print(f"{label:24} {tile:50} {packed.nbytes / 1e6:7.1f} {ours * 1e3:8.1f} {packed.nbytes / ours / 1e9:8.2f} "
+              f"{(packed.nbytes + source) / ours / 1e9:8.2f} {theirs * 1e3:10.1f} {ours / theirs:6.2f} {served * 1e3:12.2f} "
+              f"{str(same):>5}")
     block = np.ones(n * k * 4, np.uint8)
     target = np.empty_like(block)
     copy = fastest(lambda: np.copyto(target, block), args.repeat)

@@ -290,16 +290,20 @@ def _resolve_operator(weight: Any, operator: str | None) -> str:
     return operator
 
 
-def creation_seconds(weight: Any, bias: Any = None, *, operator: str, repeat: int = 3) -> float:
-    """Fastest of ``repeat`` wall times of ``xnn_create_fully_connected_nc_<operator>``
-    without a weights cache (XNNPACK allocates and packs on its own), operator deleted after.
+def creation_seconds(weight: Any, bias: Any = None, *, operator: str, repeat: int = 3,
+                     prepacked: np.ndarray | None = None) -> float:
+    """Fastest of ``repeat`` wall times of ``xnn_create_fully_connected_nc_<operator>``,
+    operator deleted after each.
 
-    This is XNNPACK's own load-time packing cost for ``weight``, as a device pays it.
+    Without ``prepacked``: no weights cache, XNNPACK allocates and packs on its own (its
+    load-time packing cost, as a device pays it).  With ``prepacked`` (a ``pack_gemm``
+    buffer): served through ``PrepackedCache``, so XNNPACK skips packing.
     """
     operator = _resolve_operator(weight, operator)
     arrays = _arguments(weight, bias)
+    cache = None if prepacked is None else PrepackedCache(prepacked)
     try:
-        return min(_create(operator, arrays, None)[1] for _ in range(max(1, repeat)))
+        return min(_create(operator, arrays, cache)[1] for _ in range(max(1, repeat)))
     except _Unsupported:
         raise UnsupportedConfigError(f"XNNPACK has no {operator} kernel for this CPU") from None
 
@@ -314,7 +318,7 @@ def _capture(operator: str, weight: Any, bias: Any) -> CapturedWeights:
     return CapturedWeights(operator, np.frombuffer(data, np.uint8).copy(), seed, fingerprint, seconds)
 
 
-def _create(operator: str, arrays: dict[str, Any], cache: _Cache | None) -> tuple[int, float]:
+def _create(operator: str, arrays: dict[str, Any], cache: _Cache | PrepackedCache | None) -> tuple[int, float]:
     """Create (then delete) the operator; returns (status, seconds of the create call).
 
     Raises ``_Unsupported`` for xnn_status_unsupported_hardware, ``XnnquantError`` for any
