@@ -91,6 +91,24 @@ def test_qc8w_amx_tile_shape() -> None:
     assert got.tobytes() == expected
 
 
+def test_qc8w_unsigned_input_vnni_tile() -> None:
+    """qdu8 x qc8w on AVX-512 VNNI (nr 16, kr 8): the unsigned-input kernels get the same
+    correction as the signed ones (-row sum: XNNPACK packs with input zero point 1 for both
+    and applies the +128 at run time)."""
+    w = qc8([[-128, 127, 1, 2, 3, 4, 5, 6, 7]], [0.5])
+    got = pack_gemm(w, np.array([9.0], np.float32), config=config("qdu8_f32_qc8w", "avx512vnni"))
+    row_sum = -128 + 127 + 1 + 2 + 3 + 4 + 5 + 6 + 7
+    expected = padded64(
+        le("16i", -row_sum, *([0] * 15)),
+        le("8b", -128, 127, 1, 2, 3, 4, 5, 6) + bytes(15 * 8),   # chunk 0: k 0..7 of row 0
+        le("8b", 7, 0, 0, 0, 0, 0, 0, 0) + bytes(15 * 8),        # chunk 1: k 8, K padding
+        le("16f", 0.5, *([0] * 15)), le("16f", 9.0, *([0] * 15)),
+    )
+    assert got.tobytes() == expected
+    signed = pack_gemm(w, np.array([9.0], np.float32), config=config("qd8_f32_qc8w", "avx512skx"))
+    assert np.array_equal(got, signed)  # same tile shape, same bytes
+
+
 # --- qc4w / qc4uw -----------------------------------------------------------------------
 
 
