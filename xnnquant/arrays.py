@@ -55,7 +55,7 @@ def as_float32(x: Any, name: str = "x", *, finite: bool = True) -> np.ndarray:
             f"{name} must be a floating-point array: got dtype {arr.dtype}, "
             "expected float32, float16 or bfloat16"
         )
-    out = np.ascontiguousarray(arr, dtype=np.float32)
+    out = np.asarray(arr, dtype=np.float32, order="C")  # keeps rank 0, unlike ascontiguousarray
     if finite:
         check_finite(out, name)
     return out

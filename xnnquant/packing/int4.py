@@ -27,16 +27,26 @@ def pack_int4(codes: Any) -> np.ndarray:
     the high nibble of its last byte, so rows start on byte boundaries; XNNPACK's 4-bit
     kernels with two nibble planes read ``ceil(K / 2)`` bytes per row.
     """
-    q = as_int_codes(codes)
+    q = _int4_codes(codes)
+    if q.shape[-1] % 2:
+        q = np.concatenate([q, np.zeros(q.shape[:-1] + (1,), np.int8)], axis=-1)
+    # In uint8 arithmetic code + 8 wraps -8..7 onto 0..15.  Read as little-endian uint16,
+    # each pair is  (q[2j+1] + 8) << 8 | (q[2j] + 8); shifting a copy right by 4 brings
+    # the odd code into bits 4..7, and the low byte of the OR is the packed byte.
+    pairs = (np.ascontiguousarray(q).view(np.uint8) + np.uint8(8)).view("<u2")
+    return (pairs | (pairs >> 4)).astype(np.uint8)
+
+
+def _int4_codes(codes: Any) -> np.ndarray:
+    """``codes`` as int8 after checking they are integers in [-8, 7]."""
+    arr = to_numpy(codes, "codes")
+    q = arr if arr.dtype == np.int8 else as_int_codes(arr)
     if q.ndim == 0:
         raise XnnquantError("codes must have at least one dimension (..., K): got a scalar")
     if q.size and (q.min() < INT4_MIN or q.max() > INT4_MAX):
         bad = tuple(int(i) for i in np.argwhere((q < INT4_MIN) | (q > INT4_MAX))[0])
         raise XnnquantError(f"int4 codes must lie in [-8, 7]: got {q[bad]} at index {bad}")
-    if q.shape[-1] % 2:
-        q = np.concatenate([q, np.zeros(q.shape[:-1] + (1,), q.dtype)], axis=-1)
-    u = (q + 8).astype(np.uint8)
-    return np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << 4))
+    return q.astype(np.int8, copy=False)
 
 
 def unpack_int4(packed: Any, k: int) -> np.ndarray:
