@@ -41,6 +41,10 @@ class ConstantSegment:
         self._index[blob] = index
         return index
 
+    def blobs(self) -> list[bytes]:
+        """The distinct blobs, in entry order (entry i + 1 holds blob i)."""
+        return self._chunks[0::2]
+
     def to_bytes(self) -> bytes:
         """The whole segment, padding included."""
         return b"".join(self._chunks)

@@ -74,12 +74,12 @@ def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
         raise XnnquantError(f"load() takes payload bytes or a path: got {type(source).__name__}")
     try:
         graph = _Reader(data, named_data).graph()
+        if validate:
+            graph.validate(writing=False)
     except XnnquantError:
         raise
-    except Exception as exc:  # the generated accessors raise anything on corrupt data
+    except Exception as exc:  # never let corrupt bytes escape as anything but PayloadError
         raise PayloadError(f"malformed payload: {type(exc).__name__}: {exc}") from None
-    if validate:
-        graph.validate(writing=False)
     return graph
 
 

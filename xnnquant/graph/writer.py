@@ -127,13 +127,43 @@ def _node(b: flatbuffers.Builder, n: Node) -> int:
     return _table(b, "XNode", node)
 
 
-def flatbuffer(graph: Any, segment: ConstantSegment) -> bytes:
-    """The XN01 flatbuffer of ``graph``; constants are added to ``segment`` on the way."""
+def _inline_buffers(b: flatbuffers.Builder, blobs: list[bytes]) -> int:
+    """The deprecated ``constant_buffer`` vector: one ``Buffer`` table per blob.
+
+    ``Buffer.storage`` (slot 0, ``[ubyte]``, 16-aligned) is deprecated in the schema, so
+    the generated code has no adder for it; the slot is written directly.
+    """
+    tables = []
+    for blob in blobs:
+        b.StartVector(1, len(blob), 16)
+        b.head -= len(blob)
+        b.Bytes[b.head:b.head + len(blob)] = blob
+        storage = b.EndVector()
+        fb.BufferStart(b)
+        b.PrependUOffsetTRelativeSlot(0, storage, 0)
+        tables.append(fb.BufferEnd(b))
+    return _table_vector(b, tables)
+
+
+def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool = False,
+               identifier: bytes = FILE_IDENTIFIER) -> bytes:
+    """The flatbuffer of ``graph``; constants are added to ``segment`` on the way.
+
+    ``inline_constants`` writes the legacy form instead, for payloads without a header:
+    every constant inline in the deprecated ``XNNGraph.constant_buffer`` (entry 0 an empty
+    reserved ``Buffer``), no ``constant_data``.  ``identifier``: ``XN01`` (what we write)
+    or ``XN00`` (the runtime schema's, for tests of old payloads).
+    """
     b = flatbuffers.Builder(1024)
     indices = [segment.add(v.constant) if v.constant is not None else 0 for v in graph.values]
     values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
     nodes = [_node(b, n) for n in graph.nodes]
-    entries = [_table(b, "ConstantDataOffset", {"offset": off, "size": size}) for off, size in segment.entries]
+    if inline_constants:
+        blobs = segment.blobs()
+        segment.__init__()  # the blobs travel inline, the segment stays empty
+        constants = _inline_buffers(b, [b""] + blobs)
+    else:
+        entries = [_table(b, "ConstantDataOffset", {"offset": off, "size": size}) for off, size in segment.entries]
     root = {
         "version": b.CreateString(graph.version),
         "xnodes": _table_vector(b, nodes),
@@ -141,9 +171,15 @@ def flatbuffer(graph: Any, segment: ConstantSegment) -> bytes:
         "num_externs": graph.num_externs,
         "input_ids": _vector(b, "[u32]", graph.inputs),
         "output_ids": _vector(b, "[u32]", graph.outputs),
-        "constant_data": _table_vector(b, entries),
     }
-    b.Finish(_table(b, "XNNGraph", root), file_identifier=FILE_IDENTIFIER)
+    if not inline_constants:
+        root["constant_data"] = _table_vector(b, entries)
+    fb.XNNGraphStart(b)
+    for name, value in root.items():
+        getattr(fb, f"XNNGraphAdd{_camel(name)}")(b, value)
+    if inline_constants:
+        b.PrependUOffsetTRelativeSlot(TABLES["XNNGraph"].index(("constant_buffer", "[Buffer]")), constants, 0)
+    b.Finish(fb.XNNGraphEnd(b), file_identifier=identifier)
     return bytes(b.Output())
 
 
