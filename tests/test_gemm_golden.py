@@ -81,32 +81,35 @@ def test_qc8w_sr2_rotates_chunks_per_row() -> None:
 
 
 def test_qc8w_amx_tile_shape() -> None:
-    """The AMX branch (nr 64, kr 4): a single row, K = 6 padded to 8."""
-    w = qc8([[1, -1, 2, -2, 3, -3]], [0.125])
+    """The AMX branch (nr 64, kr 4; packer x64c4 avx256vnni): one row, K = 6 padded to 8.
+    That packer fills the 63 padding rows with copies of row 0, row sum included."""
+    w = qc8([[1, -1, 2, -2, 3, 4]], [0.125])
     got = pack_gemm(w, config=config("qd8_f32_qc8w", "avx512amx"))
-    corr = le("64i", 0, *([0] * 63))
-    chunk0 = le("4b", 1, -1, 2, -2) + bytes(63 * 4)
-    chunk1 = le("4b", 3, -3, 0, 0) + bytes(63 * 4)
+    corr = le("64i", *([-7] * 64))
+    chunk0 = le("4b", 1, -1, 2, -2) * 64
+    chunk1 = le("4b", 3, 4, 0, 0) * 64
     expected = padded64(corr, chunk0, chunk1, le("64f", 0.125, *([0] * 63)), bytes(64 * 4))
     assert got.tobytes() == expected
 
 
 def test_qc8w_unsigned_input_vnni_tile() -> None:
-    """qdu8 x qc8w on AVX-512 VNNI (nr 16, kr 8): the unsigned-input kernels get the same
-    correction as the signed ones (-row sum: XNNPACK packs with input zero point 1 for both
-    and applies the +128 at run time)."""
-    w = qc8([[-128, 127, 1, 2, 3, 4, 5, 6, 7]], [0.5])
-    got = pack_gemm(w, np.array([9.0], np.float32), config=config("qdu8_f32_qc8w", "avx512vnni"))
-    row_sum = -128 + 127 + 1 + 2 + 3 + 4 + 5 + 6 + 7
+    """qdu8 x qc8w on AVX-512 VNNI (nr 16, kr 8; packer x16c8 avx256vnni).  The unsigned-
+    input kernels get the same correction as the signed ones (-row sum: XNNPACK packs with
+    input zero point 1 for both and applies the +128 at run time); this packer repeats the
+    last real row (weights and correction) in the padding rows."""
+    w = qc8([[-128, 127, 1, 2, 3, 4, 5, 6, 7], [1, 1, 1, 1, 1, 1, 1, 1, 1]], [0.5, 0.25])
+    got = pack_gemm(w, np.array([9.0, 8.0], np.float32), config=config("qdu8_f32_qc8w", "avx512vnni"))
+    row0_sum = -128 + 127 + 1 + 2 + 3 + 4 + 5 + 6 + 7
     expected = padded64(
-        le("16i", -row_sum, *([0] * 15)),
-        le("8b", -128, 127, 1, 2, 3, 4, 5, 6) + bytes(15 * 8),   # chunk 0: k 0..7 of row 0
-        le("8b", 7, 0, 0, 0, 0, 0, 0, 0) + bytes(15 * 8),        # chunk 1: k 8, K padding
-        le("16f", 0.5, *([0] * 15)), le("16f", 9.0, *([0] * 15)),
+        le("16i", -row0_sum, *([-9] * 15)),                            # rows 2..15 copy row 1
+        le("8b", -128, 127, 1, 2, 3, 4, 5, 6) + le("8b", *([1] * 8)) * 15,   # chunk 0: k 0..7
+        le("8b", 7, 0, 0, 0, 0, 0, 0, 0) + le("8b", 1, *([0] * 7)) * 15,     # chunk 1: k 8, padding
+        le("16f", 0.5, 0.25, *([0] * 14)), le("16f", 9.0, 8.0, *([0] * 14)),
     )
     assert got.tobytes() == expected
-    signed = pack_gemm(w, np.array([9.0], np.float32), config=config("qd8_f32_qc8w", "avx512skx"))
-    assert np.array_equal(got, signed)  # same tile shape, same bytes
+    signed = pack_gemm(w, np.array([9.0, 8.0], np.float32), config=config("qd8_f32_qc8w", "avx512skx"))
+    assert got[:4].tobytes() == signed[:4].tobytes()  # same correction for the real rows
+    assert not signed[8:64].any()  # the reference packer leaves padding rows zero
 
 
 # --- qc4w / qc4uw -----------------------------------------------------------------------

@@ -64,7 +64,7 @@ def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int |
     qt: QuantizedTensor = weight
     b = _bias(bias, qt.codes)
     if layout == "qc8w":
-        return pack_qc8w(qt.codes, qt.scale, b, nr=nr, kr=kr, sr=sr)
+        return pack_qc8w(qt.codes, qt.scale, b, nr=nr, kr=kr, sr=sr, pad_rows=pad_rows)
     if layout in ("qc4w", "qc4uw"):
         return pack_qc4w(qt.codes, qt.scale, b, nr=nr, kr=kr, sr=sr, unsigned=layout == "qc4uw")
     return pack_qb4w(qt.codes, bf16_scale_bits(qt.scale), b, group_size=int(qt.group_size), nr=nr, kr=kr, sr=sr,
@@ -128,6 +128,8 @@ def _check_tile(nr: int, kr: int, sr: int, planes: int, layout: str, pad_rows: s
         raise UnsupportedConfigError(
             f"pad_rows='replicate' is the f32 AVX packing of kr=sr=1 tiles: got layout={layout}, kr={kr}, sr={sr}"
         )
+    if pad_rows == "replicate_all" and layout != "qc8w":
+        raise UnsupportedConfigError(f"pad_rows='replicate_all' is the qc8w VNNI packing: got layout={layout}")
     if layout in ("qc4w", "qc4uw") and planes != 2:
         raise UnsupportedConfigError(f"{layout} packing pairs nibbles in two planes: got planes={planes}, expected 2")
     if layout == "qb4w" and planes not in (1, 2):

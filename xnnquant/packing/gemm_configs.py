@@ -27,10 +27,13 @@ WEIGHT_LAYOUTS = ("f32", "qc8w", "qc4w", "qc4uw", "qb4w")
 
 #: How ``pack_gemm`` fills the padding rows of a last, partial tile.
 #:  zero       rows left as the zeroed buffer holds them (XNNPACK's reference packers)
-#:  replicate  copies of the last real row, except the tile's last row, which is zero in
-#:             the columns below 4 * floor(K / 4) (XNNPACK's x86 AVX/AVX-512 x32 packw
-#:             micro-kernels, ``src/x32-packw/avx.c.in``)
-PAD_ROWS = ("zero", "replicate")
+#:  replicate  f32: copies of the last real row, except the tile's last row, which is zero
+#:             in the columns below 4 * floor(K / 4) (XNNPACK's x86 AVX/AVX-512 x32 packw
+#:             micro-kernels, ``src/x32-packw/avx.c.in``; verified by capture on AVX2)
+#:  replicate_all  qc8w: every padding row a copy of the last real row, its correction term
+#:             included (the qs8 VNNI packw micro-kernels x16c8/x64c4 avx256vnni and x8c8
+#:             avxvnni; read from their source, not verifiable on a CPU without VNNI)
+PAD_ROWS = ("zero", "replicate", "replicate_all")
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ _X86_CONFIGS: tuple[KernelConfig, ...] = (
     _c("f32", "f32", "avx", 5, 8, pad_rows=_AVX_PACKW, note=_NR2, nr2=True),
     _c("f32", "f32", "sse2", 4, 2, kr=4, note=_NR2 + "; packer x2c4__sse2_u4 not verified", nr2=True),
     # qd8 x qc8w: signed int8 input
-    _c("qd8_f32_qc8w", "qc8w", "avx512amx", 16, 64, kr=4),
+    _c("qd8_f32_qc8w", "qc8w", "avx512amx", 16, 64, kr=4, pad_rows="replicate_all",
+       note="packer x64c4__avx256vnni_prfm (builds with AVX256VNNI)"),
     _c("qd8_f32_qc8w", "qc8w", "avx512skx", 8, 16, kr=8),
     _c("qd8_f32_qc8w", "qc8w", "avx256skx", 8, 8, kr=8),
     _c("qd8_f32_qc8w", "qc8w", "avx2", 4, 8, kr=8),
@@ -118,8 +122,9 @@ _X86_CONFIGS: tuple[KernelConfig, ...] = (
     _c("qd8_f32_qc8w", "qc8w", "sse2", 4, 4, kr=8),
     # qdu8 x qc8w: unsigned input (x + 128); the packed correction is the same (input zero point 1)
     _c("qdu8_f32_qc8w", "qc8w", "avx512vnni (x86-64 asm)", 5, 64, kr=4),
-    _c("qdu8_f32_qc8w", "qc8w", "avx512vnni", 10, 16, kr=8),
-    _c("qdu8_f32_qc8w", "qc8w", "avxvnni", 5, 8, kr=8),
+    _c("qdu8_f32_qc8w", "qc8w", "avx512vnni", 10, 16, kr=8, pad_rows="replicate_all",
+       note="packer x16c8__avx256vnni_prfm (builds with AVX256VNNI; the scalar fallback differs)"),
+    _c("qdu8_f32_qc8w", "qc8w", "avxvnni", 5, 8, kr=8, pad_rows="replicate_all", note="packer x8c8__avxvnni_prfm"),
     # qd8 x qc4w
     _c("qd8_f32_qc4w", "qc4w", "avx512amx", 16, 64, kr=4, planes=2),
     _c("qd8_f32_qc4w", "qc4w", "sse2", 4, 4, kr=8, planes=2),

@@ -60,7 +60,7 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
 
 
 def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int,
-              sr: int = 1) -> np.ndarray:
+              sr: int = 1, pad_rows: str = "zero") -> np.ndarray:
     """int8 per-channel weights -> packed bytes (qd8_f32_qc8w and qdu8_f32_qc8w).
 
     ``codes`` int8 ``(N, K)``, ``scale`` float32 ``(N,)``, ``bias`` float32 ``(N,)`` or None.
@@ -74,15 +74,21 @@ def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
 
     ``corr`` is the row sum times the input zero point XNNPACK packs with, which is 1 for
     both the signed (qd8) and the unsigned (qdu8) input kernels: the run-time zero point
-    (and the +128 of unsigned inputs) multiplies it inside the kernel.  Padding rows and
-    padding channels hold zero bytes, and so does the buffer end (up to a multiple of 64).
+    (and the +128 of unsigned inputs) multiplies it inside the kernel.  Padding channels
+    hold zero bytes, and so does the buffer end (up to a multiple of 64).  Rows ``n..nr-1``
+    of a last tile with ``n < nr`` real rows (``pad_rows``): ``"zero"``: zero bytes
+    throughout; ``"replicate_all"`` (the VNNI packing micro-kernels): weights and ``corr``
+    of row ``n-1`` again, scale and bias 0.0.
     """
     n_rows, k = codes.shape
     kp = round_up(k, kr * sr)
     tiles = row_tiles(codes.astype(np.int8, copy=False), nr, kp)
     corr = -np.sum(codes, axis=1, dtype=np.int64)
+    if pad_rows == "replicate_all" and n_rows % nr:  # row_tiles made a fresh padded copy
+        tiles[-1, n_rows % nr:] = tiles[-1, n_rows % nr - 1]
+        corr = np.concatenate([corr, np.repeat(corr[-1:], nr - n_rows % nr)])
     buffer, sections = tile_buffer(tiles.shape[0], nr, [4, kp, 4, 4])
-    sections[0][...] = per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)
+    sections[0][...] = per_tile(corr.astype(np.int32), len(corr), nr, np.int32).view(np.uint8)
     store_chunks(sections[1], chunk_view(tiles, kr, sr, step=kr))
     sections[2][...] = per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
     sections[3][...] = per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
