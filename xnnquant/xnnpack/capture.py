@@ -2,14 +2,21 @@
 
 When a fully-connected operator is created with a weights cache, XNNPACK asks the cache
 for room (``reserve_space``), zeroes it, packs the weights there for the micro-kernel it
-selected, and hands the buffer back (``look_up_or_insert``).  ``capture_packed_weights``
-passes a provider whose callbacks are Python functions: ``look_up`` always misses, so the
-weights are packed; ``look_up_or_insert`` copies the bytes out.  The operator is then
-deleted; nothing is run.
+selected, and hands the buffer back (``look_up_or_insert``).  The providers here are
+ctypes structs of Python callbacks:
+
+* ``capture_packed_weights``: operator API (``xnn_create_fully_connected_nc_<op>``);
+  ``look_up`` always misses, ``look_up_or_insert`` copies the bytes out, the operator is
+  deleted, nothing is run.
+* ``capture_runtime_packed_weights``: the same through ``xnn_create_runtime_v4`` on the
+  subgraph ExecuTorch builds for a linear layer; the runtime chooses the operator.
+* ``PrepackedCache``: the other direction, a cache whose ``look_up`` always hits and
+  serves a ``pack_gemm`` buffer, so XNNPACK skips packing at load time.
 
 The tile parameters of the selected kernel are not exported by XNNPACK.  They are deduced
-from the capture: the first ``kernel_configs()`` row of the operator whose
-``pack_gemm`` bytes equal the captured ones (size and content).
+from the capture: the ``kernel_configs()`` row gemm-config.c selects on this CPU (from
+/proc/cpuinfo), or else any row of the operator, whose ``pack_gemm`` bytes equal the
+captured ones.
 """
 
 from __future__ import annotations
