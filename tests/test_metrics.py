@@ -122,3 +122,38 @@ def test_runtime_bf16_against_rne_on_a_whole_binade() -> None:
     step = runtime_bf16(x).bits.astype(np.int32) - to_bf16(x).bits.astype(np.int32)
     assert step.min() == 0 and step.max() == 1
     assert 0.24 < step.mean() < 0.25
+
+
+@pytest.mark.xnnpack
+def test_runtime_bf16_is_what_the_executorch_runtime_computes() -> None:
+    """Oracle: the real ExecuTorch 1.4.1 runtime, reading fp32 qbint4 scales that are not bf16 values.
+
+    The builder refuses such scales, so they are swapped into the constant's quant params
+    after it was added.  One-hot inputs make each output one weight times its scale.
+    """
+    from xnnquant.graph import Graph, PerChannelGroupQuant
+    from xnnquant.graph.runtime import run
+
+    n, k, g = 16, 64, 32
+    bf16 = to_bf16(np.random.default_rng(0).uniform(0.01, 0.1, (n, k // g)).astype(np.float32)).values
+    # a quarter to half a bf16 step above a bf16 value: RNE rounds down, the runtime up when the
+    # significand is above about 1.6
+    scale = (bf16 * np.float32(1 + 2**-10)).astype(np.float32)
+    differs = runtime_bf16(scale).bits != to_bf16(scale).bits
+    assert differs.any() and not differs.all()
+
+    codes = np.zeros((n, k), np.int8)
+    codes[:, 0], codes[:, g] = 7, -5
+    qt = QuantizedTensor(Datatype.qbint4, codes, bf16, group_size=g, channel_dim=0)
+    graph = Graph(write_scale_bf16=False)
+    x = graph.input((2, k))
+    w = graph.constant(qt)
+    graph.output(graph.fully_connected(graph.convert(x, Datatype.qdint8), w))
+    graph.values[w].quant = PerChannelGroupQuant(scale.ravel().copy(), 0, g, None)
+    one_hot = np.zeros((2, k), np.float32)
+    one_hot[0, 0] = one_hot[1, g] = 1
+    y = run(graph.to_bytes(), [one_hot], validate=False)[0]
+
+    used = np.stack([y[0] / 7, y[1] / -5], axis=1)  # the scale XNNPACK multiplied by, (n, 2)
+    np.testing.assert_allclose(used, runtime_bf16(scale).values, rtol=1e-6)
+    assert np.all(np.abs(used - to_bf16(scale).values)[differs] > 1e-3 * used[differs])
