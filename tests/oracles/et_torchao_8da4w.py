@@ -23,7 +23,11 @@ resulting ``.pte`` with ``executorch.runtime`` and writes into OUT_DIR:
   ``[N, 1]``), ``_zero_point.npy``, and ``_bias.npy`` (fp32 ``[N]``) when the layer has one;
 * ``input.npy`` (fp32 ``[4, 128]``) and ``et_output.npy`` (fp32 ``[4, 16]``): what the
   ExecuTorch runtime computed on the ``.pte`` ExecuTorch wrote;
-* ``program.pte``.
+* ``program.pte``;
+* ``clash_input.npy`` / ``clash_output.npy``: ``xnnquant.graph.run`` on a small payload
+  built with ``Graph``, executed in this process, where ExecuTorch's own
+  ``XnnpackBackend`` is registered (``to_pte`` must not depend on which class of that
+  name ``to_backend`` would pick).
 """
 
 from __future__ import annotations
@@ -90,6 +94,18 @@ def main(out: Path) -> None:
     method = program.load_method("forward")
     np.save(out / "input.npy", x.numpy())
     np.save(out / "et_output.npy", method.execute([x])[0].numpy())
+    clash_check(out)
+
+
+def clash_check(out: Path) -> None:
+    from xnnquant.graph import Graph, run
+
+    g = Graph()
+    a = g.input((3, 5))
+    g.output(g.multiply(g.add(a, g.constant(np.arange(5, dtype=np.float32))), a))
+    x = np.linspace(-1, 1, 15, dtype=np.float32).reshape(3, 5)
+    np.save(out / "clash_input.npy", x)
+    np.save(out / "clash_output.npy", run(g.to_bytes(), [x])[0])
 
 
 if __name__ == "__main__":

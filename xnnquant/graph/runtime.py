@@ -7,8 +7,10 @@ How a payload becomes a program:
 
 1. A stub ``torch.nn.Module`` with the payload's external inputs and outputs (shapes
    and dtypes; its body only makes zero tensors of the output shapes) is exported with
-   ``torch.export`` and turned into an Edge program with ``to_edge``.  This is cached
-   per I/O signature.
+   ``torch.export``; cached per I/O signature.  ``to_edge`` is skipped: the lowered
+   program keeps only the stub's placeholders and output specs, and the ``.pte`` is
+   byte-identical with or without it (a test checks this), while ``to_edge`` costs a
+   second or two per signature.
 2. A ``LoweredBackendModule`` is built around that Edge program with backend id
    ``"XnnpackBackend"`` and the payload as its processed bytes; its ``.buffer()`` is
    the ``.pte``: one delegate call taking the stub's inputs and giving its outputs.
@@ -32,8 +34,10 @@ import collections
 import contextlib
 import functools
 import hashlib
+import io
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, Union
 
@@ -120,9 +124,16 @@ def _load_checked(payload: bytes, named_data: Mapping[str, bytes] | None, valida
 
 
 def external_specs(graph: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Input and output specs of a ``Graph``, in external-id order."""
+    """Input and output specs of a ``Graph``, in external-id order.
+
+    The index output of ``XNNArgMaxPooling2d`` is labelled fp32 in payloads, but XNNPACK
+    writes 32-bit indices into it; it is declared int64, as ExecuTorch does, and the
+    runtime widens the indices into that buffer.
+    """
+    index_outputs = {n.outputs[1] for n in graph.nodes if n.kind == "XNNArgMaxPooling2d" and len(n.outputs) > 1}
     return ([_value_spec(graph.value(i), "input") for i in graph.inputs],
-            [_value_spec(graph.value(i), "output") for i in graph.outputs])
+            [TensorSpec(tuple(int(d) for d in graph.value(i).dims), np.dtype(np.int64))
+             if i in index_outputs else _value_spec(graph.value(i), "output") for i in graph.outputs])
 
 
 def _value_spec(value: Any, role: str) -> TensorSpec:
@@ -152,7 +163,7 @@ def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
                 )
             dtype = EXTERNAL_DTYPES[dtype]
         dtype = np.dtype(dtype)
-        if dtype not in EXTERNAL_DTYPES.values():
+        if dtype not in EXTERNAL_DTYPES.values() and not (role == "output" and dtype == np.int64):
             raise UnsupportedConfigError(
                 f"{role}s[{i}] has dtype {dtype}: expected one of "
                 f"{', '.join(str(d) for d in EXTERNAL_DTYPES.values())}"
@@ -164,10 +175,9 @@ def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
 
 
 @functools.lru_cache(maxsize=64)
-def _stub_edge_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> Any:
-    """Edge program of a module with the given I/O whose body makes zero outputs."""
+def _stub_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> Any:
+    """Exported program of a module with the given I/O whose body makes zero outputs."""
     torch = _import_torch_executorch()
-    from executorch.exir import to_edge
 
     def torch_dtype(dtype: np.dtype) -> Any:
         return torch.from_numpy(np.zeros(0, dtype)).dtype
@@ -179,7 +189,7 @@ def _stub_edge_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec
             return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in out)
 
     examples = tuple(torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype)) for spec in inputs)
-    return to_edge(torch.export.export(Stub(), examples, strict=False)).exported_program()
+    return torch.export.export(Stub(), examples, strict=False)
 
 
 def _named_data_output(named_data: Mapping[str, bytes] | None) -> Any:
@@ -224,28 +234,36 @@ def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
     _import_torch_executorch()
     from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-    edge = _stub_edge_program(tuple(inputs), tuple(outputs))
-    lowered = LoweredBackendModule(edge, "XnnpackBackend", data, [], _named_data_output(named_data))
-    return bytes(lowered.buffer())
+    stub = _stub_program(tuple(inputs), tuple(outputs))
+    lowered = LoweredBackendModule(stub, "XnnpackBackend", data, [], _named_data_output(named_data))
+    with warnings.catch_warnings():  # ExecuTorch's own deprecations, not the caller's concern
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        return bytes(lowered.buffer())
 
 
 @contextlib.contextmanager
 def _captured_stderr() -> Iterator[list[str]]:
-    """Collect what native code writes to file descriptor 2 (the runtime's log).
+    """Collect the runtime's log while the block runs.
 
-    Yields a list that holds the captured text once the block has ended.
+    ExecuTorch's pybindings send the log through ``std::cerr``, which they redirect to
+    Python's ``sys.stderr`` during a call; native code may also write to file
+    descriptor 2.  Both are captured.  Yields a list that holds the text once the block
+    has ended.
     """
     captured: list[str] = []
+    python_side = io.StringIO()
     with tempfile.TemporaryFile() as sink:
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
         try:
-            yield captured
+            with contextlib.redirect_stderr(python_side):
+                yield captured
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            captured.append(sink.read().decode("utf-8", "replace"))
+            captured.append(python_side.getvalue() + sink.read().decode("utf-8", "replace"))
 
 
 class _Loaded(NamedTuple):
@@ -327,7 +345,8 @@ def run(payload: PayloadLike, inputs: Sequence[Any], *,
     the shape and dtype of that input (fp32 -> float32, fp16 -> float16, qint8 -> int8,
     quint8 -> uint8, qint32 -> int32); nothing is converted silently.  ``named_data``
     and ``validate``: see ``to_pte``.  Returns one freshly allocated array per external
-    output, in external-id order.
+    output, in external-id order, with the same dtype rules (argmax-pooling indices:
+    int64).
 
     Raises ``UnsupportedConfigError`` when the runtime refuses the payload, with the
     runtime's own log lines in the message.  Programs are cached by their bytes, so

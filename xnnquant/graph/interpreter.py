@@ -1,0 +1,495 @@
+"""A numpy reference interpreter for XNNGraph graphs.
+
+``interpret(graph, inputs)`` computes what the graph means, node by node, in float64
+and float32 numpy, independently of XNNPACK's kernels, so that ``run`` (the real
+runtime) can be checked against it.
+
+Quantized values follow dequantize-quantize semantics: every value holds the real
+numbers it stands for.  A quantized constant is its ``QuantizedTensor.dequantize()``;
+a node whose output is quantized computes on real numbers and then snaps its result to
+the output's grid:
+
+==========================  ===================================================
+output datatype             what the result becomes
+==========================  ===================================================
+fp32                        float32
+fp16                        rounded to float16 (held as float32)
+qint8, quint8               ``(clamp(rint(x / scale) + zp) - zp) * scale``
+qdint8                      per-token quantized with ``xq.quantize_per_token``
+                            (XNNPACK's own conversion), then dequantized
+==========================  ===================================================
+
+so a fully-connected node with a qdint8 input and a qcint4 filter computes
+``dequant(quant(x)) @ dequant(w).T + bias``: what XNNPACK computes exactly in
+integers, up to float rounding.
+
+``output_min`` / ``output_max`` are applied where the 1.4.1 runtime forwards them to
+XNNPACK (``CLAMPED_KINDS``) and ignored elsewhere, as the runtime does.  Known runtime
+quirks are not reproduced: the interpreter gives the intended result (e.g. the
+weight-only fp32 x qcint8 fully connected, where XNNPACK scales the bias too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..arrays import to_numpy
+from ..datatypes import Datatype
+from ..errors import UnsupportedConfigError, XnnquantError
+from ..rounding import quantize_values
+from .model import PerTensorQuant, PerTokenDynamicQuant
+
+#: Node kinds whose ``output_min`` / ``output_max`` the 1.4.1 runtime passes to XNNPACK.
+CLAMPED_KINDS = frozenset({
+    "XNNAdd", "XNNSubtract", "XNNMultiply", "XNNDiv", "XNNFullyConnected", "XNNConv2d",
+    "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNAvgPooling2d", "XNNMaxPooling2d",
+    "XNNGlobalAvgPooling2d", "XNNClamp",
+})
+FLAG_TRANSPOSE = 0x1  # XNN_FLAG_TRANSPOSE_WEIGHTS (fully connected) == XNN_FLAG_TRANSPOSE_B (bmm)
+FLAG_SAME_PADDING = 0x4  # XNN_FLAG_TENSORFLOW_SAME_PADDING (conv, pooling)
+FLAG_TENSORFLOW_LEGACY = 0x4  # XNN_FLAG_TENSORFLOW_LEGACY_MODE (resize bilinear)
+FLAG_ALIGN_CORNERS = 0x8  # XNN_FLAG_ALIGN_CORNERS (resize bilinear)
+
+Handler = Callable[[Any, list[np.ndarray]], list[np.ndarray]]
+
+
+# ----------------------------------------------------------------- windows
+
+
+def _pads(node: Any, x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+          dilation: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, right, bottom, left) padding: the node's, or TensorFlow SAME when flagged."""
+    p = node.params
+    if not node.flags & FLAG_SAME_PADDING:
+        return (p.get("padding_top", 0), p.get("padding_right", 0), p.get("padding_bottom", 0),
+                p.get("padding_left", 0))
+    total = []
+    for size, k, s, d in zip(x.shape[1:3], kernel, stride, dilation):
+        out = -(-size // s)
+        total.append(max((out - 1) * s + (k - 1) * d + 1 - size, 0))
+    return (total[0] // 2, total[1] - total[1] // 2, total[0] - total[0] // 2, total[1] // 2)
+
+
+def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+             pads: tuple[int, int, int, int], fill: float) -> np.ndarray:
+    """Sliding windows of NHWC ``x`` ``[N, H, W, C]`` -> ``[N, OH, OW, KH, KW, C]``.
+
+    ``x`` is first padded with ``fill``: ``pads`` = (top, right, bottom, left).
+    Window ``(oy, ox)`` tap ``(i, j)`` reads padded row ``oy * sh + i * dh`` and column
+    ``ox * sw + j * dw``.
+    """
+    top, right, bottom, left = pads
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    oh = (xp.shape[1] - (kh - 1) * dh - 1) // sh + 1
+    ow = (xp.shape[2] - (kw - 1) * dw - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise XnnquantError(f"window does not fit: got padded input {xp.shape}, kernel {kernel}, dilation {dilation}")
+    rows = (np.arange(oh) * sh)[:, None] + (np.arange(kh) * dh)[None, :]  # [OH, KH]
+    cols = (np.arange(ow) * sw)[:, None] + (np.arange(kw) * dw)[None, :]  # [OW, KW]
+    return xp[:, rows[:, None, :, None], cols[None, :, None, :], :]
+
+
+def _conv_geometry(node: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    p = node.params
+    return ((p["kernel_height"], p["kernel_width"]), (p["subsampling_height"], p["subsampling_width"]),
+            (max(p.get("dilation_height", 1), 1), max(p.get("dilation_width", 1), 1)))
+
+
+def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: Any, groups: int) -> np.ndarray:
+    """NHWC ``x`` ``[N, H, W, G * Cg]`` with OHWI ``w`` ``[G * OCg, KH, KW, Cg]`` -> ``[N, OH, OW, OC]``.
+
+    ``y[n, oy, ox, g * OCg + o] = sum_{i, j, c} win[n, oy, ox, i, j, g * Cg + c] * w[g * OCg + o, i, j, c]``.
+    """
+    kernel, stride, dilation = _conv_geometry(node)
+    win = _windows(x, kernel, stride, dilation, _pads(node, x, kernel, stride, dilation), 0.0)
+    n, oh, ow, kh, kw, c = win.shape
+    oc = w.shape[0]
+    win = win.reshape(n, oh, ow, kh, kw, groups, c // groups).astype(np.float64)
+    wg = w.reshape(groups, oc // groups, kh, kw, w.shape[3]).astype(np.float64)
+    y = np.einsum("nhwijgc,goijc->nhwgo", win, wg, optimize=True).reshape(n, oh, ow, oc)
+    if bias is not None:
+        y = y + bias.astype(np.float64)
+    return y.astype(np.float32)
+
+
+def _conv2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    x, w, *bias = args
+    return [_grouped_conv(x, w, bias[0] if bias else None, node, node.params["groups"])]
+
+
+def _depthwise_conv2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Filter ``[1, KH, KW, OC]``; output channel ``o`` reads input channel ``o // (OC / C)``."""
+    x, w, *bias = args
+    as_groups = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # [OC, KH, KW, 1]
+    return [_grouped_conv(x, as_groups, bias[0] if bias else None, node, x.shape[3])]
+
+
+def _conv_transpose2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Transposed conv (deconvolution), filter ``[OC, KH, KW, IC/g]``.
+
+    Each input pixel ``(y, x)`` adds ``in[y, x] . w[:, i, j, :]`` to output pixel
+    ``(y * sh + i * dh - top, x * sw + j * dw - left)``; the output has
+    ``(H - 1) * sh + adj_h + (KH - 1) * dh + 1 - top - bottom`` rows (likewise columns).
+    Loops run over the KH x KW taps only.
+    """
+    x, w, *bias = args
+    p = node.params
+    (kh, kw), (sh, sw), (dh, dw) = _conv_geometry(node)
+    top, right, bottom, left = (p.get("padding_top", 0), p.get("padding_right", 0),
+                                p.get("padding_bottom", 0), p.get("padding_left", 0))
+    groups = p["groups"]
+    n, h, wd, c = x.shape
+    oc = w.shape[0]
+    full_h = (h - 1) * sh + p.get("adjustment_height", 0) + (kh - 1) * dh + 1
+    full_w = (wd - 1) * sw + p.get("adjustment_width", 0) + (kw - 1) * dw + 1
+    out = np.zeros((n, full_h, full_w, oc), np.float64)
+    xg = x.reshape(n, h, wd, groups, c // groups).astype(np.float64)
+    wg = w.reshape(groups, oc // groups, kh, kw, w.shape[3]).astype(np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            tap = np.einsum("nhwgc,goc->nhwgo", xg, wg[:, :, i, j, :]).reshape(n, h, wd, oc)
+            out[:, i * dh: i * dh + (h - 1) * sh + 1: sh, j * dw: j * dw + (wd - 1) * sw + 1: sw, :] += tap
+    out = out[:, top: full_h - bottom, left: full_w - right, :]
+    if bias:
+        out = out + bias[0].astype(np.float64)
+    return [out.astype(np.float32)]
+
+
+def _pool_geometry(node: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    p = node.params
+    kernel = (p["pooling_height"], p["pooling_width"])
+    stride = (p.get("stride_height", kernel[0]), p.get("stride_width", kernel[1]))
+    dilation = (max(p.get("dilation_height", 1), 1), max(p.get("dilation_width", 1), 1))
+    return kernel, stride, dilation
+
+
+def _max_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Max over each window; padding never wins (padded with -inf)."""
+    kernel, stride, dilation = _pool_geometry(node)
+    x = args[0]
+    win = _windows(x, kernel, stride, dilation, _pads(node, x, kernel, stride, dilation), -np.inf)
+    return [win.max(axis=(3, 4))]
+
+
+def _avg_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Mean over the window's pixels that lie inside the input (padding not counted)."""
+    kernel, stride, _ = _pool_geometry(node)
+    x = args[0]
+    pads = _pads(node, x, kernel, stride, (1, 1))
+    total = _windows(x.astype(np.float64), kernel, stride, (1, 1), pads, 0.0).sum(axis=(3, 4))
+    count = _windows(np.ones(x.shape[:3] + (1,)), kernel, stride, (1, 1), pads, 0.0).sum(axis=(3, 4))
+    return [(total / count).astype(np.float32)]
+
+
+def _argmax_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Max of each window and its index within the window (first on ties).
+
+    Taps are numbered column by column, as XNNPACK walks them: tap ``(i, j)`` (row ``i``
+    of ``KH``, column ``j`` of ``KW``) has index ``j * KH + i``.  Windows do not overlap
+    (stride = kernel).  Indices come back as float64 holding integers; the output value
+    gets them as int64 (see ``interpret``).
+    """
+    kernel, _, _ = _pool_geometry(node)
+    x = args[0]
+    win = _windows(x, kernel, kernel, (1, 1), _pads(node, x, kernel, kernel, (1, 1)), -np.inf)
+    flat = win.swapaxes(3, 4).reshape(win.shape[:3] + (kernel[0] * kernel[1], win.shape[5]))
+    return [flat.max(axis=3), flat.argmax(axis=3).astype(np.float64)]
+
+
+def _global_avg_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    return [args[0].astype(np.float64).mean(axis=(1, 2), keepdims=True).astype(np.float32)]
+
+
+# ----------------------------------------------------------- dense algebra
+
+
+def _fully_connected(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """``x [..., K] @ w.T + bias`` with ``w [N, K]`` (``x @ w`` with ``w [K, N]`` if transposed)."""
+    x, w, *bias = args
+    w64 = w.astype(np.float64)
+    y = x.astype(np.float64) @ (w64 if node.flags & FLAG_TRANSPOSE else w64.T)
+    if bias:
+        y = y + bias[0].astype(np.float64)
+    return [y.astype(np.float32)]
+
+
+def _batch_matrix_multiply(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """``a [..., M, K] @ b [..., K, N]`` (``b [..., N, K]`` with XNN_FLAG_TRANSPOSE_B), batch broadcast."""
+    a, b = (v.astype(np.float64) for v in args)
+    if node.flags & FLAG_TRANSPOSE:
+        b = np.swapaxes(b, -1, -2)
+    return [(a @ b).astype(np.float32)]
+
+
+def _softmax_last(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _scaled_dot_product_attention(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """``softmax((q * scale) @ k^T + mask) @ v``; ``scale`` ``[C]`` multiplies q's channels."""
+    q, k, v, scale, mask = (a.astype(np.float64) for a in args)
+    logits = (q * scale) @ np.swapaxes(k, -1, -2) + mask
+    return [(_softmax_last(logits) @ v).astype(np.float32)]
+
+
+# -------------------------------------------------------- element by element
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf, Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7)."""
+    t = 1.0 / (1.0 + 0.3275911 * np.abs(x))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
+
+
+def _unary(fn: Callable[..., np.ndarray]) -> Handler:
+    def handler(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(fn(node, args[0].astype(np.float64))).astype(np.float32)]
+    return handler
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Handler:
+    def handler(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+        return [fn(args[0].astype(np.float64), args[1].astype(np.float64)).astype(np.float32)]
+    return handler
+
+
+def _concatenate(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.concatenate(args, axis=node.params["axis"])]
+
+
+def _resize_bilinear(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Bilinear resize of NHWC ``[N, H, W, C]`` to ``[N, new_height, new_width, C]``.
+
+    Source coordinate of output ``o`` along an axis of input size ``I``, output size ``O``:
+    align corners: ``o * (I - 1) / (O - 1)``; TensorFlow legacy: ``o * I / O``; otherwise
+    half-pixel ``(o + 0.5) * I / O - 0.5`` clamped to ``[0, I - 1]``.  Neighbours are the
+    floor and the next pixel (clamped), weighted by the fraction.
+    """
+    x = args[0].astype(np.float64)
+    align = bool(node.flags & FLAG_ALIGN_CORNERS)
+    legacy = bool(node.flags & FLAG_TENSORFLOW_LEGACY)
+
+    def axis(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        adjust = 1 if align and size_out != 1 else 0
+        scale = np.float32((size_in - adjust) / (size_out - adjust))
+        o = np.arange(size_out, dtype=np.float32)
+        if align or legacy:
+            src = o * scale
+        else:
+            src = np.clip(o * scale + (np.float32(0.5) * scale - np.float32(0.5)), 0, size_in - 1)
+        low = src.astype(np.int64)
+        return low, np.minimum(low + 1, size_in - 1), (src - low).astype(np.float64)
+
+    top, bottom, fy = axis(x.shape[1], node.params["new_height"])
+    left, right, fx = axis(x.shape[2], node.params["new_width"])
+    fy, fx = fy[None, :, None, None], fx[None, None, :, None]
+    upper = x[:, top][:, :, left] * (1 - fx) + x[:, top][:, :, right] * fx
+    lower = x[:, bottom][:, :, left] * (1 - fx) + x[:, bottom][:, :, right] * fx
+    return [(upper * (1 - fy) + lower * fy).astype(np.float32)]
+
+
+def _static_slice(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    index = tuple(slice(o, o + s) for o, s in zip(node.params["offsets"], node.params["sizes"]))
+    return [args[0][index]]
+
+
+def _static_constant_pad(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    p = node.params
+    widths = list(zip(p["pre_paddings"], p["post_paddings"]))
+    return [np.pad(args[0], widths, constant_values=p["padding_value"])]
+
+
+def _same(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    return [args[0]]
+
+
+def _leaky_relu(node: Any, x: np.ndarray) -> np.ndarray:
+    return np.where(x >= 0, x, x * node.params["negative_slope"])
+
+
+def _elu(node: Any, x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, node.params["alpha"] * np.expm1(np.minimum(x, 0)))
+
+
+HANDLERS: dict[str, Handler] = {
+    "XNNAdd": _binary(np.add),
+    "XNNSubtract": _binary(np.subtract),
+    "XNNMultiply": _binary(np.multiply),
+    "XNNDiv": _binary(np.divide),
+    "XNNMinimum": _binary(np.minimum),
+    "XNNMaximum": _binary(np.maximum),
+    "XNNPReLU": _binary(lambda x, slope: np.where(x > 0, x, x * slope)),
+    "XNNFullyConnected": _fully_connected,
+    "XNNBatchMatrixMultiply": _batch_matrix_multiply,
+    "XNNConv2d": _conv2d,
+    "XNNDepthwiseConv2d": _depthwise_conv2d,
+    "XNNConvTranspose2d": _conv_transpose2d,
+    "XNNAvgPooling2d": _avg_pooling,
+    "XNNMaxPooling2d": _max_pooling,
+    "XNNGlobalAvgPooling2d": _global_avg_pooling,
+    "XNNArgMaxPooling2d": _argmax_pooling,
+    "XNNSoftmax": _unary(lambda n, x: _softmax_last(x)),
+    "XNNSigmoid": _unary(lambda n, x: 1.0 / (1.0 + np.exp(-x))),
+    "XNNHardswish": _unary(lambda n, x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0),
+    "XNNAbs": _unary(lambda n, x: np.abs(x)),
+    "XNNNegate": _unary(lambda n, x: -x),
+    "XNNSquare": _unary(lambda n, x: x * x),
+    "XNNSquareRoot": _unary(lambda n, x: np.sqrt(x)),
+    "XNNReciprocalSquareRoot": _unary(lambda n, x: 1.0 / np.sqrt(x)),
+    "XNNFloor": _unary(lambda n, x: np.floor(x)),
+    "XNNCeiling": _unary(lambda n, x: np.ceil(x)),
+    "XNNLeakyReLU": _unary(_leaky_relu),
+    "XNNELU": _unary(_elu),
+    "XNNTanh": _unary(lambda n, x: np.tanh(x)),
+    "XNNExp": _unary(lambda n, x: np.exp(x)),
+    "XNNLog": _unary(lambda n, x: np.log(x)),
+    "XNNSin": _unary(lambda n, x: np.sin(x)),
+    "XNNCos": _unary(lambda n, x: np.cos(x)),
+    "XNNGelu": _unary(lambda n, x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))),
+    "XNNClamp": _same,  # the bounds are output_min / output_max, applied by interpret
+    "XNNCopy": _same,
+    "XNNConvert": _same,  # the output datatype does the conversion (see _fit)
+    "XNNStaticReshape": _same,  # reshaped to the output value's dims by interpret
+    "XNNStaticTranspose": lambda node, args: [np.transpose(args[0], node.params["perm"])],
+    "XNNStaticSlice": _static_slice,
+    "XNNStaticConstantPad": _static_constant_pad,
+    "XNNStaticResizeBilinear2D": _resize_bilinear,
+    "XNNConcatenate2": _concatenate,
+    "XNNConcatenate3": _concatenate,
+    "XNNConcatenate4": _concatenate,
+    "XNNConcatenate5": _concatenate,
+    "XNNScaledDotProductAttention": _scaled_dot_product_attention,
+}
+
+
+# ------------------------------------------------------------ the interpreter
+
+
+def _fit(value: Any, x: np.ndarray) -> np.ndarray:
+    """Real values ``x`` snapped to what ``value``'s datatype can hold (float32 result)."""
+    datatype = Datatype(value.datatype)
+    if datatype is Datatype.fp32:
+        return np.asarray(x, np.float32)
+    if datatype is Datatype.fp16:
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+    if datatype is Datatype.qdint8:
+        from ..schemes import quantize_per_token
+
+        quant = value.quant
+        nonbatch = quant.num_nonbatch_dims if isinstance(quant, PerTokenDynamicQuant) else 1
+        return quantize_per_token(np.asarray(x, np.float32), num_nonbatch_dims=nonbatch).dequantize()
+    if datatype in (Datatype.qint8, Datatype.quint8) and isinstance(value.quant, PerTensorQuant):
+        codes = _codes(value, x)
+        return ((codes.astype(np.float32) - np.float32(value.quant.zero_point))
+                * np.float32(value.quant.scale)).astype(np.float32)
+    raise UnsupportedConfigError(
+        f"value {value.id}: the interpreter has no activation semantics for datatype {datatype.name}"
+    )
+
+
+def _codes(value: Any, x: np.ndarray) -> np.ndarray:
+    """Per-tensor codes of real values ``x``: ``clamp(rint(x / scale) + zp)``."""
+    q = value.quant
+    lo, hi, dtype = (-128, 127, "int8") if value.datatype == Datatype.qint8 else (0, 255, "uint8")
+    inv = np.float32(1) / np.float32(q.scale)
+    return quantize_values(np.asarray(x, np.float32), inv, int(q.zero_point), lo, hi, dtype)
+
+
+def _external_input(value: Any, x: Any, i: int) -> np.ndarray:
+    """Real values of external input ``i`` given as the runtime takes it (codes if quantized)."""
+    arr = to_numpy(x, f"inputs[{i}]")
+    datatype = Datatype(value.datatype)
+    expected = {Datatype.fp32: np.float32, Datatype.fp16: np.float16, Datatype.qint8: np.int8,
+                Datatype.quint8: np.uint8}.get(datatype)
+    if expected is None:
+        raise UnsupportedConfigError(f"external input value {value.id} has datatype {datatype.name}: "
+                                     "expected fp32, fp16, qint8 or quint8")
+    if arr.dtype != expected or tuple(arr.shape) != tuple(value.dims):
+        raise XnnquantError(
+            f"inputs[{i}] does not match external input value {value.id}: got shape {tuple(arr.shape)} "
+            f"{arr.dtype}, expected {tuple(value.dims)} {np.dtype(expected)}"
+        )
+    if datatype in (Datatype.qint8, Datatype.quint8):
+        q = value.quant
+        return ((arr.astype(np.float32) - np.float32(q.zero_point)) * np.float32(q.scale)).astype(np.float32)
+    real = arr.astype(np.float32)
+    if value.dq_datatype == Datatype.qint8:  # legacy runtime path: quantized per row on entry
+        from ..schemes import quantize_per_token
+
+        real = quantize_per_token(real, num_nonbatch_dims=1).dequantize()
+    return real
+
+
+def _external_output(value: Any, x: np.ndarray, index: bool) -> np.ndarray:
+    """What the runtime hands back for an external output (codes if quantized)."""
+    if index:
+        return np.asarray(x).astype(np.int64)
+    datatype = Datatype(value.datatype)
+    if datatype is Datatype.fp16:
+        return np.asarray(x).astype(np.float16)
+    if datatype in (Datatype.qint8, Datatype.quint8):
+        return _codes(value, x)
+    return np.asarray(x, np.float32)
+
+
+def _constant(value: Any) -> np.ndarray:
+    qt = value.quantized_tensor()
+    if qt is not None:
+        return qt.dequantize()
+    return value.array().astype(np.float32)
+
+
+def interpret(graph: Any, inputs: Sequence[Any], *, named_data: Mapping[str, bytes] | None = None,
+              ) -> list[np.ndarray]:
+    """Compute ``graph``'s outputs with numpy.
+
+    ``graph``: a ``Graph``, or payload bytes / a path (read with ``load``, using
+    ``named_data``).  ``inputs``: one array per external input in external-id order, as
+    ``run`` takes them (fp32 -> float32, fp16 -> float16, qint8 -> int8 codes, quint8 ->
+    uint8 codes).  Returns one array per external output in external-id order, as
+    ``run`` returns them (argmax-pooling indices as int64).
+    """
+    if not hasattr(graph, "nodes"):
+        from . import load
+
+        graph = load(graph, named_data=named_data)
+    if isinstance(inputs, np.ndarray) or len(inputs) != len(graph.inputs):
+        got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"
+        raise XnnquantError(f"interpret needs one array per external input, in a list: got {got}, "
+                            f"expected {len(graph.inputs)}")
+    env: dict[int, np.ndarray] = {}
+    for i, (vid, x) in enumerate(zip(graph.inputs, inputs)):
+        env[vid] = _external_input(graph.value(vid), x, i)
+    for value in graph.values:
+        if value.is_constant:
+            env[value.id] = _constant(value)
+    index_values: set[int] = set()
+    for position, node in enumerate(graph.nodes):
+        handler = HANDLERS.get(node.kind)
+        if handler is None:
+            raise UnsupportedConfigError(f"node {position} ({node.kind}): the interpreter has no reference for it")
+        missing = [i for i in node.inputs if i not in env]
+        if missing:
+            raise XnnquantError(f"node {position} ({node.kind}) reads value {missing[0]} before any node wrote it")
+        results = handler(node, [env[i] for i in node.inputs])
+        for k, (vid, result) in enumerate(zip(node.outputs, results)):
+            value = graph.value(vid)
+            if node.kind == "XNNArgMaxPooling2d" and k == 1:
+                index_values.add(vid)
+                env[vid] = result
+                continue
+            if node.kind in CLAMPED_KINDS and node.output_min is not None:
+                result = np.clip(result, node.output_min, node.output_max)
+            env[vid] = _fit(value, np.reshape(result, value.dims))
+    outputs = []
+    for vid in graph.outputs:
+        if vid not in env:
+            raise XnnquantError(f"external output value {vid} is never written by a node")
+        outputs.append(_external_output(graph.value(vid), env[vid], vid in index_values))
+    return outputs
