@@ -55,9 +55,9 @@ def assert_same_bytes(ours: np.ndarray, theirs: np.ndarray) -> None:
     assert diff.size == 0, f"{diff.size} bytes differ, first at {diff[:8]}: ours {ours[diff[:8]]}, XNNPACK {theirs[diff[:8]]}"
 
 
-def check(weight, bias, operator: str, nr2: bool = False) -> None:
+def check(weight, bias, operator: str) -> None:
     capture, selected = _capture()
-    config = selected["f32 nr2" if nr2 else operator]
+    config = selected[operator]
     if config is None:
         pytest.skip(f"this CPU has no {operator} kernel")
     captured = capture(weight, bias, operator=operator)
@@ -72,8 +72,9 @@ SHAPES = [(1, 1), (3, 5), (7, 13), (13, 21), (16, 64), (33, 67), (70, 130)]
 
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_qd8_qc8w(n: int, k: int, with_bias: bool) -> None:
-    check(qc8(n, k), bias_or_none(n, with_bias), "qd8_f32_qc8w")
+@pytest.mark.parametrize("operator", ["qd8_f32_qc8w", "qdu8_f32_qc8w"])
+def test_qc8w_signed_and_unsigned_inputs(operator: str, n: int, k: int, with_bias: bool) -> None:
+    check(qc8(n, k), bias_or_none(n, with_bias), operator)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -86,21 +87,26 @@ def test_qc4w_signed_and_unsigned_inputs(operator: str, n: int, k: int, with_bia
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("n,k,group", [(1, 32, 32), (13, 64, 32), (9, 128, 64), (19, 256, 256), (8, 512, 256),
                                        (30, 192, 64)])
-def test_qd8_qb4w(n: int, k: int, group: int, with_bias: bool) -> None:
-    check(qb4(n, k, group), bias_or_none(n, with_bias), "qd8_f32_qb4w")
+@pytest.mark.parametrize("operator", ["qd8_f32_qb4w", "qdu8_f32_qb4w"])
+def test_qb4w(operator: str, n: int, k: int, group: int, with_bias: bool) -> None:
+    check(qb4(n, k, group), bias_or_none(n, with_bias), operator)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("n,k", [(3, 5), (7, 13), (17, 9), (40, 33), (1, 1)])
-def test_f32_small_n_uses_the_nr2_table(n: int, k: int, with_bias: bool) -> None:
-    check(RNG.standard_normal((n, k)).astype(np.float32), bias_or_none(n, with_bias), "f32", nr2=True)
+@pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (7, 13), (17, 9), (40, 33), (64, 19), (1001, 7), (1015, 4),
+                                 (1007, 2)])
+def test_f32(n: int, k: int, with_bias: bool) -> None:
+    """Small or awkward N switch XNNPACK to its small-nr f32 table (xnn_use_nr2); large N
+    whose last partial tile costs under 1% keep the main one (on AVX2: nr 8 vs nr 16)."""
+    from xnnquant.packing.gemm_configs import select_f32_config
+    from xnnquant.xnnpack.capture import capture_packed_weights, cpu_features
 
-
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("n,k", [(1001, 7), (1015, 4), (1007, 2), (64, 19)])
-def test_f32_main_table(n: int, k: int, with_bias: bool) -> None:
-    """Large N whose last partial tile costs under 1%: XNNPACK keeps the main (nr 16) table."""
-    check(RNG.standard_normal((n, k)).astype(np.float32), bias_or_none(n, with_bias), "f32")
+    weight = RNG.standard_normal((n, k)).astype(np.float32)
+    bias = bias_or_none(n, with_bias)
+    config = select_f32_config(n, *cpu_features())
+    captured = capture_packed_weights(weight, bias, operator="f32")
+    assert captured.config == config, f"deduced {captured.config}, gemm-config.c selects {config}"
+    assert_same_bytes(pack_gemm(weight, bias, config=config), captured.data)
 
 
 def test_unsigned_input_falls_back_to_signed_when_the_cpu_has_no_kernel() -> None:

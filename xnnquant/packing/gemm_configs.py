@@ -179,3 +179,20 @@ def select_config(operator: str, cpu_flags: frozenset[str] | set[str], uarch: st
             continue
         return config
     return None
+
+
+def use_nr2(nr: int, nr2: int, n: int) -> bool:
+    """Whether XNNPACK's f32 fully-connected switches to the small-nr table for ``n``
+    output channels (``xnn_use_nr2``): when the main tile is wider than ``n``, or when the
+    nr2 tile wastes fewer padding rows and the main one wastes more than 1% of ``n``."""
+    waste, waste2 = (nr - n % nr) % nr, (nr2 - n % nr2) % nr2
+    return nr > n or (waste2 < waste and waste * 100 > n)
+
+
+def select_f32_config(n: int, cpu_flags: frozenset[str] | set[str], uarch: str = "") -> KernelConfig | None:
+    """The f32 configuration XNNPACK uses for a fully-connected layer with ``n`` outputs."""
+    main = select_config("f32", cpu_flags, uarch)
+    small = select_config("f32", cpu_flags, uarch, nr2=True)
+    if main is not None and small is not None and use_nr2(main.nr, small.nr, n):
+        return small
+    return main
