@@ -1,0 +1,135 @@
+"""A payload ExecuTorch 1.4.1 writes for a torchao-quantized MLP, read back and run.
+
+Oracles: torchao 0.18 (the codes and scales it computed) and ExecuTorch 1.4.1 itself
+(its serializer wrote the payload and named data; its runtime computed the outputs of
+the ``.pte`` it wrote).  ``tests/oracles/et_torchao_8da4w.py`` produces all of them in a
+subprocess: importing ``executorch.backends.xnnpack`` into the pytest process would
+register ExecuTorch's ``XnnpackBackend`` here.  The model (8-bit dynamic activations):
+
+====  ==========  =====================================  ==========================
+name  features    torchao weight config                  what ExecuTorch writes
+====  ==========  =====================================  ==========================
+fc1   128 -> 64   int4, PerGroup(32), fp32 scales        qbint4, group 32, bf16 scales
+fc2   64 -> 48    int4, PerAxis(0), no bias              qbint4, group 64 (= K)
+fc3   48 -> 16    int8, PerAxis(0)                       qcint8, fp32 scales
+====  ==========  =====================================  ==========================
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xnnquant import Datatype as D
+from xnnquant.errors import PayloadError
+from xnnquant.graph import PerTokenDynamicQuant, interpret, load, run
+from xnnquant.rounding import to_bf16
+
+pytestmark = pytest.mark.xnnpack
+
+ORACLE = Path(__file__).parent / "oracles" / "et_torchao_8da4w.py"
+LAYERS = ("fc1", "fc2", "fc3")
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("et_torchao_8da4w")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(ORACLE), str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def named_data(oracle: Path) -> dict[str, bytes]:
+    return {f.stem: f.read_bytes() for f in sorted((oracle / "named").iterdir())}
+
+
+@pytest.fixture(scope="module")
+def payload(oracle: Path) -> bytes:
+    return (oracle / "payload.bin").read_bytes()
+
+
+def torchao(oracle: Path, name: str, field: str) -> np.ndarray:
+    return np.load(oracle / f"torchao_{name}_{field}.npy")
+
+
+def fully_connected_layers(graph):
+    """(filter value, bias value or None) of each fully-connected node, in node order."""
+    nodes = [n for n in graph.nodes if n.kind == "XNNFullyConnected"]
+    return [(graph.value(n.inputs[1]), graph.value(n.inputs[2]) if len(n.inputs) > 2 else None) for n in nodes]
+
+
+def test_structure_is_dynamic_quantization_into_three_linears(payload: bytes, named_data) -> None:
+    graph = load(payload, named_data=named_data)
+    assert [n.kind for n in graph.nodes] == ["XNNConvert", "XNNFullyConnected"] * 3
+    for convert in graph.nodes[0::2]:
+        out = graph.value(convert.outputs[0])
+        assert out.datatype is D.qdint8 and out.quant == PerTokenDynamicQuant(1)
+    filters = [w for w, _ in fully_connected_layers(graph)]
+    assert [w.datatype for w in filters] == [D.qbint4, D.qbint4, D.qcint8]
+    assert [w.quant.group_size for w in filters[:2]] == [32, 64]
+
+
+def test_constants_live_in_named_data(payload: bytes, named_data) -> None:
+    graph = load(payload)
+    assert sorted(graph.named_keys) == sorted(named_data)
+    assert sorted(graph.missing_named_keys) == sorted(named_data)
+    assert any(k.startswith("scale_") for k in graph.named_keys)
+    assert load(payload, named_data=named_data).missing_named_keys == []
+
+
+@pytest.mark.parametrize("index, name", list(enumerate(LAYERS)))
+def test_decodes_to_torchao_codes_and_scales(oracle: Path, payload: bytes, named_data, index: int,
+                                             name: str) -> None:
+    weight, bias = fully_connected_layers(load(payload, named_data=named_data))[index]
+    qt = weight.quantized_tensor()
+    np.testing.assert_array_equal(qt.codes, torchao(oracle, name, "qdata"))
+    assert np.all(torchao(oracle, name, "zero_point") == 0)  # symmetric: stored nibble 8, code 0
+    scale = torchao(oracle, name, "scale").astype(np.float32)
+    if weight.datatype is D.qbint4:
+        # ExecuTorch 1.4.1 stores blockwise scales as bf16, rounded to nearest even
+        np.testing.assert_array_equal(qt.scale, to_bf16(scale).values.reshape(qt.scale.shape))
+    else:
+        np.testing.assert_array_equal(qt.scale, scale.reshape(qt.scale.shape))
+    if (oracle / f"torchao_{name}_bias.npy").exists():
+        np.testing.assert_array_equal(bias.array(), torchao(oracle, name, "bias"))
+    else:
+        assert bias is None
+
+
+def test_run_equals_executorch_own_program(oracle: Path, payload: bytes, named_data) -> None:
+    """Our .pte around ExecuTorch's payload computes exactly what ExecuTorch's .pte does."""
+    x = np.load(oracle / "input.npy")
+    np.testing.assert_array_equal(run(payload, [x], named_data=named_data)[0], np.load(oracle / "et_output.npy"))
+
+
+def test_interpreter_matches_executorch(oracle: Path, payload: bytes, named_data) -> None:
+    x = np.load(oracle / "input.npy")
+    want = np.load(oracle / "et_output.npy")
+    got = interpret(load(payload, named_data=named_data), [x])[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_missing_named_data_is_an_error_not_a_crash(oracle: Path, payload: bytes, named_data) -> None:
+    """The 1.4.1 runtime dereferences a null named-data map (segfault): refused up front."""
+    x = np.load(oracle / "input.npy")
+    with pytest.raises(PayloadError, match="named data"):
+        run(payload, [x])
+    partial = dict(list(named_data.items())[1:])
+    with pytest.raises(PayloadError, match="got no bytes for 1 of its"):
+        run(payload, [x], named_data=partial)
+
+
+def test_to_pte_works_beside_executorch_own_xnnpack_backend(oracle: Path) -> None:
+    """The oracle process imported ``executorch.backends.xnnpack``; ``run`` still worked."""
+    x = np.load(oracle / "clash_input.npy")
+    np.testing.assert_allclose(np.load(oracle / "clash_output.npy"),
+                               (x + np.arange(5, dtype=np.float32)) * x, rtol=1e-6)
