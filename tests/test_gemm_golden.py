@@ -221,6 +221,14 @@ def test_f32_replicate_padding_of_the_avx_packers() -> None:
     assert got.tobytes() == padded64(le("4f", -1, -2, 0, 0), *columns)
 
 
+def test_f32_sse2_branch_replicates_every_padding_row() -> None:
+    """SSE2 (nr 8, packer x8__sse2_u4): all padding rows copy the last real row."""
+    w = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], np.float32)
+    got = pack_gemm(w, config=config("f32", "sse2"))
+    columns = [le("8f", w[0, k], *([w[1, k]] * 7)) for k in range(5)]
+    assert got.tobytes() == padded64(bytes(8 * 4), *columns)
+
+
 def test_f32_avx512_nr32_from_the_table() -> None:
     """N = 1, K = 2 < 4: both columns are remainder columns, where every padding row
     (the last one included) copies row 0."""

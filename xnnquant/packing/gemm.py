@@ -128,8 +128,11 @@ def _check_tile(nr: int, kr: int, sr: int, planes: int, layout: str, pad_rows: s
         raise UnsupportedConfigError(
             f"pad_rows='replicate' is the f32 AVX packing of kr=sr=1 tiles: got layout={layout}, kr={kr}, sr={sr}"
         )
-    if pad_rows == "replicate_all" and layout != "qc8w":
-        raise UnsupportedConfigError(f"pad_rows='replicate_all' is the qc8w VNNI packing: got layout={layout}")
+    if pad_rows == "replicate_all" and not (layout == "qc8w" or (layout == "f32" and kr == sr == 1)):
+        raise UnsupportedConfigError(
+            f"pad_rows='replicate_all' is the qc8w VNNI and the f32 SSE2 (kr=sr=1) packing: got layout={layout}, "
+            f"kr={kr}, sr={sr}"
+        )
     if layout in ("qc4w", "qc4uw") and planes != 2:
         raise UnsupportedConfigError(f"{layout} packing pairs nibbles in two planes: got planes={planes}, expected 2")
     if layout == "qb4w" and planes not in (1, 2):

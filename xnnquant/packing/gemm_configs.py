@@ -30,9 +30,10 @@ WEIGHT_LAYOUTS = ("f32", "qc8w", "qc4w", "qc4uw", "qb4w")
 #:  replicate  f32: copies of the last real row, except the tile's last row, which is zero
 #:             in the columns below 4 * floor(K / 4) (XNNPACK's x86 AVX/AVX-512 x32 packw
 #:             micro-kernels, ``src/x32-packw/avx.c.in``; verified by capture on AVX2)
-#:  replicate_all  qc8w: every padding row a copy of the last real row, its correction term
-#:             included (the qs8 VNNI packw micro-kernels x16c8/x64c4 avx256vnni and x8c8
-#:             avxvnni; read from their source, not verifiable on a CPU without VNNI)
+#:  replicate_all  every padding row a copy of the last real row: f32 with the SSE2 packw
+#:             micro-kernel x8__sse2_u4; qc8w, correction terms included, with the qs8 VNNI
+#:             packw micro-kernels x16c8/x64c4 avx256vnni and x8c8 avxvnni (both read from
+#:             their source, not verifiable on this AVX2 CPU)
 PAD_ROWS = ("zero", "replicate", "replicate_all")
 
 
@@ -105,7 +106,7 @@ _X86_CONFIGS: tuple[KernelConfig, ...] = (
        note="packer x16s4__avx_u4: padding rows not verified, packed as the reference packer"),
     _c("f32", "f32", "fma3 (other uarch)", 6, 16, pad_rows=_AVX_PACKW),
     _c("f32", "f32", "avx", 5, 16, pad_rows=_AVX_PACKW),
-    _c("f32", "f32", "sse2", 4, 8, note="packer x8__sse2_u4: padding rows not verified"),
+    _c("f32", "f32", "sse2", 4, 8, pad_rows="replicate_all", note="packer x8__sse2_u4"),
     # f32 nr2 (init_f32_gemm_nr2_config_impl)
     _c("f32", "f32", "avx512f", 7, 16, pad_rows=_AVX_PACKW, note=_NR2, nr2=True),
     _c("f32", "f32", "fma3 (uarch zen, dhyana)", 4, 8, pad_rows=_AVX_PACKW, note=_NR2, nr2=True),

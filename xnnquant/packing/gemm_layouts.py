@@ -43,16 +43,18 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
     Rows ``n..nr-1`` of a last tile holding ``n < nr`` real rows (``pad_rows``):
     ``"zero"``: 0.0.  ``"replicate"`` (XNNPACK's AVX/AVX-512 packing micro-kernels,
     ``kr = sr = 1`` only): copies of row ``n-1``, except row ``nr-1``, which is 0.0 in the
-    columns ``k < 4 * floor(K / 4)``.  Bias lanes past N are 0.0 in both cases.  After the
+    columns ``k < 4 * floor(K / 4)``.  ``"replicate_all"`` (the SSE2 micro-kernel): copies
+    of row ``n-1``, all of them.  Bias lanes past N are 0.0 in both cases.  After the
     last tile, zero bytes up to a multiple of 64.
     """
     n_rows, k = weight.shape
     kp = round_up(k, kr * sr)
     tiles = row_tiles(weight, nr, kp)  # (T, nr, Kp) float32
-    if pad_rows == "replicate" and n_rows % nr:  # row_tiles made a fresh padded copy
+    if pad_rows in ("replicate", "replicate_all") and n_rows % nr:  # row_tiles made a fresh copy
         last, n = tiles[-1], n_rows % nr
         last[n:] = last[n - 1]
-        last[nr - 1, : 4 * (k // 4)] = 0.0
+        if pad_rows == "replicate":
+            last[nr - 1, : 4 * (k // 4)] = 0.0
     buffer, (head, body) = tile_buffer(tiles.shape[0], nr, [4, kp * 4])
     head[...] = per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
     store_chunks(body, chunk_view(tiles, kr, sr, step=kr))
