@@ -44,7 +44,7 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
     ``"zero"``: 0.0.  ``"replicate"`` (XNNPACK's AVX/AVX-512 packing micro-kernels,
     ``kr = sr = 1`` only): copies of row ``n-1``, except row ``nr-1``, which is 0.0 in the
     columns ``k < 4 * floor(K / 4)``.  ``"replicate_all"`` (the SSE2 micro-kernel): copies
-    of row ``n-1``, all of them.  Bias lanes past N are 0.0 in both cases.  After the
+    of row ``n-1``, all of them.  Bias lanes past N are 0.0 in every case.  After the
     last tile, zero bytes up to a multiple of 64.
     """
     n_rows, k = weight.shape
