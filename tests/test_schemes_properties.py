@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -17,6 +18,9 @@ from hypothesis.extra import numpy as hnp
 import xnnquant as xq
 from xnnquant.rounding import to_bf16
 from xnnquant.schemes.checks import SMALLEST_NORMAL
+
+# Overflow or invalid values inside the search would show up as RuntimeWarnings first.
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -188,3 +192,17 @@ def test_deterministic_whatever_the_call_order() -> None:
     first = [xq.quantize_blockwise(a, method="mse").to_bytes(), xq.quantize_per_channel(b, 4, method="mse").to_bytes()]
     second = [xq.quantize_per_channel(b, 4, method="mse").to_bytes(), xq.quantize_blockwise(a, method="mse").to_bytes()]
     assert first == second[::-1]
+
+
+def test_a_tiny_opposite_extreme_does_not_derail_the_search() -> None:
+    """A block whose positive extreme is tiny (or subnormal) next to zeros and large negatives."""
+    w = np.zeros((2, 32), np.float32)
+    w[0, 0], w[0, 1:17] = 1.1754944e-37, -10.0
+    w[1, 0], w[1, 1] = -4.7e-41, 10.0
+    for bits in (4, 8):
+        minmax = xq.quantize_per_channel(w, bits=bits)
+        mse = xq.quantize_per_channel(w, bits=bits, method="mse")
+        assert np.all(squared_errors(w, mse, w.shape) <= squared_errors(w, minmax, w.shape))
+    qt = xq.quantize_blockwise(w, 32, method="mse")
+    # -10 maps to -8 (scale 1.25, exact); +10 can only map to +7: bf16(10 / 7) = 1.4296875
+    assert qt.scale.tolist() == [[1.25], [1.4296875]]

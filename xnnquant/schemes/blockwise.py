@@ -62,7 +62,7 @@ def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup
 def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax") -> np.ndarray:
     """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value."""
     arr, granularity, method = _prepare(w, group_size, method)
-    blocks = granularity.blocks(arr).reshape(-1, granularity.group_size)
+    blocks = granularity.blocks(arr)
     scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
     return scale.reshape(granularity.scale_shape(arr.shape))
 
@@ -78,14 +78,14 @@ def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
     values), zero point 0, ``channel_dim = 0``, ``group_size``.
     """
     arr, granularity, method = _prepare(w, group_size, method)
-    blocks = granularity.blocks(arr).reshape(-1, granularity.group_size)
+    blocks = granularity.blocks(arr)
     if scale is None:
         flat_scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
     else:
         flat_scale = user_scales(scale, granularity.scale_shape(arr.shape), bf16=True).reshape(-1)
     codes = quantize_blocks(blocks, flat_scale, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype)
     return QuantizedTensor(
-        Datatype.qbint4, codes.reshape(arr.shape), flat_scale.reshape(granularity.scale_shape(arr.shape)), 0,
+        Datatype.qbint4, granularity.unblocks(codes, arr.shape), flat_scale.reshape(granularity.scale_shape(arr.shape)), 0,
         channel_dim=0, group_size=granularity.group_size, meta={"method": method if scale is None else "given"},
     )
 

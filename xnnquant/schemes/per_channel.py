@@ -37,17 +37,11 @@ def _prepare(w: Any, bits: Any, axis: Any, method: Any) -> tuple[np.ndarray, Dat
     return arr, _datatype(bits), PerChannel(normalize_axis(axis, arr.ndim)), check_method(method)
 
 
-def _blocks(arr: np.ndarray, granularity: PerChannel) -> np.ndarray:
-    """``(C, size // C)`` float32: one row per channel."""
-    blocks = granularity.blocks(arr)
-    return blocks.reshape(blocks.shape[0], -1)
-
-
 def choose_qparams(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax") -> np.ndarray:
     """Per-channel scales of ``w``: float32 ``(w.shape[axis],)``, each a positive normal float."""
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
     facts = storage(datatype)
-    return choose_scales(_blocks(arr, granularity), facts.code_min, facts.code_max, method)
+    return choose_scales(granularity.blocks(arr), facts.code_min, facts.code_max, method)
 
 
 def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
@@ -62,7 +56,7 @@ def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
     """
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
     facts = storage(datatype)
-    blocks = _blocks(arr, granularity)
+    blocks = granularity.blocks(arr)
     if scale is None:
         scales = choose_scales(blocks, facts.code_min, facts.code_max, method)
     else:

@@ -24,7 +24,8 @@ from ..errors import XnnquantError
 from ..rounding import quantize_values, round_half_even
 from ..tensor import QuantizedTensor
 from .checks import float_input, positive_normal, reciprocal, user_scale, user_zero_point
-from .search import half_range
+from .granularity import PerTensor
+from .search import minmax_scales
 
 DATATYPES = (Datatype.qint8, Datatype.quint8)
 
@@ -32,7 +33,7 @@ DATATYPES = (Datatype.qint8, Datatype.quint8)
 def _datatype(dtype: Any) -> Datatype:
     try:
         datatype = Datatype(dtype) if not isinstance(dtype, str) else Datatype[dtype]
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
         datatype = None
     if datatype not in DATATYPES:
         raise XnnquantError(f"unsupported per-tensor datatype: got {dtype!r}, expected Datatype.qint8 or Datatype.quint8")
@@ -48,18 +49,17 @@ def choose_qparams(x: Any, dtype: Datatype = Datatype.qint8, symmetric: bool = F
 def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.ndarray, int]:
     facts = storage(datatype)
     qmin, qmax = facts.code_min, facts.code_max
+    if symmetric:
+        return minmax_scales(PerTensor().blocks(arr), qmin, qmax).reshape(()), (qmin + qmax + 1) // 2
     lo = np.minimum(arr.min(), np.float32(0))
     hi = np.maximum(arr.max(), np.float32(0))
     with np.errstate(over="ignore"):
-        if symmetric:
-            raw = np.maximum(-lo, hi) / half_range(qmin, qmax)
-        else:
-            raw = (hi - lo) / np.float32(qmax - qmin)
+        raw = (hi - lo) / np.float32(qmax - qmin)
     if not np.isfinite(raw):
-        raise XnnquantError(f"x has a range that overflows float32: got min {lo}, max {hi}, expected max - min to be finite")
+        raise XnnquantError(
+            f"x has a range that overflows float32: got min {lo:.9g}, max {hi:.9g}, expected max - min to be finite"
+        )
     scale = positive_normal(np.float32(raw), np.bool_(hi == lo))
-    if symmetric:
-        return scale, (qmin + qmax + 1) // 2
     zp = np.clip(qmin - round_half_even(lo / scale), qmin, qmax)
     return scale, int(zp)
 

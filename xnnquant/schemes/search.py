@@ -14,8 +14,8 @@ normal float (and rounded to bf16 when the runtime will read bf16) *before* its 
 is computed:
 
 1. coarse: ratios 0.25, 0.29, ..., 1.57 of the min-max scale, the min-max scale itself,
-   and the two no-clipping scales ``max(x) / qmax`` and ``-min(x) / -qmin`` (for int4 a
-   negative extreme may map to -8 while a positive one can only reach +7);
+   and the no-clipping scale ``max(max(x) / qmax, min(x) / qmin)``: for int4 a negative
+   extreme may map to -8 (scale ``-min / 8``) while a positive one can only reach +7;
 2. fine: the best coarse candidate times ``1 + 0.005 j``, ``j = -4..4``.
 
 Candidates are positive only (XNNPACK rejects negative scales).  The min-max scale is a
@@ -113,7 +113,7 @@ def mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool = False) -> 
     """
     n_blocks, block_len = blocks.shape
     out = np.empty(n_blocks, np.float32)
-    n_cand = len(COARSE_RATIOS) + 2
+    n_cand = len(COARSE_RATIOS) + 1
     step = max(1, _CHUNK_ELEMENTS // (block_len * n_cand))
     for start in range(0, n_blocks, step):
         chunk = blocks[start : start + step]
@@ -124,9 +124,8 @@ def mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool = False) -> 
         maxneg = np.maximum(-x.min(axis=-1), 0)
         base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
         all_zero = base == 0
-        no_clip_pos = np.where(maxpos > 0, maxpos / np.float32(qmax), base)
-        no_clip_neg = np.where(maxneg > 0, maxneg / np.float32(-qmin), base)
-        raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip_pos[None], no_clip_neg[None]])
+        no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
+        raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip[None]])
         best, cand = _best(x, raw, exponent, all_zero, qmin, qmax, bf16)
         kept = np.ldexp(cand[best, cols], -exponent)
         fine_raw = np.concatenate([kept[None], FINE_FACTORS[:, None] * raw[best, cols][None]])
