@@ -67,7 +67,7 @@ def check(weight, bias, operator: str) -> None:
 
 # --- the shapes of the issue: N not a multiple of nr, K not a multiple of kr / odd, bias or not ---
 
-SHAPES = [(1, 1), (3, 5), (7, 13), (13, 21), (16, 64), (33, 67), (70, 130)]
+SHAPES = [(1, 1), (3, 5), (7, 13), (13, 21), (16, 64), (33, 67), (70, 130), (300, 4100)]  # the last in row blocks
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -86,7 +86,7 @@ def test_qc4w_signed_and_unsigned_inputs(operator: str, n: int, k: int, with_bia
 
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("n,k,group", [(1, 32, 32), (13, 64, 32), (9, 128, 64), (19, 256, 256), (8, 512, 256),
-                                       (30, 192, 64)])
+                                       (30, 192, 64), (300, 4096, 128)])
 @pytest.mark.parametrize("operator", ["qd8_f32_qb4w", "qdu8_f32_qb4w"])
 def test_qb4w(operator: str, n: int, k: int, group: int, with_bias: bool) -> None:
     check(qb4(n, k, group), bias_or_none(n, with_bias), operator)

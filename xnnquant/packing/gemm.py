@@ -18,7 +18,8 @@ never the nibble-packed bytes, so the same code serves every ``planes`` setting.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,10 +29,11 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import to_bf16
 from ..tensor import QuantizedTensor
 from .gemm_configs import PAD_ROWS, KernelConfig, kernel_configs
-from .gemm_layouts import pack_f32, pack_qb4w, pack_qc4w, pack_qc8w, packed_size
-from .gemm_tiles import ALIGNMENT
+from .gemm_layouts import pack_f32, pack_qb4w, pack_qc4w, pack_qc8w, packed_size, tile_bytes
+from .gemm_tiles import ALIGNMENT, round_up
 
 MIN_BLOCK_SIZE = 32  # XNN_MIN_BLOCKSIZE: qb4w group sizes are multiples of it
+ROW_BLOCK_BYTES = 1 << 20  # quantized weights are packed about 1 MiB of codes at a time
 
 _LAYOUT_OF = {Datatype.qcint8: ("qc8w",), Datatype.qcint4: ("qc4w", "qc4uw"), Datatype.qbint4: ("qb4w",)}
 
@@ -63,12 +65,40 @@ def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int |
         return pack_f32(w, _bias(bias, w), nr=nr, kr=kr, sr=sr, pad_rows=pad_rows)
     qt: QuantizedTensor = weight
     b = _bias(bias, qt.codes)
+    k = qt.shape[1]
+    pack: Callable[..., np.ndarray]
     if layout == "qc8w":
-        return pack_qc8w(qt.codes, qt.scale, b, nr=nr, kr=kr, sr=sr, pad_rows=pad_rows)
-    if layout in ("qc4w", "qc4uw"):
-        return pack_qc4w(qt.codes, qt.scale, b, nr=nr, kr=kr, sr=sr, unsigned=layout == "qc4uw")
-    return pack_qb4w(qt.codes, bf16_scale_bits(qt.scale), b, group_size=int(qt.group_size), nr=nr, kr=kr, sr=sr,
-                     planes=planes)
+        pack = functools.partial(pack_qc8w, nr=nr, kr=kr, sr=sr, pad_rows=pad_rows)
+        rows = [qt.codes, qt.scale, b]
+    elif layout in ("qc4w", "qc4uw"):
+        pack = functools.partial(pack_qc4w, nr=nr, kr=kr, sr=sr, unsigned=layout == "qc4uw")
+        rows = [qt.codes, qt.scale, b]
+    else:
+        pack = functools.partial(pack_qb4w, group_size=int(qt.group_size), nr=nr, kr=kr, sr=sr,  # type: ignore[arg-type]
+                                 planes=planes)
+        rows = [qt.codes, bf16_scale_bits(qt.scale), b]
+    tile = tile_bytes(layout, k, nr=nr, kr=kr, sr=sr, planes=planes, group_size=qt.group_size or 0)
+    return _in_row_blocks(pack, rows, nr, tile, row_bytes=k)
+
+
+def _in_row_blocks(pack: Callable[..., np.ndarray], rows: list[np.ndarray | None], nr: int, tile: int,
+                   row_bytes: int) -> np.ndarray:
+    """``pack(*rows)``, run on blocks of about ``ROW_BLOCK_BYTES`` of codes (whole tiles)
+    that write into one buffer, so the packers' intermediates stay in cache.
+
+    ``rows``: arrays whose first axis is N (None passes through); ``tile``: bytes per tile.
+    Tiles depend only on their own rows, so the blocks' bytes are the whole one's.
+    """
+    n = rows[0].shape[0]  # type: ignore[union-attr]
+    per_block = max(1, ROW_BLOCK_BYTES // (nr * row_bytes)) * nr
+    if per_block >= n:
+        return pack(*rows)
+    out = np.zeros(round_up(-(-n // nr) * tile, ALIGNMENT), np.uint8)
+    for start in range(0, n, per_block):
+        part = [None if a is None else a[start:start + per_block] for a in rows]
+        first, count = start // nr * tile, -(-min(per_block, n - start) // nr) * tile
+        pack(*part, out=out[first:first + count])
+    return out
 
 
 # --- input checks -----------------------------------------------------------------------

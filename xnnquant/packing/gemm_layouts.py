@@ -3,8 +3,9 @@
 ``pack_f32`` (fully_connected_nc_f32), ``pack_qc8w`` (qd8/qdu8 x qc8w), ``pack_qc4w``
 (qd8/qdu8 x qc4w, signed or unsigned nibbles), ``pack_qb4w`` (qd8/qdu8 x qb4w).  Each takes
 codes in their logical ``(N, K)`` shape and tile parameters, and returns the packed buffer:
-uint8, a multiple of 64 bytes.  ``xnnquant.packing.pack_gemm`` picks the packer and checks
-its input; these functions trust theirs.
+uint8, a multiple of 64 bytes (or, with ``out``, write the tiles into the zeroed ``out``
+and return it).  ``xnnquant.packing.pack_gemm`` picks the packer, checks its input and
+feeds large weights in row blocks; these functions trust their input.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .gemm_tiles import (
 
 
 def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 1, sr: int = 1,
-             pad_rows: str = "zero") -> np.ndarray:
+             pad_rows: str = "zero", out: np.ndarray | None = None) -> np.ndarray:
     """fp32 weights ``(N, K)`` and bias ``(N,)`` -> packed bytes (fully_connected_nc_f32).
 
     ``Kp = round_up(K, kr * sr)``; each tile is ``nr * (1 + Kp) * 4`` bytes::
@@ -55,14 +56,14 @@ def pack_f32(weight: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int = 
         last[n:] = last[n - 1]
         if pad_rows == "replicate":
             last[nr - 1, : 4 * (k // 4)] = 0.0
-    buffer, (head, body) = tile_buffer(tiles.shape[0], nr, [4, kp * 4])
+    buffer, (head, body) = tile_buffer(tiles.shape[0], nr, [4, kp * 4], out)
     head[...] = per_tile(bias, n_rows, nr, np.float32).view(np.uint8)
     store_chunks(body, chunk_view(tiles, kr, sr, step=kr))
     return buffer
 
 
 def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int,
-              sr: int = 1, pad_rows: str = "zero") -> np.ndarray:
+              sr: int = 1, pad_rows: str = "zero", out: np.ndarray | None = None) -> np.ndarray:
     """int8 per-channel weights -> packed bytes (qd8_f32_qc8w and qdu8_f32_qc8w).
 
     ``codes`` int8 ``(N, K)``, ``scale`` float32 ``(N,)``, ``bias`` float32 ``(N,)`` or None.
@@ -89,7 +90,7 @@ def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     if pad_rows == "replicate_all" and n_rows % nr:  # row_tiles made a fresh padded copy
         tiles[-1, n_rows % nr:] = tiles[-1, n_rows % nr - 1]
         corr = np.concatenate([corr, np.repeat(corr[-1:], nr - n_rows % nr)])
-    buffer, sections = tile_buffer(tiles.shape[0], nr, [4, kp, 4, 4])
+    buffer, sections = tile_buffer(tiles.shape[0], nr, [4, kp, 4, 4], out)
     sections[0][...] = per_tile(corr.astype(np.int32), len(corr), nr, np.int32).view(np.uint8)
     store_chunks(sections[1], chunk_view(tiles, kr, sr, step=kr))
     sections[2][...] = per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
@@ -98,7 +99,7 @@ def pack_qc8w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
 
 
 def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, nr: int, kr: int,
-              sr: int = 1, unsigned: bool = False) -> np.ndarray:
+              sr: int = 1, unsigned: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """int4 per-channel weights -> packed bytes (qd8_f32_qc4w, qdu8_f32_qc4w), two planes.
 
     ``codes`` int8 in [-8, 7] ``(N, K)``, ``scale`` float32 ``(N,)``, ``bias`` float32
@@ -131,7 +132,7 @@ def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
     packed = nibble_bytes(lo, hi, unsigned, n_rows % nr)
     row_sums = np.sum(codes, axis=1, dtype=np.int64)
     corr = -row_sums if unsigned else -16 * row_sums
-    buffer, sections = tile_buffer(packed.shape[0], nr, [4, kp // 2, 4, 4])
+    buffer, sections = tile_buffer(packed.shape[0], nr, [4, kp // 2, 4, 4], out)
     sections[0][...] = per_tile(corr.astype(np.int32), n_rows, nr, np.int32).view(np.uint8)
     store_chunks(sections[1], packed)
     sections[2][...] = per_tile(scale, n_rows, nr, np.float32).view(np.uint8)
@@ -140,7 +141,7 @@ def pack_qc4w(codes: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, *, 
 
 
 def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None, *, group_size: int,
-              nr: int, kr: int, sr: int = 1, planes: int = 2) -> np.ndarray:
+              nr: int, kr: int, sr: int = 1, planes: int = 2, out: np.ndarray | None = None) -> np.ndarray:
     """int4 blockwise weights with bf16 scales -> packed bytes (qd8/qdu8_f32_qb4w).
 
     ``codes`` int8 in [-8, 7] ``(N, K)``; ``scale_bits`` uint16 bf16 patterns
@@ -182,7 +183,7 @@ def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None
     corr = np.add.accumulate(steps, axis=1, dtype=np.float32)[:, -1]  # sequential float32 sums
     s16 = ((scale_f32 / np.float32(16)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     packed = nibble_bytes(lo, hi, False, n_rows % nr)  # (T, nr, C, kr) uint8
-    buffer, (head, body, tail) = tile_buffer(t, nr, [4, blocks * (group_size // 2 + 2), 4])
+    buffer, (head, body, tail) = tile_buffer(t, nr, [4, blocks * (group_size // 2 + 2), 4], out)
     head[...] = per_tile(corr, n_rows, nr, np.float32).view(np.uint8)
     per_block = group_size // (2 * kr)
     block_bytes = per_block * nr * kr
@@ -194,9 +195,10 @@ def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None
     return buffer
 
 
-def packed_size(layout: str, n: int, k: int, *, nr: int, kr: int, sr: int = 1, planes: int = 1,
-                group_size: int = 0) -> int:
-    """Bytes of the packed buffer for an ``(n, k)`` weight, a multiple of 64."""
+def tile_bytes(layout: str, k: int, *, nr: int, kr: int, sr: int = 1, planes: int = 1,
+               group_size: int = 0) -> int:
+    """Bytes of one tile of ``nr`` rows for ``k`` input channels (XNNPACK's weights stride
+    times ``nr``)."""
     if layout == "f32":
         row = round_up(k, kr * sr) * 4 + 4
     elif layout == "qc8w":
@@ -206,4 +208,11 @@ def packed_size(layout: str, n: int, k: int, *, nr: int, kr: int, sr: int = 1, p
         row += 2 * (k // group_size) if layout == "qb4w" else 0
     else:
         raise XnnquantError(f"unknown layout: got {layout!r}, expected one of {WEIGHT_LAYOUTS}")
-    return round_up(round_up(n, nr) * row, ALIGNMENT)
+    return nr * row
+
+
+def packed_size(layout: str, n: int, k: int, *, nr: int, kr: int, sr: int = 1, planes: int = 1,
+                group_size: int = 0) -> int:
+    """Bytes of the packed buffer for an ``(n, k)`` weight, a multiple of 64."""
+    tile = tile_bytes(layout, k, nr=nr, kr=kr, sr=sr, planes=planes, group_size=group_size)
+    return round_up(-(-n // nr) * tile, ALIGNMENT)
