@@ -2,7 +2,7 @@
 
 Oracles: torchao 0.18 (the codes and scales it computed) and ExecuTorch 1.4.1 itself
 (its serializer wrote the payload and named data; its runtime computed the outputs of
-the ``.pte`` it wrote).  ``tests/oracles/et_torchao_8da4w.py`` produces all of them in a
+the ``.pte`` it wrote).  ``tests/oracles/et_payloads.py`` produces all of them in a
 subprocess: importing ``executorch.backends.xnnpack`` into the pytest process would
 register ExecuTorch's ``XnnpackBackend`` here.  The model (8-bit dynamic activations):
 
@@ -28,17 +28,22 @@ import pytest
 from xnnquant import Datatype as D
 from xnnquant.errors import PayloadError
 from xnnquant.graph import PerTokenDynamicQuant, interpret, load, run
+from xnnquant.graph.interpreter import HANDLERS
+from xnnquant.graph.layout import SEED_NODE_KINDS
 from xnnquant.rounding import to_bf16
 
 pytestmark = pytest.mark.xnnpack
 
-ORACLE = Path(__file__).parent / "oracles" / "et_torchao_8da4w.py"
+ORACLE = Path(__file__).parent / "oracles" / "et_payloads.py"
 LAYERS = ("fc1", "fc2", "fc3")
+#: Node kinds ExecuTorch 1.4.1 appended to the schema that its own ``Later`` payload uses.
+LATER_KINDS = {"XNNConvTranspose2d", "XNNTanh", "XNNExp", "XNNGelu", "XNNLog", "XNNSin", "XNNCos",
+               "XNNReciprocalSquareRoot", "XNNConcatenate5"}
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("et_torchao_8da4w")
+    out = tmp_path_factory.mktemp("et_payloads")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(ORACLE), str(out)], capture_output=True, text=True, env=env,
@@ -133,3 +138,25 @@ def test_to_pte_works_beside_executorch_own_xnnpack_backend(oracle: Path) -> Non
     x = np.load(oracle / "clash_input.npy")
     np.testing.assert_allclose(np.load(oracle / "clash_output.npy"),
                                (x + np.arange(5, dtype=np.float32)) * x, rtol=1e-6)
+
+
+def test_later_node_kinds_run_and_match_the_interpreter(oracle: Path) -> None:
+    """ExecuTorch's payload with the kinds only 1.4.1's schema has: runtime vs interpreter.
+
+    Inputs are positive (log and rsqrt of ``|a| + c`` need ``c > 0``; the payload takes
+    the lifted scalar constants as external inputs).
+    """
+    later = oracle / "later"
+    payload = (later / "payload.bin").read_bytes()
+    named = {f.stem: f.read_bytes() for f in sorted((later / "named").iterdir())}
+    graph = load(payload, named_data=named)
+    kinds = {n.kind for n in graph.nodes}
+    assert LATER_KINDS <= kinds and not LATER_KINDS & set(SEED_NODE_KINDS)
+    assert kinds <= set(HANDLERS)
+    rng = np.random.default_rng(0)
+    inputs = [(rng.random(graph.value(i).dims) + 0.5).astype(np.float32) for i in graph.inputs]
+    got = run(payload, inputs, named_data=named)
+    want = interpret(graph, inputs)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() <= 2e-6 * max(np.abs(b).max(), 1.0)

@@ -1,18 +1,19 @@
-"""Oracle: the XNNGraph payload ExecuTorch 1.4.1 writes for a torchao-quantized MLP.
+"""Oracle: the XNNGraph payloads ExecuTorch 1.4.1 writes for a torchao-quantized MLP
+and for a float model using node kinds that only ExecuTorch 1.4.1's schema has.
 
 Run in a subprocess only: importing ``executorch.backends.xnnpack`` registers ExecuTorch's
 own ``XnnpackBackend``, which must never happen inside the pytest process.
 
-Usage: ``et_torchao_8da4w.py OUT_DIR``.  The model is three linears quantized with
-torchao's ``Int8DynamicActivationIntxWeightConfig`` (8-bit per-token dynamic activations):
+Usage: ``et_payloads.py OUT_DIR``.  The MLP is three linears quantized with torchao's
+``Int8DynamicActivationIntxWeightConfig`` (8-bit per-token dynamic activations):
 
-====  ==========  ========================================  ==============
+====  ==========  ========================================  ===========================
 name  features    weights                                   payload type
-====  ==========  ========================================  ==============
-fc1   128 -> 64   int4, PerGroup(32), fp32 scales, bias     qbint4
-fc2   64 -> 48    int4, PerAxis(0), no bias                 qcint4
+====  ==========  ========================================  ===========================
+fc1   128 -> 64   int4, PerGroup(32), fp32 scales, bias     qbint4, group 32
+fc2   64 -> 48    int4, PerAxis(0), no bias                 qbint4, group 64 (= K)
 fc3   48 -> 16    int8, PerAxis(0), bias                    qcint8
-====  ==========  ========================================  ==============
+====  ==========  ========================================  ===========================
 
 It lowers the model with ``XnnpackPartitioner`` (the path of ExecuTorch's docs), runs the
 resulting ``.pte`` with ``executorch.runtime`` and writes into OUT_DIR:
@@ -24,6 +25,9 @@ resulting ``.pte`` with ``executorch.runtime`` and writes into OUT_DIR:
 * ``input.npy`` (fp32 ``[4, 128]``) and ``et_output.npy`` (fp32 ``[4, 16]``): what the
   ExecuTorch runtime computed on the ``.pte`` ExecuTorch wrote;
 * ``program.pte``;
+* ``later/payload.bin`` and ``later/named/<key>.bin``: the payload of ``Later`` (a
+  transposed conv, tanh, exp, gelu, log, sin, cos, rsqrt and a 5-way concatenation),
+  the node kinds ExecuTorch 1.4.1 appended to the schema;
 * ``clash_input.npy`` / ``clash_output.npy``: ``xnnquant.graph.run`` on a small payload
   built with ``Graph``, executed in this process, where ExecuTorch's own
   ``XnnpackBackend`` is registered (``to_pte`` must not depend on which class of that
@@ -33,6 +37,7 @@ resulting ``.pte`` with ``executorch.runtime`` and writes into OUT_DIR:
 from __future__ import annotations
 
 import sys
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +68,30 @@ CONFIGS = {
 }
 
 
+class Later(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.deconv = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self.deconv(x)
+        b = (torch.tanh(a) + torch.exp(-a.abs()) + torch.nn.functional.gelu(a) + torch.log(a.abs() + 1)
+             + torch.sin(a) * torch.cos(a) + torch.rsqrt(a.abs() + 1))
+        return b, torch.cat([y, y * 2, y + 1, y - 1, y * y], dim=1)
+
+
+def write_delegate(edge: Any, out: Path) -> None:
+    """The single delegate's payload and named data of ``edge``, into ``out``."""
+    lowered = get_lowered_backend_modules(edge.exported_program().graph_module)
+    if len(lowered) != 1:
+        raise SystemExit(f"expected one delegate, got {len(lowered)}")
+    (out / "payload.bin").write_bytes(lowered[0].processed_bytes)
+    store = lowered[0].named_data_store_output
+    (out / "named").mkdir(parents=True, exist_ok=True)
+    for key, entry in store.pte_data.items():
+        (out / "named" / f"{key}.bin").write_bytes(bytes(store.buffers[entry.buffer_index]))
+
+
 def main(out: Path) -> None:
     torch.manual_seed(0)
     model = Mlp().eval()
@@ -79,21 +108,18 @@ def main(out: Path) -> None:
     x = torch.randn(4, 128)
     exported = torch.export.export(model, (x,))
     edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
-    lowered = get_lowered_backend_modules(edge.exported_program().graph_module)
-    if len(lowered) != 1:
-        raise SystemExit(f"expected one delegate, got {len(lowered)}")
-    (out / "payload.bin").write_bytes(lowered[0].processed_bytes)
-    store = lowered[0].named_data_store_output
-    (out / "named").mkdir(exist_ok=True)
-    for key, entry in store.pte_data.items():
-        (out / "named" / f"{key}.bin").write_bytes(bytes(store.buffers[entry.buffer_index]))
-
+    write_delegate(edge, out)
     pte = edge.to_executorch().buffer
     (out / "program.pte").write_bytes(pte)
     program = Runtime.get().load_program(pte)
     method = program.load_method("forward")
     np.save(out / "input.npy", x.numpy())
     np.save(out / "et_output.npy", method.execute([x])[0].numpy())
+    later = Later().eval()
+    examples = (torch.randn(1, 4, 5, 5), torch.randn(2, 3))
+    (out / "later").mkdir(exist_ok=True)
+    write_delegate(to_edge_transform_and_lower(torch.export.export(later, examples),
+                                               partitioner=[XnnpackPartitioner()]), out / "later")
     clash_check(out)
 
 
