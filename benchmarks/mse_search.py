@@ -108,7 +108,8 @@ def main() -> None:
 
     if args.exhaustive == "subset":
         names = list(linears)[::7]  # one linear of each kind, spread over the layers
-        exhaustive([linears[n] for n in names], f"{len(names)} linears ({', '.join(n.split('.', 2)[2] for n in names)})")
+        short = ", ".join(n.split(".", 2)[2] for n in names)
+        exhaustive([linears[n] for n in names], f"{len(names)} linears ({short})")
     elif args.exhaustive == "all":
         exhaustive(weights, "all 36 linears")
 

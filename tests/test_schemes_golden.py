@@ -102,3 +102,12 @@ def test_valid_group_sizes() -> None:
     assert blockwise.valid_group_sizes(40) == []
     qt = xq.quantize_blockwise(np.ones((3, 96), np.float32), group_size=96)  # group = K is allowed
     assert qt.scale.shape == (3, 1)
+
+
+def test_bias_takes_the_weight_scales_of_a_quantized_weight() -> None:
+    """weight scales max|row| / 127.5 = [1, 2]; input scale 0.5 -> bias scales [0.5, 1]."""
+    weight = xq.quantize_per_channel(np.array([[127.5, 0.0], [0.0, -255.0]], np.float32), bits=8)
+    assert weight.scale.tolist() == [1.0, 2.0]
+    qt = xq.quantize_bias(np.array([1.25, -3.5], np.float32), 0.5, weight)
+    assert qt.scale.tolist() == [0.5, 1.0]
+    assert qt.codes.tolist() == [2, -4]  # 2.5 -> 2, -3.5 -> -4 (ties to even)

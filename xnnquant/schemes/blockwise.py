@@ -84,8 +84,9 @@ def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
     else:
         flat_scale = user_scales(scale, granularity.scale_shape(arr.shape), bf16=True).reshape(-1)
     codes = quantize_blocks(blocks, flat_scale, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype)
+    scale_shape = granularity.scale_shape(arr.shape)
     return QuantizedTensor(
-        Datatype.qbint4, granularity.unblocks(codes, arr.shape), flat_scale.reshape(granularity.scale_shape(arr.shape)), 0,
+        Datatype.qbint4, granularity.unblocks(codes, arr.shape), flat_scale.reshape(scale_shape), 0,
         channel_dim=0, group_size=granularity.group_size, meta={"method": method if scale is None else "given"},
     )
 

@@ -39,7 +39,9 @@ def float_input(x: Any, name: str, min_rank: int, max_rank: int = MAX_DIMS) -> n
     arr = as_float32(given, name).reshape(given.shape)  # as_float32 widens 0-d arrays to (1,)
     if not min_rank <= arr.ndim <= max_rank:
         expected = f"{min_rank}" if min_rank == max_rank else f"{min_rank} to {max_rank}"
-        raise XnnquantError(f"{name} has the wrong rank: got shape {arr.shape} (rank {arr.ndim}), expected rank {expected}")
+        raise XnnquantError(
+            f"{name} has the wrong rank: got shape {arr.shape} (rank {arr.ndim}), expected rank {expected}"
+        )
     if arr.size == 0:
         raise XnnquantError(f"{name} is empty: got shape {arr.shape}, expected at least one element")
     return arr
@@ -50,7 +52,9 @@ def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise XnnquantError(f"{name} must be an integer: got {axis!r}")
     if not -ndim <= axis < ndim:
-        raise XnnquantError(f"{name} is out of range: got {axis} for a rank-{ndim} tensor, expected {-ndim} to {ndim - 1}")
+        raise XnnquantError(
+            f"{name} is out of range: got {axis} for a rank-{ndim} tensor, expected {-ndim} to {ndim - 1}"
+        )
     return int(axis) % ndim
 
 

@@ -36,7 +36,9 @@ def _datatype(dtype: Any) -> Datatype:
     except (ValueError, KeyError, TypeError):
         datatype = None
     if datatype not in DATATYPES:
-        raise XnnquantError(f"unsupported per-tensor datatype: got {dtype!r}, expected Datatype.qint8 or Datatype.quint8")
+        raise XnnquantError(
+            f"unsupported per-tensor datatype: got {dtype!r}, expected Datatype.qint8 or Datatype.quint8"
+        )
     return datatype
 
 

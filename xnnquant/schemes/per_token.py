@@ -42,7 +42,9 @@ def _prepare(x: Any, num_nonbatch_dims: Any) -> tuple[np.ndarray, PerToken]:
     arr = float_input(x, "x", min_rank=1)
     n = check_int(num_nonbatch_dims, "num_nonbatch_dims")
     if not 0 <= n <= arr.ndim:
-        raise XnnquantError(f"num_nonbatch_dims is out of range: got {n} for a rank-{arr.ndim} input, expected 0 to {arr.ndim}")
+        raise XnnquantError(
+            f"num_nonbatch_dims is out of range: got {n} for a rank-{arr.ndim} input, expected 0 to {arr.ndim}"
+        )
     return arr, PerToken(n)
 
 
