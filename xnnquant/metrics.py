@@ -28,6 +28,7 @@ RUNTIME_BF16_FACTOR = np.float32(1.00389105)
 
 
 def _pair(reference: Any, approx: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both inputs as float64 arrays of one shape (each checked as a float array first)."""
     ref = as_float32(reference, "reference").astype(np.float64)
     app = as_float32(approx, "approx").astype(np.float64)
     if ref.shape != app.shape:
