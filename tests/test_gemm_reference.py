@@ -226,8 +226,8 @@ def test_every_table_row_matches_the_model() -> None:
 
 
 def test_row_blocks_give_the_same_bytes(monkeypatch) -> None:
-    """Large weights are packed a row block at a time; force tiny blocks and check every
-    quantized table row against the model again (partial last tile included)."""
+    """Large quantized weights are packed a row block at a time; force tiny blocks and check
+    every table row against the model again (partial last tile included)."""
     from xnnquant.packing import gemm
 
     monkeypatch.setattr(gemm, "ROW_BLOCK_BYTES", 64)
@@ -238,8 +238,11 @@ def test_row_blocks_give_the_same_bytes(monkeypatch) -> None:
     scale = rng.uniform(1e-3, 1, n).astype(np.float32)
     block_scale = rng.uniform(1e-3, 1, (n, 2)).astype(ml_dtypes.bfloat16).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
     for c in kernel_configs():
-        if c.weights == "qc8w":
+        if c.weights == "f32":
+            expected, weight = model_f32(w, bias, c.nr, c.kr, c.sr, c.pad_rows), w
+        elif c.weights == "qc8w":
             expected = model_qc8w(q8, scale, bias, c.nr, c.kr, c.sr, c.pad_rows)
             weight = xq.QuantizedTensor(xq.Datatype.qcint8, q8, scale, channel_dim=0)
         elif c.weights in ("qc4w", "qc4uw"):
@@ -248,6 +251,4 @@ def test_row_blocks_give_the_same_bytes(monkeypatch) -> None:
         elif c.weights == "qb4w":
             expected = model_qb4w(q4, block_scale, bias, 32, c.nr, c.kr, c.sr)
             weight = xq.QuantizedTensor(xq.Datatype.qbint4, q4, block_scale, zero_point=8, group_size=32)
-        else:
-            continue
         assert pack_gemm(weight, bias, config=c).tobytes() == expected, c

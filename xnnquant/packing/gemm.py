@@ -33,7 +33,7 @@ from .gemm_layouts import pack_f32, pack_qb4w, pack_qc4w, pack_qc8w, packed_size
 from .gemm_tiles import ALIGNMENT, round_up
 
 MIN_BLOCK_SIZE = 32  # XNN_MIN_BLOCKSIZE: qb4w group sizes are multiples of it
-ROW_BLOCK_BYTES = 1 << 20  # quantized weights are packed about 1 MiB of codes at a time
+ROW_BLOCK_BYTES = 1 << 20  # quantized weights are packed about 1 MiB of codes at a time (f32: no gain measured)
 
 _LAYOUT_OF = {Datatype.qcint8: ("qc8w",), Datatype.qcint4: ("qc4w", "qc4uw"), Datatype.qbint4: ("qb4w",)}
 
