@@ -205,3 +205,15 @@ def test_runtime_packs_what_pack_gemm_packs(kind: str, weight, with_bias: bool) 
         assert captured.operator == expected
         assert captured.config == selected[expected]
     assert_same_bytes(pack_gemm(weight, bias, config=captured.config), captured.data)
+
+
+def test_an_operator_the_cpu_lacks_is_refused_not_replaced() -> None:
+    from xnnquant.errors import UnsupportedConfigError
+    from xnnquant.xnnpack.capture import capture_packed_weights, selected_configs
+
+    missing = [op for op, config in selected_configs().items() if config is None and op != "f32 nr2"]
+    if not missing:
+        pytest.skip("this CPU has a kernel for every operator")
+    weight = {"qc8w": qc8(4, 32), "qc4w": qc4(4, 32), "qb4w": qb4(4, 32, 32)}[missing[0][-4:]]
+    with pytest.raises(UnsupportedConfigError, match=f"XNNPACK has no {missing[0]} kernel for this CPU"):
+        capture_packed_weights(weight, operator=missing[0])

@@ -138,19 +138,20 @@ def capture_packed_weights(weight: Any, bias: Any = None, *, operator: str | Non
     ``weight``: float ``(N, K)`` (operator ``f32``) or a ``QuantizedTensor`` qcint8 /
     qcint4 / qbint4 with output channels first.  ``bias``: float ``(N,)`` or None.
     ``operator``: ``"f32"``, ``"qd8_f32_qc8w"``, ``"qdu8_f32_qc8w"``, ``"qd8_f32_qc4w"``,
-    ``"qdu8_f32_qc4w"``, ``"qd8_f32_qb4w"`` or ``"qdu8_f32_qb4w"``; None picks the
-    unsigned-input (qdu8) operator and falls back to the signed one (qd8) when this CPU has
-    no qdu8 kernel (the order in which XNNPACK's subgraph tries them).  4-bit kernels get
+    ``"qdu8_f32_qc4w"``, ``"qd8_f32_qb4w"`` or ``"qdu8_f32_qb4w"`` (``UnsupportedConfigError``
+    when this CPU has no kernel for it); None picks the unsigned-input (qdu8) operator and
+    falls back to the signed one (qd8) when this CPU has no qdu8 kernel (as XNNPACK's
+    subgraph does).  4-bit kernels get
     ``pack_int4`` rows and kernel zero point 8, as ExecuTorch passes them.  With
     ``deduce``, ``config`` names the ``kernel_configs()`` row whose bytes match.
     """
-    operator = _resolve_operator(weight, operator)
+    chosen = _resolve_operator(weight, operator)
     try:
-        captured = _capture(operator, weight, bias)
+        captured = _capture(chosen, weight, bias)
     except _Unsupported:
-        if not operator.startswith("qdu8"):
-            raise UnsupportedConfigError(f"XNNPACK has no {operator} kernel for this CPU") from None
-        return capture_packed_weights(weight, bias, operator="qd8" + operator[4:], deduce=deduce)
+        if operator is not None or not chosen.startswith("qdu8"):
+            raise UnsupportedConfigError(f"XNNPACK has no {chosen} kernel for this CPU") from None
+        return capture_packed_weights(weight, bias, operator="qd8" + chosen[4:], deduce=deduce)
     if not deduce:
         return captured
     config = deduce_config(captured, weight, bias)
