@@ -11,7 +11,7 @@ How a payload becomes a program:
    program keeps only the stub's placeholders and output specs, and the ``.pte`` is
    byte-identical with or without it (a test checks this), while ``to_edge`` costs a
    second or two per signature.
-2. A ``LoweredBackendModule`` is built around that Edge program with backend id
+2. A ``LoweredBackendModule`` is built around that program with backend id
    ``"XnnpackBackend"`` and the payload as its processed bytes; its ``.buffer()`` is
    the ``.pte``: one delegate call taking the stub's inputs and giving its outputs.
    Named data (constants that ExecuTorch-written payloads reference by ``named_key``)
@@ -80,14 +80,14 @@ def _import_torch_executorch() -> Any:
     """The modules ``to_pte`` and ``run`` need, or ``MissingExtraError``."""
     try:
         import torch
-        from executorch.exir import to_edge  # noqa: F401
+        from executorch.exir.lowered_backend_module import LoweredBackendModule  # noqa: F401
         from executorch.runtime import Runtime  # noqa: F401
     except ImportError:
         raise missing_extra("xnnpack", "executorch", "running a payload on the real XNNPACK") from None
     return torch
 
 
-def payload_bytes(payload: PayloadLike) -> bytes:
+def _payload_bytes(payload: PayloadLike) -> bytes:
     """``payload`` as bytes: bytes-like, a path to a payload file, or a ``Graph``."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload)
@@ -218,9 +218,10 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     ``load``.  ``named_data``: key -> bytes for constants the payload references by
     ``named_key`` (payloads written by ExecuTorch 1.4.1 itself); they go into the
     program's named-data segment.  ``validate=False`` skips ``load``'s validation (to
-    probe what the runtime itself refuses).  Returns the program bytes (a ``*.pte``).
+    probe what the runtime itself refuses).  Returns the program bytes (a ``*.pte``),
+    the same whether or not ExecuTorch's own ``XnnpackBackend`` has been imported.
     """
-    data = payload_bytes(payload)
+    data = _payload_bytes(payload)
     found_in, found_out = external_specs(_load_checked(data, named_data, validate))
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
     out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
@@ -353,7 +354,7 @@ def run(payload: PayloadLike, inputs: Sequence[Any], *,
     running the same payload again costs only the execution.
     """
     torch = _import_torch_executorch()
-    data = payload_bytes(payload)
+    data = _payload_bytes(payload)
     in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
     arrays = _check_inputs(inputs, in_specs)
     loaded = _loaded_method(data, in_specs, out_specs, named_data)
