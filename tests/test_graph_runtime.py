@@ -272,6 +272,32 @@ def test_fully_connected_dynamic(datatype: D, k: int, group_size: int, m: int) -
     assert_matches(g, [f32(rng, m, k)])
 
 
+def test_fully_connected_transposed_and_batched() -> None:
+    """fp32 and qdint8 x qcint8 with the filter given as [K, N]; a 3-D dynamic input."""
+    rng = np.random.default_rng(8)
+    g = Graph()
+    x = g.input((3, 16))
+    g.output(g.fully_connected(x, g.constant(f32(rng, 16, 8)), g.constant(f32(rng, 8)), transpose_weights=True))
+    w = QuantizedTensor(D.qcint8, rng.integers(-127, 128, (16, 8)).astype(np.int8),
+                        (rng.random(8) * 0.02 + 1e-3).astype(np.float32), 0, channel_dim=1)
+    g.output(g.fully_connected(g.convert(x, D.qdint8), g.constant(w), g.constant(f32(rng, 8)),
+                               transpose_weights=True))
+    batched = g.input((2, 3, 16))
+    g.output(g.fully_connected(g.convert(batched, D.qdint8), g.constant(random_weight(rng, D.qcint8, 8, 16))))
+    assert_matches(g, [f32(rng, 3, 16), f32(rng, 2, 3, 16)])
+
+
+def test_fp16_activations() -> None:
+    """fp16 graphs compute in fp16 inside XNNPACK: agreement to fp16 precision."""
+    rng = np.random.default_rng(9)
+    g = Graph()
+    x = g.input((3, 16), D.fp16)
+    g.output(g.fully_connected(x, g.constant(f32(rng, 8, 16)), g.constant(f32(rng, 8))))
+    image = g.input((1, 5, 5, 4), D.fp16)
+    g.output(g.conv2d(image, g.constant(f32(rng, 6, 3, 3, 4)), g.constant(f32(rng, 6)), padding=1))
+    assert_matches(g, [f32(rng, 3, 16).astype(np.float16), f32(rng, 1, 5, 5, 4).astype(np.float16)], rel=2e-3)
+
+
 def test_fully_connected_dynamic_qcint4_odd_k_is_refused_or_wrong() -> None:
     """XNNPACK 1adaa7c7 computes qdint8 x qcint4 with odd K wrongly when M > 1.
 
