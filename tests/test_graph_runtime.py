@@ -317,6 +317,31 @@ def test_fully_connected_dynamic_qcint4_odd_k_is_refused_or_wrong() -> None:
     assert np.abs(got - want).max() > 1e-2 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("datatype", [D.qcint8, D.qcint4])
+def test_weight_only_fully_connected_scales_the_bias(datatype: D) -> None:
+    """fp32 input x per-channel filter, no Convert: XNNPACK computes ``(x @ q.T + b) * s``.
+
+    The interpreter keeps the intended ``x @ (q * s).T + b``; the runtime adds the fp32
+    bias before the per-channel scale.  Measured here with the bias the payload stores
+    (whatever the builder chose to store), so this pins the runtime's behaviour; without
+    a bias both agree.
+    """
+    rng = np.random.default_rng(int(datatype))
+    w = random_weight(rng, datatype, 8, 16)
+    g = Graph()
+    x = g.input((3, 16))
+    g.output(g.fully_connected(x, g.constant(w), g.constant(f32(rng, 8))))
+    g.output(g.fully_connected(x, g.constant(w)))
+    data = f32(rng, 3, 16)
+    graph = load(g.to_bytes())
+    node = graph.nodes[0]
+    stored_w, stored_b = graph.value(node.inputs[1]).quantized_tensor(), graph.value(node.inputs[2]).array()
+    with_bias, without_bias = run(g.to_bytes(), [data])
+    scaled = (data.astype(np.float64) @ stored_w.codes.T + stored_b) * stored_w.scale
+    np.testing.assert_allclose(with_bias, scaled, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(without_bias, interpret(g, [data])[1], rtol=1e-5, atol=1e-6)
+
+
 def test_small_mlp() -> None:
     """fp32 -> [qd8 x qc8w, relu] -> [qd8 x qc4w, relu] -> [qd8 x qb4w] -> [fp32 FC] -> softmax."""
     rng = np.random.default_rng(7)
