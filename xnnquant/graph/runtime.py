@@ -270,28 +270,33 @@ def _captured_stderr() -> Iterator[list[str]]:
 class _Loaded(NamedTuple):
     program: Any  # executorch.runtime.Program; keeps the method's memory alive
     method: Any  # executorch.runtime.Method
+    inputs: list[TensorSpec]
 
 
 _methods: collections.OrderedDict[bytes, _Loaded] = collections.OrderedDict()
 
 
-def _cache_key(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
-               named_data: Mapping[str, bytes] | None) -> bytes:
+def _digest(data: bytes, named_data: Mapping[str, bytes] | None, validate: bool) -> bytes:
+    """What identifies a runnable program: the payload, its named data, the check level."""
     h = hashlib.sha256(data)
-    h.update(repr((inputs, outputs)).encode())
+    h.update(b"validated" if validate else b"unchecked")
     for key in sorted(named_data or {}):
         h.update(hashlib.sha256(key.encode()).digest() + hashlib.sha256(named_data[key]).digest())
     return h.digest()
 
 
-def _loaded_method(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                   named_data: Mapping[str, bytes] | None) -> _Loaded:
-    """Program and ``forward`` method running ``data``, from a small LRU cache."""
-    key = _cache_key(data, inputs, outputs, named_data)
+def _loaded_method(data: bytes, named_data: Mapping[str, bytes] | None, validate: bool) -> _Loaded:
+    """Program, ``forward`` method and input specs running ``data``, from a small LRU cache.
+
+    A hit skips ``load``, building the ``.pte`` and the runtime's own set-up (weight
+    packing), leaving only the execution.
+    """
+    key = _digest(data, named_data, validate)
     if key in _methods:
         _methods.move_to_end(key)
         return _methods[key]
-    pte = _build_pte(data, inputs, outputs, named_data)
+    in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
+    pte = _build_pte(data, in_specs, out_specs, named_data)
     from executorch.runtime import Runtime
 
     with _captured_stderr() as log:
@@ -307,7 +312,7 @@ def _loaded_method(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSp
             f"the ExecuTorch runtime refused the payload: {failure}; runtime log: "
             f"{_log_summary(log[0])}"
         ) from None
-    _methods[key] = _Loaded(program, method)
+    _methods[key] = _Loaded(program, method, in_specs)
     while len(_methods) > METHOD_CACHE_SIZE:
         _methods.popitem(last=False)
     return _methods[key]
@@ -350,14 +355,12 @@ def run(payload: PayloadLike, inputs: Sequence[Any], *,
     int64).
 
     Raises ``UnsupportedConfigError`` when the runtime refuses the payload, with the
-    runtime's own log lines in the message.  Programs are cached by their bytes, so
-    running the same payload again costs only the execution.
+    runtime's own log lines in the message.  Loaded programs are cached by the payload's
+    bytes (and named data), so running the same payload again costs only the execution.
     """
     torch = _import_torch_executorch()
-    data = _payload_bytes(payload)
-    in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
-    arrays = _check_inputs(inputs, in_specs)
-    loaded = _loaded_method(data, in_specs, out_specs, named_data)
+    loaded = _loaded_method(_payload_bytes(payload), named_data, validate)
+    arrays = _check_inputs(inputs, loaded.inputs)
     with _captured_stderr() as log:
         try:
             results = loaded.method.execute([torch.from_numpy(a) for a in arrays])
