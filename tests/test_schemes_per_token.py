@@ -10,6 +10,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import xnnquant as xq
 from xnnquant.schemes import per_token
@@ -192,3 +195,23 @@ def test_rows_xnnpack_cannot_scale_are_refused(row: list[float]) -> None:
     assert ref_scale == 0 or np.isinf(ref_scale)  # what XNNPACK itself reports for such a row
     with pytest.raises(xq.XnnquantError, match=r"x row 1 cannot be quantized per token: got min"):
         xq.quantize_per_token(x)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    x=st.tuples(st.integers(1, 8), st.integers(1, 70)).flatmap(
+        lambda shape: hnp.arrays(np.float32, shape, elements=st.floats(width=32, allow_nan=False, allow_infinity=False))
+    )
+)
+def test_any_rows_match_xnnpack_or_are_refused_where_xnnpack_gives_no_usable_scale(x: np.ndarray) -> None:
+    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+
+    ref = xnnpack_quantize_per_token(x)
+    try:
+        ours = xq.quantize_per_token(x)
+    except xq.XnnquantError:
+        assert np.any((ref.scale == 0) | np.isinf(ref.scale))
+        return
+    np.testing.assert_array_equal(ours.codes, ref.codes)
+    np.testing.assert_array_equal(ours.scale.view(np.uint32), ref.scale.view(np.uint32))
+    np.testing.assert_array_equal(ours.zero_point, ref.zero_point)
