@@ -106,15 +106,15 @@ def test_ties_really_are_ties() -> None:
 
 
 def test_textbook_formula_differs_on_some_rows() -> None:
-    """Why the exact algorithm matters: rint(x / ((hi - lo) / 255)) + zp disagrees often."""
+    """Why the exact algorithm matters.  The textbook scale (hi - lo) / 255 has other float32
+    bits than XNNPACK's 1 / (255 / (hi - lo)) on about a quarter of these rows; the textbook
+    codes rint(x / scale + zp) differ on far fewer (measured: 3 rows in 20,000)."""
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((2000, 64)) * 10.0 ** rng.uniform(-3, 3, (2000, 1))).astype(np.float32)
     qt = xq.quantize_per_token(x)
     lo, hi = np.minimum(x.min(1), 0), np.maximum(x.max(1), 0)
     textbook_scale = (hi - lo) / np.float32(255)
-    textbook = np.clip(np.rint(x / textbook_scale[:, None]) + qt.zero_point[:, None], -128, 127)
-    differ = (textbook != qt.codes).any(axis=1) | (textbook_scale != qt.scale)
-    assert differ.mean() > 0.01
+    assert np.mean(textbook_scale != qt.scale) > 0.1
 
 
 @pytest.mark.parametrize("shape, nonbatch", [((3, 4, 5), 1), ((3, 4, 5), 2), ((2, 3, 4, 5), 3), ((7,), 1)])
