@@ -48,6 +48,9 @@ CLAMPED_KINDS = frozenset({
     "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNAvgPooling2d", "XNNMaxPooling2d",
     "XNNGlobalAvgPooling2d", "XNNClamp",
 })
+#: Kinds whose output dims are a reshape of what they compute (reshape; global pooling
+#: with or without XNN_FLAG_KEEP_DIMS; fully connected, which flattens leading dims).
+RESHAPING_KINDS = frozenset({"XNNStaticReshape", "XNNGlobalAvgPooling2d", "XNNFullyConnected"})
 FLAG_TRANSPOSE = 0x1  # XNN_FLAG_TRANSPOSE_WEIGHTS (fully connected) == XNN_FLAG_TRANSPOSE_B (bmm)
 FLAG_SAME_PADDING = 0x4  # XNN_FLAG_TENSORFLOW_SAME_PADDING (conv, pooling)
 FLAG_TENSORFLOW_LEGACY = 0x4  # XNN_FLAG_TENSORFLOW_LEGACY_MODE (resize bilinear)
@@ -486,7 +489,14 @@ def interpret(graph: Any, inputs: Sequence[Any], *, named_data: Mapping[str, byt
                 continue
             if node.kind in CLAMPED_KINDS and node.output_min is not None:
                 result = np.clip(result, node.output_min, node.output_max)
-            env[vid] = _fit(value, np.reshape(result, value.dims))
+            if node.kind in RESHAPING_KINDS and result.size == int(np.prod(value.dims, dtype=np.int64)):
+                result = np.reshape(result, value.dims)
+            if tuple(result.shape) != tuple(value.dims):
+                raise XnnquantError(
+                    f"node {position} ({node.kind}) computes shape {tuple(result.shape)} but its output "
+                    f"value {vid} has dims {tuple(value.dims)}"
+                )
+            env[vid] = _fit(value, result)
     outputs = []
     for vid in graph.outputs:
         if vid not in env:
