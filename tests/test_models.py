@@ -42,6 +42,10 @@ def test_tokenizer_matches_huggingface_tokenizers() -> None:
         assert minilm.tokenize(sentence) == reference.encode(sentence).ids, sentence
 
 
+def test_sample_sentences_token_count() -> None:
+    assert int(minilm.tokenize_batch(minilm.SAMPLE_SENTENCES)[1].sum()) == 233
+
+
 def test_tokenize_batch_pads_right_with_mask() -> None:
     ids, mask = minilm.tokenize_batch(["hello world", "a"])
     assert ids.shape == mask.shape == (2, 4)
@@ -106,6 +110,28 @@ def test_two_layers_match_torch_transformer_encoder(weights: dict[str, np.ndarra
             h_in = torch.from_numpy(ours[index - 1].output) if index else h
             ref = _torch_layer(weights, index)(h_in, src_key_padding_mask=torch.from_numpy(~mask))
             np.testing.assert_allclose(ours[index].output[mask], ref.numpy()[mask], atol=2e-4, rtol=1e-4)
+
+
+def test_sentence_embeddings_match_a_six_layer_torch_encoder(weights: dict[str, np.ndarray]) -> None:
+    ids, mask = minilm.tokenize_batch(SENTENCES)
+    with torch.no_grad():
+        h = _torch_embeddings(weights, ids)
+        for index in range(minilm.NUM_LAYERS):  # the torch chain never sees our activations
+            h = _torch_layer(weights, index)(h, src_key_padding_mask=torch.from_numpy(~mask))
+        m = torch.from_numpy(mask[..., None].astype(np.float32))
+        expected = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=1).numpy()
+    ours = minilm.sentence_embeddings(SENTENCES, weights)
+    assert ours.shape == (len(SENTENCES), minilm.HIDDEN) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, expected, atol=2e-5)
+
+
+def test_sentence_embeddings_rank_paraphrases_first(weights: dict[str, np.ndarray]) -> None:
+    e = minilm.sentence_embeddings(
+        ["A man is playing a guitar.", "Someone plays the guitar.", "The stock market fell sharply today."],
+        weights,
+    )
+    cos = e @ e.T
+    assert cos[0, 1] > 0.7 and cos[0, 2] < 0.2, cos
 
 
 def test_linear_inputs_are_the_tensors_each_linear_sees(weights: dict[str, np.ndarray]) -> None:

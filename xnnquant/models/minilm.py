@@ -48,6 +48,26 @@ LINEARS = (
 
 Weights = dict[str, np.ndarray]
 
+#: A fixed set of short, varied sentences (233 tokens) for activations and embeddings.
+SAMPLE_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on the street corner.",
+    "Quantization reduces the size of neural network weights.",
+    "How do I reset my password if I forgot my email address?",
+    "The stock market fell sharply after the announcement on Tuesday.",
+    "She baked three loaves of sourdough bread for the neighbours.",
+    "Phones run small language models on their CPUs with XNNPACK.",
+    "It rained all weekend, so the football match was postponed.",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+    "Can you recommend a quiet restaurant near the train station?",
+    "The committee approved the budget of 4.2 million euros for 2025.",
+    "Error: file not found (code 404) while loading config.yaml!",
+    "Two children are building a sandcastle on the beach.",
+    "Mitochondria are often called the powerhouse of the cell.",
+    "Le café est fermé le dimanche matin.",
+    "Please summarise the attached report in three bullet points.",
+)
+
 
 # --------------------------------------------------------------------------- tokenizer
 
@@ -245,6 +265,21 @@ def forward(ids: np.ndarray, mask: np.ndarray, num_layers: int = NUM_LAYERS,
         layers.append(encoder_layer(h, mask, weights, index))
         h = layers[-1].output
     return layers
+
+
+def sentence_embeddings(sentences: Sequence[str], weights: Weights | None = None) -> np.ndarray:
+    """all-MiniLM-L6-v2 sentence embeddings: float32 ``(len(sentences), 384)``, unit length.
+
+    As the model is meant to be used (its ``modules.json``): all six layers, then the mean
+    of the last hidden states over the real tokens of each sentence, then L2 normalization.
+    ``weights``: the model's tensors by name (default ``minilm_tensors()``), e.g. with
+    quantized-then-dequantized linear weights swapped in.
+    """
+    ids, mask = tokenize_batch(sentences)
+    hidden = forward(ids, mask, NUM_LAYERS, weights)[-1].output
+    m = mask[..., None].astype(np.float32)
+    mean = (hidden * m).sum(axis=1) / m.sum(axis=1)
+    return (mean / np.linalg.norm(mean, axis=1, keepdims=True)).astype(np.float32)
 
 
 def linear_inputs(sentences: Sequence[str], num_layers: int = 2,
