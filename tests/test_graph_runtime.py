@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xnnquant import Datatype as D
 from xnnquant import QuantizedTensor
@@ -226,6 +228,33 @@ def test_depthwise_conv2d_fp32(multiplier, padding, stride) -> None:
     assert_matches(g, [f32(rng, 1, 8, 7, 4)], rel=2e-6)
 
 
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_random_conv_and_pooling_geometry(data: st.DataObject) -> None:
+    """Random kernel, stride, dilation, asymmetric padding, groups: conv2d, depthwise, pooling."""
+    draw = data.draw
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    groups, per_group = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    h = draw(st.integers((kh - 1) * dh + 1, 9))
+    w = draw(st.integers((kw - 1) * dw + 1, 9))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    c = groups * per_group
+    g = Graph()
+    x = g.input((2, h, w, c))
+    g.output(g.conv2d(x, g.constant(f32(rng, groups * 2, kh, kw, per_group)), g.constant(f32(rng, groups * 2)),
+                      padding=pads, stride=(sh, sw), dilation=(dh, dw), groups=groups))
+    g.output(g.depthwise_conv2d(x, g.constant(f32(rng, 1, kh, kw, 2 * c)), padding=pads, stride=(sh, sw),
+                                dilation=(dh, dw)))
+    pool_pads = tuple(min(p, k - 1) for p, k in zip(pads, (kh, kw, kh, kw)))  # padding smaller than the window
+    g.output(g.max_pooling_2d(x, kernel=(kh, kw), stride=(sh, sw), padding=pool_pads))
+    if kh * kw > 1:
+        g.output(g.avg_pooling_2d(x, kernel=(kh, kw), stride=(sh, sw), padding=pool_pads))
+    assert_matches(g, [f32(rng, 2, h, w, c)], rel=2e-6)
+
+
 def test_dynamically_quantized_conv2d() -> None:
     rng = np.random.default_rng(5)
     g = Graph()
@@ -402,15 +431,20 @@ def _add_graph() -> Graph:
     return g
 
 
-def test_to_pte_is_a_program_the_runtime_loads() -> None:
+def test_to_pte_is_a_program_the_runtime_loads(tmp_path) -> None:
+    import torch
     from executorch.runtime import Runtime
 
     pte = to_pte(_add_graph().to_bytes())
     assert pte[4:8] == b"ET12"  # ExecuTorch program flatbuffer identifier
-    program = Runtime.get().load_program(pte)
+    path = tmp_path / "add.pte"
+    path.write_bytes(pte)
+    program = Runtime.get().load_program(path)
     method = program.load_method("forward")
     meta = method.metadata
     assert (meta.num_inputs(), meta.num_outputs()) == (2, 1)
+    x = torch.ones(2, 3)
+    assert torch.equal(method.execute([x, x])[0], 2 * x)
 
 
 def test_stub_program_skipping_to_edge_gives_the_same_pte() -> None:
