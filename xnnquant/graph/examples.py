@@ -166,8 +166,10 @@ def _pool(kind: str) -> Callable[[Graph, Rng], int]:
             return g.global_avg_pooling_2d(x, **_minmax(rng))
         k = tuple(int(v) for v in rng.integers(1, 4, 2))
         pads = tuple(int(p) for p in rng.integers(0, 2, 4))
-        if kind == "XNNArgMaxPooling2d":
-            return g.argmax_pooling_2d(x, kernel=k, padding=pads)[int(rng.integers(0, 2))]
+        if kind == "XNNArgMaxPooling2d":  # both outputs must be used (the 1.4.1 runtime crashes otherwise)
+            values, indices = g.argmax_pooling_2d(x, kernel=k, padding=pads)
+            g.output(indices)
+            return values
         stride = tuple(int(s) for s in rng.integers(1, 3, 2))
         method = g.avg_pooling_2d if kind == "XNNAvgPooling2d" else g.max_pooling_2d
         return method(x, kernel=k, stride=stride, padding=pads, **_minmax(rng))
@@ -272,6 +274,11 @@ def random_graph(seed: int, kinds: tuple[str, ...] = SEED_NODE_KINDS, repeat: in
         outs += _every_datatype(g, rng)
         g.input((1,), D.fp16)
     for y in outs:
-        if rng.random() < 0.6 and g.value(y).datatype is not D.qdint8:
+        v = g.value(y)
+        if not v.flags and v.datatype is not D.qdint8 and (rng.random() < 0.6 or _must_be_used(g, y)):
             g.output(y)
     return g
+
+
+def _must_be_used(g: Graph, value_id: int) -> bool:
+    return any(n.kind == "XNNArgMaxPooling2d" and value_id in n.outputs for n in g.nodes)

@@ -291,6 +291,15 @@ def check_nodes(graph: Any, *, writing: bool) -> None:
             if np.isnan(lo) or np.isnan(hi) or lo > hi:
                 raise _fail(what, f"output_min/output_max must be ordered and not NaN: got {lo}, {hi}")
         _node_rules(what, n, vals)
+    used = {vid for n in graph.nodes for vid in n.inputs} | {v.id for v in graph.values if v.is_output}
+    for i, n in enumerate(graph.nodes):
+        if n.kind == "XNNArgMaxPooling2d":
+            for vid in n.outputs:
+                if vid not in used:
+                    raise _fail(f"node {i} ({n.kind})",
+                                f"output value {vid} is never used: the ExecuTorch 1.4.1 runtime crashes (segfault) "
+                                "unless both the values and the indices feed a later node or are graph outputs",
+                                UnsupportedConfigError)
 
 
 def validate(graph: Any, *, writing: bool = True) -> None:
