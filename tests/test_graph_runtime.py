@@ -303,6 +303,19 @@ def test_fully_connected_dynamic(datatype: D, k: int, group_size: int, m: int) -
     assert_matches(g, [f32(rng, m, k)])
 
 
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(datatype=st.sampled_from([D.qcint8, D.qcint4, D.qbint4]), m=st.integers(1, 9), n=st.integers(1, 40),
+       blocks=st.integers(1, 4), group_size=st.sampled_from([32, 64]), k_odd=st.integers(1, 70),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_dynamic_fully_connected(datatype: D, m: int, n: int, blocks: int, group_size: int, k_odd: int,
+                                        bias: bool, seed: int) -> None:
+    """qdint8 x (qcint8 any K | qcint4 even K | qbint4 K = blocks * group) on random shapes."""
+    k = {D.qcint8: k_odd, D.qcint4: 2 * (k_odd // 2 + 1), D.qbint4: blocks * group_size}[datatype]
+    rng = np.random.default_rng(seed)
+    g = dynamic_linear(rng, datatype, m, n, k, group_size, bias)
+    assert_matches(g, [f32(rng, m, k)])
+
+
 def test_fully_connected_transposed_and_batched() -> None:
     """fp32 and qdint8 x qcint8 with the filter given as [K, N]; a 3-D dynamic input."""
     rng = np.random.default_rng(8)
