@@ -72,16 +72,16 @@ def _mutate(rng: np.random.Generator, data: bytes) -> bytes:
     return bytes(p)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1))
 def test_random_mutations_of_valid_payloads(seed: int) -> None:
-    """60 seeds x 100 mutations: 6000 malformed payloads per run."""
+    """120 seeds x 100 mutations: 12000 malformed payloads per run."""
     rng = np.random.default_rng(seed)
     for i in range(100):
         _load_or_error(_mutate(rng, PAYLOADS[i % len(PAYLOADS)]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.sampled_from(PAYLOADS), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=6),
        st.integers(0, 10**6))
 def test_hypothesis_byte_edits(data: bytes, edits: list[tuple[int, int]], cut: int) -> None:

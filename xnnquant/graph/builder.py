@@ -523,6 +523,9 @@ class Graph:
         path = Path(path)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # what open() would give; mkstemp makes 0600
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
                 f.flush()

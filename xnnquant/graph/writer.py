@@ -6,7 +6,17 @@
 
 The flatbuffer is built back to front by the flatbuffers runtime in a fixed order
 (constants, values, nodes, graph), so the same graph always gives the same bytes.
-Fields equal to their schema default are omitted, as flatc itself does.
+Fields equal to their schema default are omitted, as flatc itself does.  The tables::
+
+    XNNGraph  version "0", num_externs, input_ids / output_ids (id_out of the externals,
+    │         in external-id order), constant_data (entry 0 = reserved (0, 0))
+    ├─ xvalues[i]  XValue ─ XNNTensorValue (datatype, num_dims, dims always present,
+    │                       constant_buffer_idx, external_id or 0xFFFFFFFF, flags, id_out = i)
+    │              or XNNQuantizedTensorValue ─ tensor_value + quant_params (one of four)
+    └─ xnodes[j]   XNode ─ the kind's table (ids, parameters, flags), debug_handle,
+                           OutputMinMax when the node has bounds
+
+test_graph_header.py spells out a whole minimal payload byte by byte.
 """
 
 from __future__ import annotations
