@@ -529,3 +529,17 @@ def test_outputs_are_fresh_arrays() -> None:
     second = run(payload, [x, 2 * x])[0]
     np.testing.assert_array_equal(first, 2 * x)
     np.testing.assert_array_equal(second, 3 * x)
+
+
+def test_to_pte_with_other_shapes() -> None:
+    """XNNPACK reshapes externals to the tensors it gets: a [5, 3] program from a [2, 3] payload."""
+    import torch
+    from executorch.runtime import Runtime
+
+    payload = _add_graph().to_bytes()
+    pte = to_pte(payload, [((5, 3), np.float32)] * 2, [((5, 3), D.fp32)])
+    program = Runtime.get().load_program(pte)
+    x = torch.arange(15, dtype=torch.float32).reshape(5, 3)
+    assert torch.equal(program.load_method("forward").execute([x, x])[0], 2 * x)
+    with pytest.raises(XnnquantError, match="one spec per external input of the payload: got 1, expected 2"):
+        to_pte(payload, [((5, 3), np.float32)])

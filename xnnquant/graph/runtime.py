@@ -214,8 +214,10 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     """The ``.pte`` program that runs ``payload`` as its only delegate call.
 
     ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs in external-id order, dtype a numpy
-    dtype or a ``Datatype``; each one left ``None`` is read from the payload with
-    ``load``.  ``named_data``: key -> bytes for constants the payload references by
+    dtype or a ``Datatype``, one per external value of the payload; each one left
+    ``None`` is read from the payload with ``load``.  Other shapes than the payload's
+    dims are allowed (XNNPACK reshapes its externals to the tensors it is given), as
+    long as the outputs declared are the shapes XNNPACK then computes.  ``named_data``: key -> bytes for constants the payload references by
     ``named_key`` (payloads written by ExecuTorch 1.4.1 itself); they go into the
     program's named-data segment.  ``validate=False`` skips ``load``'s validation (to
     probe what the runtime itself refuses).  Returns the program bytes (a ``*.pte``),
@@ -225,6 +227,11 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     found_in, found_out = external_specs(_load_checked(data, named_data, validate))
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
     out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
+    for role, given, found in (("input", in_specs, found_in), ("output", out_specs, found_out)):
+        if len(given) != len(found):
+            raise XnnquantError(
+                f"to_pte needs one spec per external {role} of the payload: got {len(given)}, expected {len(found)}"
+            )
     return _build_pte(data, in_specs, out_specs, named_data)
 
 
