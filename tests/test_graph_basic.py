@@ -48,3 +48,14 @@ def test_save_is_atomic_and_loadable(tmp_path) -> None:
     assert path.read_bytes() == g.to_bytes()
     assert list(tmp_path.iterdir()) == [path]
     assert load(path) == g
+
+
+def test_external_ids_inputs_first_whatever_the_call_order() -> None:
+    g = Graph()
+    a = g.input((2,))
+    y = g.output(g.abs(a))
+    b = g.input((2,))  # declared after an output: the output moves up
+    z = g.output(g.negate(b))
+    assert [g.value(i).external_id for i in (a, b, y, z)] == [0, 1, 2, 3]
+    back = load(g.to_bytes())
+    assert back.inputs == [a, b] and back.outputs == [y, z] and back.declared_num_externs == 4
