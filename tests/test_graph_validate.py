@@ -252,3 +252,13 @@ def test_builder_refuses_bad_shapes_early() -> None:
         g.concatenate([x] * 5, 0)
     with pytest.raises(XnnquantError, match="value 0 is already an external input"):
         g.output(x)
+
+
+def test_dynamic_qcint4_with_odd_k_is_refused() -> None:
+    """Measured: qdint8 x qcint4 with odd K is wrong on the runtime when M > 1 (see
+    test_graph_runtime.py); fp32 x qcint4 with odd K and even K are right."""
+    g, _, _ = _fc(_qc(D.qcint4, (4, 9)))
+    _refused(g, r"node 1 \(XNNFullyConnected\): qdint8 x qcint4 with an odd number of input channels \(K=9\)",
+             UnsupportedConfigError)
+    _fc(_qc(D.qcint4, (4, 10)))[0].to_bytes()
+    _fc(_qc(D.qcint4, (4, 9)), dynamic=False)[0].to_bytes()
