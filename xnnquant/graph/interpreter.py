@@ -90,7 +90,9 @@ def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], di
     oh = (xp.shape[1] - (kh - 1) * dh - 1) // sh + 1
     ow = (xp.shape[2] - (kw - 1) * dw - 1) // sw + 1
     if oh < 1 or ow < 1:
-        raise XnnquantError(f"window does not fit: got padded input {xp.shape}, kernel {kernel}, dilation {dilation}")
+        raise XnnquantError(
+            f"window does not fit: got padded input {xp.shape}, kernel {kernel}, dilation {dilation}"
+        )
     rows = (np.arange(oh) * sh)[:, None] + (np.arange(kh) * dh)[None, :]  # [OH, KH]
     cols = (np.arange(ow) * sw)[:, None] + (np.arange(kw) * dw)[None, :]  # [OW, KW]
     return xp[:, rows[:, None, :, None], cols[None, :, None, :], :]

@@ -217,9 +217,11 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     dtype or a ``Datatype``, one per external value of the payload; each one left
     ``None`` is read from the payload with ``load``.  Other shapes than the payload's
     dims are allowed (XNNPACK reshapes its externals to the tensors it is given), as
-    long as the outputs declared are the shapes XNNPACK then computes.  ``named_data``: key -> bytes for constants the payload references by
-    ``named_key`` (payloads written by ExecuTorch 1.4.1 itself); they go into the
-    program's named-data segment.  ``validate=False`` skips ``load``'s validation (to
+    long as the outputs declared are the shapes XNNPACK then computes.
+
+    ``named_data``: key -> bytes for constants the payload references by ``named_key``
+    (payloads written by ExecuTorch 1.4.1 itself); they go into the program's
+    named-data segment.  ``validate=False`` skips ``load``'s validation (to
     probe what the runtime itself refuses).  Returns the program bytes (a ``*.pte``),
     the same whether or not ExecuTorch's own ``XnnpackBackend`` has been imported.
     """
@@ -230,7 +232,8 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     for role, given, found in (("input", in_specs, found_in), ("output", out_specs, found_out)):
         if len(given) != len(found):
             raise XnnquantError(
-                f"to_pte needs one spec per external {role} of the payload: got {len(given)}, expected {len(found)}"
+                f"to_pte needs one spec per external {role} of the payload: "
+                f"got {len(given)}, expected {len(found)}"
             )
     return _build_pte(data, in_specs, out_specs, named_data)
 
