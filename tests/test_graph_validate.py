@@ -16,7 +16,7 @@ from xnnquant.errors import UnsupportedConfigError, XnnquantError
 from xnnquant.graph import Graph, load
 from xnnquant.graph.constants import ConstantSegment
 from xnnquant.graph.header import XNNHeader, align
-from xnnquant.graph.model import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
+from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
 from xnnquant.graph.writer import flatbuffer
 from xnnquant.rounding import to_bf16
 from xnnquant.tensor import QuantizedTensor

@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from ..datatypes import Datatype, ScaleKind, storage
+from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..packing.int4 import unpack_int4
 from ..rounding import bf16_bits_to_float32
@@ -217,13 +217,3 @@ class Node:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Node) and self._key() == other._key()
 
-
-def quant_scale_kind(quant: QuantParams | None) -> ScaleKind:
-    """Which ``ScaleKind`` a quant-params record carries."""
-    return {
-        type(None): ScaleKind.NONE,
-        PerTensorQuant: ScaleKind.TENSOR,
-        PerChannelQuant: ScaleKind.CHANNEL,
-        PerChannelGroupQuant: ScaleKind.GROUP_BF16,
-        PerTokenDynamicQuant: ScaleKind.RUNTIME,
-    }[type(quant)]
