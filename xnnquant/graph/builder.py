@@ -63,8 +63,12 @@ def _padding(v: int | Sequence[int]) -> tuple[int, int, int, int]:
 
 
 def _f32(x: float) -> float:
-    """``x`` rounded to float32 (what the schema stores)."""
-    return float(np.float32(x))
+    """``x`` rounded to float32 (what the schema stores); -0.0 becomes 0.0.
+
+    Flatbuffers omits a field equal to its default (0.0 == -0.0), so a stored -0.0
+    would read back as 0.0 anyway.
+    """
+    return float(np.float32(x)) + 0.0
 
 
 class Graph:
