@@ -99,3 +99,16 @@ def test_blockwise_scales_are_written_twice_unless_disabled() -> None:
             np.testing.assert_array_equal(q.scale_bf16, to_bf16(scale).bits.ravel())
         else:
             assert q.scale_bf16 is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(width=32), st.floats(width=32), st.floats(width=32, allow_nan=False),
+       st.integers(0, 2**32 - 1))
+def test_round_trip_any_float_parameter(slope: float, value: float, bound: float, handle: int) -> None:
+    g = Graph()
+    x = g.input((1, 2, 2, 3))
+    g.output(g.leaky_relu(x, slope, debug_handle=handle))
+    g.output(g.elu(x, value))
+    g.output(g.static_constant_pad(x, (0, 1, 0, 0), (0, 0, 2, 0), value))
+    g.output(g.add(x, x, output_min=min(bound, 0.0), output_max=max(bound, 0.0)))
+    assert load(g.to_bytes()) == g
