@@ -195,7 +195,30 @@ def constant_too_short() -> Graph:
     return g
 
 
+def outputs_before_inputs() -> Graph:
+    g = Graph()
+    x = g.input((2, 3))
+    g.output(g.abs(x))
+    g.values[0].external_id, g.values[1].external_id = 1, 0
+    return g
+
+
+def duplicate_external_id() -> Graph:
+    g = Graph()
+    a, b = g.input((2, 3)), g.input((2, 3))
+    g.output(g.add(a, b))
+    g.values[b].external_id = 0
+    return g
+
+
+def qbint4_channel_dim_1() -> Graph:
+    g, w = _fc(_qb4(32))
+    g.values[w].quant = dataclasses.replace(g.values[w].quant, channel_dim=1)
+    return g
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
+    outputs_before_inputs, duplicate_external_id, qbint4_channel_dim_1,
     fc_qcint8_channel_dim_1, fc_qbint4_group_16, fc_fp32_input_qbint4, fc_fp16_input_qcint8, qint8_zero_point_200,
     negative_scale, qcint8_zero_scale, qdint8_too_many_nonbatch_dims, argmax_unused_indices, argmax_unused_node,
     value_flag_bit_4, conv_filter_channel_dim_3, depthwise_filter_channel_dim_0, output_min_above_max,
