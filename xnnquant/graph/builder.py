@@ -125,6 +125,8 @@ class Graph:
         if any(d < 0 or d > 0xFFFFFFFF for d in dims):
             raise XnnquantError(f"dims must be integers in [0, 2**32): got {dims}")
         vid = len(self.values)
+        if self.values and self.values[-1].id != vid - 1:  # a loaded graph whose ids are not indices
+            vid = max(v.id for v in self.values) + 1
         self.values.append(Value(vid, Datatype(datatype), dims, **kw))
         return vid
 

@@ -189,9 +189,8 @@ def _check_externals(graph: Any) -> None:
         if not lo <= v.external_id < hi:
             raise _fail(what, f"external ids must be dense, inputs first: got {v.external_id} for an "
                               f"{'input' if v.is_input else 'output'}, expected [{lo}, {hi})")
-    ids = [v.external_id for v in externals]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
+    dup = _first_duplicate([v.external_id for v in externals])
+    if dup is not None:
         raise XnnquantError(f"graph: external id {dup} is used by more than one value")
 
 
@@ -307,11 +306,19 @@ def check_nodes(graph: Any, *, writing: bool) -> None:
                                 UnsupportedConfigError)
 
 
+def _first_duplicate(items: list[Any]) -> Any:
+    seen: set[Any] = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    return None
+
+
 def validate(graph: Any, *, writing: bool = True) -> None:
     """Raise ``XnnquantError`` naming the first value or node the runtime would refuse."""
-    ids = [v.id for v in graph.values]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
+    dup = _first_duplicate([v.id for v in graph.values])
+    if dup is not None:
         raise XnnquantError(f"value id {dup} is defined more than once")
     for v in graph.values:
         check_value(v)
