@@ -2,8 +2,15 @@
 
 Every method returns value ids (the schema's ``id_out``, equal to the index in
 ``g.values``).  Node methods create their output value with the shape XNNPACK will
-compute; pass ``output=`` (an id from ``g.tensor``) to choose its datatype and
-quantization yourself, e.g. for static int8 outputs.
+compute and the input's datatype (fp32 after a qdint8 input).  Every node method also
+takes these keyword-only arguments (passed through ``**kw``):
+
+* ``output_min`` / ``output_max``: clamp bounds (``XNode.output_min_max``; giving one
+  sets the other to -inf / +inf);
+* ``debug_handle``: an int the runtime shows in its error messages (default 0);
+* ``output``: an existing value id (from ``g.tensor``) to write instead of a new value,
+  to choose its datatype and quantization, e.g. for static int8 outputs;
+* ``flags``: the node's XNNPACK flags, where the method does not set them itself.
 """
 
 from __future__ import annotations
