@@ -305,7 +305,7 @@ class Graph:
         """``x [..., K] @ w.T + bias``; ``w`` is ``[N, K]`` (``[K, N]`` with transpose_weights)."""
         dims = shapes.fully_connected(self.value(x).dims, self.value(w).dims, transpose_weights)
         inputs = (x, w) if bias is None else (x, w, bias)
-        flags = FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0
+        flags = kw.pop("flags", 0) | (FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
         return self._node("XNNFullyConnected", inputs, [dims], [self._like(x)], flags=flags, **kw)[0]
 
     def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: Any, stride: Any, dilation: Any,
