@@ -41,8 +41,12 @@ REFUSED = {
     "depthwise_filter_channel_dim_0": "Failed to create depthwise convolution node",
     "transpose_changes_quantization": "Failed to create static transpose node",
     "qbint4_channel_dim_1": "Failed to create linear node",
+    "wrong_identifier": "version identifier 'XN99' != expected XN00 or XN01",
 }
-CRASHED = {"argmax_unused_indices", "argmax_unused_node"}  # segfault: validation is the only guard
+# the process dies: argmax with an unused output (segfault); a flatbuffer identifier with a
+# non-ASCII byte (abort, where "XN99" gets the runtime's own compatibility error; the
+# cause was not investigated)
+CRASHED = {"argmax_unused_indices", "argmax_unused_node", "non_ascii_identifier"}
 # accepted by the runtime although meaningless: inverted bounds, nodes out of order, a
 # constant shorter than its dims (XNNPACK then reads past the constant's bytes), and
 # external ids that bind the wrong arguments (an output id below an input id: the
@@ -74,7 +78,7 @@ def test_runtime_refuses_the_same(verdicts: dict[str, dict[str, str]], name: str
 def test_runtime_crashes_where_validation_guards(verdicts: dict[str, dict[str, str]]) -> None:
     for name in CRASHED:
         assert verdicts[name]["runtime"].startswith("crashed"), verdicts[name]
-        assert verdicts[name]["validation"].startswith("UnsupportedConfigError")
+        assert verdicts[name]["validation"].startswith(("UnsupportedConfigError", "PayloadError"))
     for name in ACCEPTED_ANYWAY:
         assert verdicts[name]["runtime"] == "ok", verdicts[name]
 

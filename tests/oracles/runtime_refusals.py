@@ -1,8 +1,9 @@
 """Oracle: what the real runtime does with payloads our validation refuses.
 
 Usage: ``runtime_refusals.py OUT.json``.  Each case builds a valid graph with
-``xnnquant.graph``, breaks one thing, and writes the bytes without validation.  For each
-case the JSON records our validation's message and what ExecuTorch 1.4.1's runtime does
+``xnnquant.graph``, breaks one thing (a field, or a byte of the payload), and writes the
+bytes without validation.  For each case the JSON records our validation's (or
+``load``'s) message and what ExecuTorch 1.4.1's runtime does
 with the bytes (``run(..., validate=False)``): ``"ok"``, ``"refused: ..."`` or
 ``"crashed: signal N"``.  The parent builds each ``.pte`` (``to_pte``, which only
 exports a stub and serializes) and executes nothing; every case executes in a forked
@@ -22,7 +23,7 @@ import numpy as np
 
 import xnnquant as xq
 from xnnquant.datatypes import storage
-from xnnquant.graph import Graph, to_pte
+from xnnquant.graph import Graph, load, to_pte
 from xnnquant.graph.constants import ConstantSegment
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
@@ -235,6 +236,24 @@ def _inputs(g: Graph) -> list[np.ndarray]:
     return out
 
 
+def _small_graph() -> Graph:
+    g = Graph()
+    g.output(g.abs(g.input((2, 3))))
+    return g
+
+
+def _identifier(ident: bytes) -> Callable[[bytes], bytes]:
+    return lambda payload: payload[:36] + ident + payload[40:]
+
+
+# cases broken at the byte level: (graph, bytes -> bytes); the .pte is built from the
+# intact payload and the broken bytes are spliced in (to_pte reads its payload first)
+BYTE_CASES: dict[str, tuple[Callable[[], Graph], Callable[[bytes], bytes]]] = {
+    "wrong_identifier": (_small_graph, _identifier(b"XN99")),
+    "non_ascii_identifier": (_small_graph, _identifier(b"XN0\xa2")),
+}
+
+
 def _execute(pte: bytes, inputs: list[np.ndarray]) -> None:
     import torch
     from executorch.runtime import Runtime
@@ -243,12 +262,18 @@ def _execute(pte: bytes, inputs: list[np.ndarray]) -> None:
     program.load_method("forward").execute([torch.from_numpy(a) for a in inputs])
 
 
-def _runtime_verdict(g: Graph) -> str:
+def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None) -> str:
     """Build the .pte here (no execution), execute it in a forked child."""
+    payload = unchecked_bytes(g)
     try:
-        pte = to_pte(unchecked_bytes(g), validate=False)
+        pte = to_pte(payload, validate=False)
     except Exception as exc:  # noqa: BLE001
         return f"refused by to_pte: {type(exc).__name__}: {exc}"
+    if corrupt is not None:
+        broken = corrupt(payload)
+        at = pte.find(payload)
+        assert at >= 0 and len(broken) == len(payload)
+        pte = pte[:at] + broken + pte[at + len(payload):]
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: run with the runtime's log (stderr) captured, report, exit without cleanup
@@ -285,6 +310,15 @@ def main(out: str) -> None:
         except xq.XnnquantError as exc:
             ours = f"{type(exc).__name__}: {exc}"
         results[name] = {"validation": ours, "runtime": _runtime_verdict(g)}
+        print(name, results[name], flush=True)
+    for name, (build, corrupt) in BYTE_CASES.items():
+        g = build()
+        try:
+            load(corrupt(unchecked_bytes(g)))
+            ours = None
+        except xq.XnnquantError as exc:
+            ours = f"{type(exc).__name__}: {exc}"
+        results[name] = {"validation": ours, "runtime": _runtime_verdict(g, corrupt)}
         print(name, results[name], flush=True)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)

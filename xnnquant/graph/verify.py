@@ -1,19 +1,23 @@
 """Bounds-check a flatbuffer against the schema before anything reads it.
 
 The flatbuffers Python runtime trusts every offset it follows.  ``verify`` walks the
-whole buffer the way the C++ ``flatbuffers::Verifier`` does, using the field table of
-layout.py, and raises ``PayloadError`` at the first offset, vtable, vector or string
-that does not lie inside the buffer, is misaligned, or nests too deep.  After it passes,
-the generated accessors only read bytes inside the buffer, and every vector length is
-bounded by the buffer size.  Work is bounded too: at most ``MAX_TABLES`` tables are
-visited (shared sub-tables are counted each time, as in C++; and no more than one per 4
-bytes of buffer, since distinct tables cannot overlap), depth at most ``MAX_DEPTH``.
+whole buffer the way the C++ ``flatbuffers::Verifier`` does (the one ExecuTorch 1.4.1
+runs before compiling), using the field table of layout.py, and raises ``PayloadError``
+at the first offset, vtable, vector or string that does not lie inside the buffer, is
+misaligned, or nests too deep.  It is stricter than C++ in one way only: a union whose
+type tag is NONE or unknown while its value is set is refused here (C++ lets it through
+and the runtime refuses it later).  After it passes, the generated accessors only read
+bytes inside the buffer, and every vector length is bounded by the buffer size.  Work
+is bounded too: at most ``MAX_TABLES`` table visits (shared sub-tables count each time,
+as in C++, and no more than one per 4 bytes of buffer, since distinct tables cannot
+overlap), nesting at most ``MAX_DEPTH`` deep.
 
 Flatbuffer wire rules checked (all little-endian)::
 
     root:    u32 at 0 -> table; buffer must hold the root offset and 4 identifier bytes
     table:   i32 soffset at t -> vtable at t - soffset (2-aligned)
-    vtable:  u16 vtable size (>= 4, even), u16 table size (not checked), u16 field offsets
+    vtable:  u16 vtable size (even; under 4: no fields), u16 table size (not checked),
+             u16 field offsets
     field:   t + field offset, inside the buffer, naturally aligned
     offset:  u32 at p -> p + value, 4-aligned, inside the buffer
     vector:  u32 length n, then n elements (n * size bytes inside the buffer)
@@ -79,12 +83,13 @@ class _Verifier:
         vtable = pos - struct.unpack_from("<i", self.buf, pos)[0]
         self.check(vtable, 4, 2, f"{name} vtable")
         vsize = struct.unpack_from("<H", self.buf, vtable)[0]
-        if vsize < 4 or vsize % 2:
-            raise self.fail(f"{name} vtable size {vsize} must be even and >= 4")
+        if vsize % 2:
+            raise self.fail(f"{name} vtable size {vsize} must be even")
         self.check(vtable, vsize, 2, f"{name} vtable")
         # The table size (tsize) is not checked, as in C++: the Python builder shares a
         # vtable between tables whose sizes differ, so only field positions are reliable.
-        slots = struct.unpack_from(f"<{(vsize - 4) // 2}H", self.buf, vtable + 4)
+        # a vtable shorter than 4 bytes holds no field (C++ and the Python runtime agree)
+        slots = struct.unpack_from(f"<{max(0, vsize - 4) // 2}H", self.buf, vtable + 4)
         union_tags: dict[str, int] = {}
         for i, (fname, ftype) in enumerate(fields(name)):
             field_off = slots[i] if i < len(slots) else 0
