@@ -6,6 +6,9 @@
 * What validation accepts, the runtime accepts: every seed node kind but scaled
   dot-product attention (which 1.4.1 no longer maps), built by ``random_graph`` with its
   quantized variants, is compiled and executed through ``xnnquant.graph.run``.
+* Differential fuzzing (tests/oracles/verifier_differential.py): byte mutations of a
+  payload judged by our verifier and ``load`` and by the runtime's own flatbuffers
+  verifier and compiler.
 """
 
 from __future__ import annotations
@@ -107,3 +110,28 @@ def test_valid_graphs_run(kind: str) -> None:
                     g.output(o)
         results = run(g.to_bytes(), _inputs(g, rng))
         assert [r.shape for r in results] == [g.value(o).dims for o in g.outputs]
+
+
+@pytest.fixture(scope="module")
+def mutants(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("differential") / "mutants.json"
+    script = Path(__file__).parent / "oracles" / "verifier_differential.py"
+    done = subprocess.run([sys.executable, str(script), str(out), "150", "5"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_verifier_and_load_against_the_runtime(mutants: list[dict]) -> None:
+    """150 byte mutations of a payload's flatbuffer, judged by us and by the runtime."""
+    for m in mutants:
+        if m["runtime"] == "verifier":  # the runtime's flatbuffers::Verifier refused it
+            assert not m["verify"], m
+        if not m["verify"]:  # we refuse only what the runtime refuses too (or dies on)
+            assert m["runtime"] != "ok", m
+        if m["runtime"] == "crashed":
+            assert not m["load"], m
+        if m["load"]:  # what load accepts, the runtime loads
+            assert m["runtime"] == "ok", m
+    kinds = {m["runtime"] for m in mutants}
+    assert {"ok", "verifier", "refused"} <= kinds  # the sample exercises every outcome
