@@ -59,11 +59,30 @@ ACCEPTED_ANYWAY = {"output_min_above_max", "use_before_definition", "constant_to
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
-    out = tmp_path_factory.mktemp("refusals") / "verdicts.json"
-    done = subprocess.run([sys.executable, str(ORACLE), str(out)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+def oracle_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Both oracle scripts, run side by side in fresh processes (they fork per case)."""
+    d = tmp_path_factory.mktemp("runtime_oracles")
+    commands = {
+        "verdicts": [sys.executable, str(ORACLE), str(d / "verdicts.json")],
+        "mutants": [sys.executable, str(ORACLE.parent / "verifier_differential.py"), str(d / "mutants.json"),
+                    "150", "5"],
+    }
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name, cmd in commands.items()}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+    return {name: json.loads((d / f"{name}.json").read_text()) for name in commands}
+
+
+@pytest.fixture(scope="module")
+def verdicts(oracle_outputs: dict[str, object]) -> dict[str, dict[str, str]]:
+    return oracle_outputs["verdicts"]  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def mutants(oracle_outputs: dict[str, object]) -> list[dict]:
+    return oracle_outputs["mutants"]  # type: ignore[return-value]
 
 
 def test_every_broken_payload_is_refused_by_validation(verdicts: dict[str, dict[str, str]]) -> None:
@@ -110,16 +129,6 @@ def test_valid_graphs_run(kind: str) -> None:
                     g.output(o)
         results = run(g.to_bytes(), _inputs(g, rng))
         assert [r.shape for r in results] == [g.value(o).dims for o in g.outputs]
-
-
-@pytest.fixture(scope="module")
-def mutants(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("differential") / "mutants.json"
-    script = Path(__file__).parent / "oracles" / "verifier_differential.py"
-    done = subprocess.run([sys.executable, str(script), str(out), "150", "5"], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 def test_verifier_and_load_against_the_runtime(mutants: list[dict]) -> None:
