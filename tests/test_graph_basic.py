@@ -59,3 +59,21 @@ def test_external_ids_inputs_first_whatever_the_call_order() -> None:
     assert [g.value(i).external_id for i in (a, b, y, z)] == [0, 1, 2, 3]
     back = load(g.to_bytes())
     assert back.inputs == [a, b] and back.outputs == [y, z] and back.declared_num_externs == 4
+
+
+def test_save_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch) -> None:
+    import os
+
+    g, _ = _dynamic_fc_graph()
+    path = tmp_path / "model.xnn"
+    path.write_bytes(b"old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    try:
+        g.save(path)
+    except OSError:
+        pass
+    assert path.read_bytes() == b"old" and list(tmp_path.iterdir()) == [path]
