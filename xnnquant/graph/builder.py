@@ -137,10 +137,21 @@ class Graph:
         self.values.append(Value(vid, Datatype(datatype), dims, **kw))
         return vid
 
+    @staticmethod
+    def _check_quant(datatype: Datatype, quant: QuantParams | None) -> None:
+        kind = storage(datatype).quant_params.name
+        got = "none" if quant is None else type(quant).__name__
+        if got != kind:
+            raise XnnquantError(f"a {Datatype(datatype).name} value needs quant={kind}: got {got}")
+
     def tensor(self, dims: Sequence[int], datatype: Datatype = Datatype.fp32,
                quant: QuantParams | None = None) -> int:
-        """An internal (non-constant, non-external) value; returns its id."""
-        storage(datatype)
+        """An internal (non-constant, non-external) value; returns its id.
+
+        ``quant`` must be the datatype's kind: ``PerTensorQuant`` for qint8 / quint8 /
+        qint32, ``PerTokenDynamicQuant`` for qdint8, None for fp32 / fp16.
+        """
+        self._check_quant(datatype, quant)
         return self._add_value(datatype, dims, quant=quant)
 
     def input(self, dims: Sequence[int], datatype: Datatype = Datatype.fp32,
@@ -152,6 +163,7 @@ class Graph:
                 "an external input cannot be qdint8 (XNNPACK refuses external dynamically quantized "
                 "values): declare an fp32 input and convert it"
             )
+        self._check_quant(datatype, quant)
         n_inputs = len(self._externals(FLAG_EXTERNAL_INPUT))
         for v in self._externals(FLAG_EXTERNAL_OUTPUT):
             v.external_id = int(v.external_id) + 1  # type: ignore[arg-type]
