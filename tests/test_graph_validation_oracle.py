@@ -45,11 +45,13 @@ REFUSED = {
     "transpose_changes_quantization": "Failed to create static transpose node",
     "qbint4_channel_dim_1": "Failed to create linear node",
     "wrong_identifier": "version identifier 'XN99' != expected XN00 or XN01",
+    "qbint4_scale_bf16_only": "scale size 0 != output channels 4",
 }
 # the process dies: argmax with an unused output (segfault); a flatbuffer identifier with a
 # non-ASCII byte (abort, where "XN99" gets the runtime's own compatibility error; the
-# cause was not investigated)
-CRASHED = {"argmax_unused_indices", "argmax_unused_node", "non_ascii_identifier"}
+# cause was not investigated); blockwise scales with no fp32 'scale' vector at all, only
+# scale_bf16 (segfault; an empty vector is refused cleanly)
+CRASHED = {"argmax_unused_indices", "argmax_unused_node", "non_ascii_identifier", "qbint4_no_scale_field"}
 # accepted by the runtime although meaningless: inverted bounds, nodes out of order, a
 # constant shorter than its dims (XNNPACK then reads past the constant's bytes), and
 # external ids that bind the wrong arguments (an output id below an input id: the

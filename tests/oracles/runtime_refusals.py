@@ -27,6 +27,7 @@ from xnnquant.graph import Graph, load, to_pte
 from xnnquant.graph.constants import ConstantSegment
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
+from xnnquant.graph import writer
 from xnnquant.graph.writer import flatbuffer
 from xnnquant.rounding import to_bf16
 from xnnquant.tensor import QuantizedTensor
@@ -196,6 +197,37 @@ def constant_too_short() -> Graph:
     return g
 
 
+def qbint4_scale_bf16_only() -> Graph:
+    g, w = _fc(_qb4(32))
+    g.values[w].quant = dataclasses.replace(g.values[w].quant, scale=np.zeros(0, np.float32))
+    return g
+
+
+def qbint4_no_scale_field() -> Graph:
+    """Like qbint4_scale_bf16_only, with the empty ``scale`` vector left out entirely."""
+    return qbint4_scale_bf16_only()
+
+
+def _omit_empty_scales(graph: Graph) -> bytes:
+    """``unchecked_bytes`` with empty ``scale`` vectors left out of the quant tables."""
+    original = writer._vector
+
+    def vector(b: object, ftype: str, items: object) -> object:
+        if ftype == "[f32]" and len(items) == 0:  # type: ignore[arg-type]
+            return None
+        return original(b, ftype, items)  # type: ignore[arg-type]
+
+    def table(b: object, name: str, fields: dict) -> int:
+        return original_table(b, name, {k: v for k, v in fields.items() if v is not None})
+
+    original_table = writer._table
+    writer._vector, writer._table = vector, table
+    try:
+        return unchecked_bytes(graph)
+    finally:
+        writer._vector, writer._table = original, original_table
+
+
 def outputs_before_inputs() -> Graph:
     g = Graph()
     x = g.input((2, 3))
@@ -219,7 +251,8 @@ def qbint4_channel_dim_1() -> Graph:
 
 
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
-    outputs_before_inputs, duplicate_external_id, qbint4_channel_dim_1,
+    outputs_before_inputs, duplicate_external_id, qbint4_channel_dim_1, qbint4_scale_bf16_only,
+    qbint4_no_scale_field,
     fc_qcint8_channel_dim_1, fc_qbint4_group_16, fc_fp32_input_qbint4, fc_fp16_input_qcint8, qint8_zero_point_200,
     negative_scale, qcint8_zero_scale, qdint8_too_many_nonbatch_dims, argmax_unused_indices, argmax_unused_node,
     value_flag_bit_4, conv_filter_channel_dim_3, depthwise_filter_channel_dim_0, output_min_above_max,
@@ -262,9 +295,10 @@ def _execute(pte: bytes, inputs: list[np.ndarray]) -> None:
     program.load_method("forward").execute([torch.from_numpy(a) for a in inputs])
 
 
-def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None) -> str:
+def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None,
+                     serialize: Callable[[Graph], bytes] = unchecked_bytes) -> str:
     """Build the .pte here (no execution), execute it in a forked child."""
-    payload = unchecked_bytes(g)
+    payload = serialize(g)
     try:
         pte = to_pte(payload, validate=False)
     except Exception as exc:  # noqa: BLE001
@@ -309,7 +343,8 @@ def main(out: str) -> None:
             ours = None
         except xq.XnnquantError as exc:
             ours = f"{type(exc).__name__}: {exc}"
-        results[name] = {"validation": ours, "runtime": _runtime_verdict(g)}
+        serialize = _omit_empty_scales if name == "qbint4_no_scale_field" else unchecked_bytes
+        results[name] = {"validation": ours, "runtime": _runtime_verdict(g, serialize=serialize)}
         print(name, results[name], flush=True)
     for name, (build, corrupt) in BYTE_CASES.items():
         g = build()

@@ -152,7 +152,8 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
     if from_buffer and q.scale.size == 0 and q.scale_bf16 is None:
         return  # unresolved named data: nothing to check yet
     if not from_buffer and q.scale.size == 0:
-        raise _fail(what, "qbint4 needs fp32 scales in 'scale' (ExecuTorch 1.4.1 crashes on scale_bf16 alone)")
+        raise _fail(what, "qbint4 needs its fp32 scales in 'scale', whatever scale_bf16 holds: ExecuTorch 1.4.1 "
+                          "refuses an empty list and crashes (segfault) when the list is absent")
     scale = q.scale if q.scale.size else bf16_bits_to_float32(q.scale_bf16)  # type: ignore[arg-type]
     if scale.size != n:
         raise _fail(what, f"needs OC * IC / group_size = {n} scales: got {scale.size}")
