@@ -126,7 +126,13 @@ class _Reader:
             if self.named_data is None or key not in self.named_data:
                 self.missing.append(key)
                 return None, key
-            return bytes(memoryview(self.named_data[key]).cast("B")), key
+            blob = self.named_data[key]
+            try:
+                return bytes(memoryview(blob).cast("B")), key
+            except (TypeError, ValueError):
+                raise XnnquantError(
+                    f"named_data[{key!r}] must be bytes-like and contiguous: got {type(blob).__name__}"
+                ) from None
         offset, size = entry.Offset(), entry.Size()
         if offset > len(self.segment) or size > len(self.segment) - offset:
             raise PayloadError(
