@@ -366,25 +366,33 @@ def test_fully_connected_dynamic_qcint4_odd_k_is_refused_because_it_is_wrong(
 
 
 @pytest.mark.parametrize("datatype", [D.qcint8, D.qcint4])
-def test_weight_only_fully_connected_scales_the_bias(datatype: D) -> None:
+def test_weight_only_fully_connected_scales_the_bias(datatype: D, monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32 input x per-channel filter, no Convert: XNNPACK computes ``(x @ q.T + b) * s``.
 
     The interpreter keeps the intended ``x @ (q * s).T + b``; the runtime adds the fp32
-    bias before the per-channel scale.  Measured here with the bias the payload stores
-    (whatever the builder chose to store), so this pins the runtime's behaviour; without
-    a bias both agree.
+    bias before the per-channel scale, so the builder refuses a bias there.  With
+    validation switched off the runtime's behaviour is pinned; without a bias both agree.
     """
     rng = np.random.default_rng(int(datatype))
     w = random_weight(rng, datatype, 8, 16)
-    g = Graph()
-    x = g.input((3, 16))
-    g.output(g.fully_connected(x, g.constant(w), g.constant(f32(rng, 8))))
-    g.output(g.fully_connected(x, g.constant(w)))
+
+    def build() -> Graph:
+        g = Graph()
+        x = g.input((3, 16))
+        g.output(g.fully_connected(x, g.constant(w), g.constant(f32(np.random.default_rng(1), 8))))
+        g.output(g.fully_connected(x, g.constant(w)))
+        return g
+
+    with pytest.raises(UnsupportedConfigError, match=r"adds the bias before the per-channel filter scale"):
+        build().to_bytes()
+    validate_module = importlib.import_module("xnnquant.graph.validate")
+    monkeypatch.setattr(validate_module, "validate", lambda graph, **kw: None)
+    g = build()
     data = f32(rng, 3, 16)
-    graph = load(g.to_bytes())
+    graph = load(g.to_bytes(), validate=False)
     node = graph.nodes[0]
     stored_w, stored_b = graph.value(node.inputs[1]).quantized_tensor(), graph.value(node.inputs[2]).array()
-    with_bias, without_bias = run(g.to_bytes(), [data])
+    with_bias, without_bias = run(g.to_bytes(), [data], validate=False)
     scaled = (data.astype(np.float64) @ stored_w.codes.T + stored_b) * stored_w.scale
     np.testing.assert_allclose(with_bias, scaled, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(without_bias, interpret(g, [data])[1], rtol=1e-5, atol=1e-6)

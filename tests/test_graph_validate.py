@@ -45,8 +45,9 @@ def _fc(filter_qt: QuantizedTensor, *, dynamic: bool = True, transpose: bool = F
     x = g.input((2, k))
     w = g.constant(filter_qt)
     qx = g.convert(x, D.qdint8) if dynamic else x
-    g.output(g.fully_connected(qx, w, g.constant(np.zeros(filter_qt.shape[1 if transpose else 0], np.float32)),
-                               transpose_weights=transpose))
+    # the weight-only path takes no bias (refused: test_weight_only_refusals)
+    bias = g.constant(np.zeros(filter_qt.shape[1 if transpose else 0], np.float32)) if dynamic else None
+    g.output(g.fully_connected(qx, w, bias, transpose_weights=transpose))
     return g, w, qx
 
 
@@ -169,7 +170,7 @@ def test_blockwise_refused_configurations() -> None:
     g.nodes[1].flags = 1
     _refused(g, "qbint4 filters with XNN_FLAG_TRANSPOSE_WEIGHTS compute wrong results", UnsupportedConfigError)
     g, _, qx = _fc(qt, dynamic=False)
-    _refused(g, r"unsupported datatypes \(input, filter, bias, output\): got \('fp32', 'qbint4', 'fp32', 'fp32'\)")
+    _refused(g, r"unsupported datatypes \(input, filter, bias, output\): got \('fp32', 'qbint4', None, 'fp32'\)")
 
 
 def test_channel_dim_rules_of_convolutions() -> None:
@@ -252,6 +253,26 @@ def test_builder_refuses_bad_shapes_early() -> None:
         g.concatenate([x] * 5, 0)
     with pytest.raises(XnnquantError, match="value 0 is already an external input"):
         g.output(x)
+
+
+def test_weight_only_refusals() -> None:
+    """Measured on the runtime (test_graph_runtime.py, xnnquant.xnnpack.fully_connected):
+    the weight-only path adds the bias before the filter scale, and a 1 x 1 or transposed
+    qcint4 filter crashes XNNPACK while it packs; transposed qcint4 with odd N is misread."""
+    for datatype in (D.qcint8, D.qcint4):
+        g = Graph()
+        x = g.input((2, 8))
+        g.output(g.fully_connected(x, g.constant(_qc(datatype, (4, 8))), g.constant(np.zeros(4, np.float32))))
+        _refused(g, r"node 0 \(XNNFullyConnected\): weight-only fully connected \(fp32 input x "
+                    rf"{datatype.name} filter\) with a bias: XNNPACK 1adaa7c7 adds the bias before", UnsupportedConfigError)
+    _refused(_fc(_qc(D.qcint4, (1, 1)), dynamic=False)[0], r"weight-only qcint4 with a 1 x 1 filter \(dims \[1, 1\]\) crashes",
+             UnsupportedConfigError)
+    _refused(_fc(_qc(D.qcint4, (8, 4), channel_dim=1), dynamic=False, transpose=True)[0],
+             r"weight-only qcint4 with a transposed filter", UnsupportedConfigError)
+    _refused(_fc(_qc(D.qcint4, (8, 5), channel_dim=1), transpose=True)[0],
+             r"a transposed qcint4 filter \[K, N\] with odd N=5", UnsupportedConfigError)
+    _fc(_qc(D.qcint4, (8, 6), channel_dim=1), transpose=True)[0].to_bytes()
+    _fc(_qc(D.qcint8, (4, 8)), dynamic=False)[0].to_bytes()
 
 
 def test_dynamic_qcint4_with_odd_k_is_refused() -> None:

@@ -221,6 +221,21 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
             raise _fail(what, f"qdint8 x qcint4 with an odd number of input channels (K={k}) is computed wrongly "
                               "by XNNPACK 1adaa7c7 when there is more than one row (measured relative errors 0.4 "
                               "to 1.1): pad K to an even count with zero weights", UnsupportedConfigError)
+        weight_only = x.datatype in (D.fp32, D.fp16) and w.datatype in (D.qcint8, D.qcint4)
+        if weight_only and b is not None:
+            raise _fail(what, f"weight-only fully connected ({x.datatype.name} input x {w.datatype.name} filter) "
+                              "with a bias: XNNPACK 1adaa7c7 adds the bias before the per-channel filter scale, "
+                              "computing (x . q + bias) * scale, so the bias comes out scaled; quantize the input "
+                              "(convert to qdint8), or add the bias with a separate XNNAdd node",
+                        UnsupportedConfigError)
+        if weight_only and w.datatype is D.qcint4 and (transposed or tuple(w.dims) == (1, 1)):
+            raise _fail(what, f"weight-only qcint4 with {'a transposed' if transposed else 'a 1 x 1'} filter "
+                              f"(dims {list(w.dims)}) crashes XNNPACK 1adaa7c7 while it packs the weights",
+                        UnsupportedConfigError)
+        if x.datatype is D.qdint8 and w.datatype is D.qcint4 and transposed and w.dims[1] % 2:
+            raise _fail(what, f"a transposed qcint4 filter [K, N] with odd N={w.dims[1]}: XNNPACK 1adaa7c7 reads "
+                              "its nibbles as one continuous stream, not as rows padded to whole bytes as "
+                              "stored; store the filter as [N, K]", UnsupportedConfigError)
         key = (x.datatype, w.datatype, b.datatype if b else None, out.datatype)
         allowed = FC_TYPES if b else {(i, f, None, o) for i, f, _, o in FC_TYPES}
         if key not in allowed:
