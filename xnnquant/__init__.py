@@ -17,6 +17,8 @@ from .schemes import (
 )
 from .tensor import QuantizedTensor
 
+from . import graph  # noqa: E402  (after QuantizedTensor: graph builds on it)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "UnsupportedConfigError",
     "XnnquantError",
     "from_xnn_c",
+    "graph",
     "packing",
     "quantize_bias",
     "quantize_blockwise",
