@@ -283,3 +283,14 @@ def test_dynamic_qcint4_with_odd_k_is_refused() -> None:
              UnsupportedConfigError)
     _fc(_qc(D.qcint4, (4, 10)))[0].to_bytes()
     _fc(_qc(D.qcint4, (4, 9)), dynamic=False)[0].to_bytes()
+
+
+def test_builder_arguments_are_checked() -> None:
+    g = Graph()
+    with pytest.raises(XnnquantError, match="dims must be a sequence of integers: got 'ab'"):
+        g.input("ab")
+    with pytest.raises(XnnquantError, match=r"dims must be a sequence of integers: got \(2.5,\)"):
+        g.input((2.5,))
+    x = g.input((2,))
+    with pytest.raises(XnnquantError, match=r"XNNAdd: unknown keyword argument\(s\) output_mn: node methods take"):
+        g.add(x, x, output_mn=0.0)

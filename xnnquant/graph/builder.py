@@ -15,6 +15,7 @@ takes these keyword-only arguments (passed through ``**kw``):
 
 from __future__ import annotations
 
+import operator
 import os
 import tempfile
 from collections.abc import Sequence
@@ -128,7 +129,11 @@ class Graph:
         raise XnnquantError(f"no value with id {value_id!r}: the graph has {len(self.values)} values")
 
     def _add_value(self, datatype: Datatype, dims: Sequence[int], **kw: Any) -> int:
-        dims = tuple(int(d) for d in dims)
+        given = dims
+        try:
+            dims = tuple(operator.index(d) for d in dims)
+        except TypeError:
+            raise XnnquantError(f"dims must be a sequence of integers: got {given!r}") from None
         if any(d < 0 or d > 0xFFFFFFFF for d in dims):
             raise XnnquantError(f"dims must be integers in [0, 2**32): got {dims}")
         vid = len(self.values)
@@ -247,8 +252,13 @@ class Graph:
     def _node(self, kind: str, inputs: Sequence[int], out_dims: Sequence[Sequence[int]],
               out_types: Sequence[tuple[Datatype, QuantParams | None]], params: dict[str, Any] | None = None,
               *, flags: int = 0, output: int | None = None, output_min: float | None = None,
-              output_max: float | None = None, debug_handle: int | None = None) -> tuple[int, ...]:
+              output_max: float | None = None, debug_handle: int | None = None,
+              **unknown: Any) -> tuple[int, ...]:
         assert kind in NODE_KINDS and NODE_KINDS[kind].seed
+        if unknown:
+            raise XnnquantError(
+                f"{kind}: unknown keyword argument(s) {', '.join(sorted(unknown))}: node methods take "
+                "flags, output, output_min, output_max and debug_handle besides their own parameters")
         for i in inputs:
             self.value(i)
         if output is not None:

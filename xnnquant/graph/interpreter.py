@@ -40,6 +40,7 @@ from ..arrays import to_numpy
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import quantize_values
+from ..special import gelu
 from .model import PerTensorQuant, PerTokenDynamicQuant
 
 #: Node kinds whose ``output_min`` / ``output_max`` the 1.4.1 runtime passes to XNNPACK.
@@ -245,13 +246,6 @@ def _scaled_dot_product_attention(node: Any, args: list[np.ndarray]) -> list[np.
 # -------------------------------------------------------- element by element
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    """erf, Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7)."""
-    t = 1.0 / (1.0 + 0.3275911 * np.abs(x))
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
-
-
 def _unary(fn: Callable[..., np.ndarray]) -> Handler:
     def handler(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(fn(node, args[0].astype(np.float64))).astype(np.float32)]
@@ -356,7 +350,7 @@ HANDLERS: dict[str, Handler] = {
     "XNNLog": _unary(lambda n, x: np.log(x)),
     "XNNSin": _unary(lambda n, x: np.sin(x)),
     "XNNCos": _unary(lambda n, x: np.cos(x)),
-    "XNNGelu": _unary(lambda n, x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))),
+    "XNNGelu": _unary(lambda n, x: gelu(x)),
     "XNNClamp": _same,  # the bounds are output_min / output_max, applied by interpret
     "XNNCopy": _same,
     "XNNConvert": _same,  # the output datatype does the conversion (see _fit)

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import XnnquantError
+from ..special import erf, gelu  # noqa: F401  (erf re-exported: models.minilm.erf)
 from ..weights import minilm_path, minilm_tensors
 
 HIDDEN = 384
@@ -164,25 +165,6 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
     return ((x - mean) / np.sqrt(var + np.float32(LAYER_NORM_EPS)) * gamma + beta).astype(np.float32)
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """Error function, float64, absolute error at most 1.5e-7 (shape of ``x``).
-
-    Abramowitz & Stegun 7.1.26: ``1 - (a1 t + ... + a5 t^5) exp(-x^2)`` with
-    ``t = 1 / (1 + p |x|)``, odd in ``x``.  numpy has no erf and scipy is not a
-    dependency; the error is below float32 resolution of the GELU it feeds.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    ax = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * ax)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return np.sign(x) * (1.0 - poly * np.exp(-ax * ax))
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU ``x / 2 * (1 + erf(x / sqrt(2)))``; float32, shape of ``x``."""
-    return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(np.float32)
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
