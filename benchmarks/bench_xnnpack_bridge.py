@@ -3,7 +3,7 @@
 Prints, for each weight type and path: the wall time of one ``fully_connected`` call
 (subgraph build, weight packing, one run, teardown), the XNNPACK operator time of that
 (first, cold) run as its profiler reports it, both the best of a few calls, and the
-operator that ran; then ``quantize_per_token``
+operator that ran; then ``convert_f32_qd8``
 and ``static_fully_connected`` figures.  Weights are random (shapes of
 all-MiniLM-L6-v2: hidden 384, intermediate 1536, 128 tokens).  One thread.
 """
@@ -65,10 +65,10 @@ def main() -> None:
             print(f"{kind:10} {path:11} {n:>5} x {k:<5} {seconds * 1e3:8.2f} {op_ms:7.2f} {gops:6.1f}  "
                   f"{', '.join(xx.last_operators())}")
 
-    print("\nquantize_per_token (convert_nc_f32_qd8)")
+    print("\nconvert_f32_qd8 (convert_nc_f32_qd8)")
     for m, k in [(128, 384), (128, 1536), (4096, 384)]:
         x = rng.standard_normal((m, k)).astype(np.float32)
-        seconds, _ = best_of(lambda: xx.quantize_per_token(x))
+        seconds, _ = best_of(lambda: xx.convert_f32_qd8(x))
         print(f"  {m:5} x {k:<5} {seconds * 1e3:7.2f} ms  {m * k * 4 / seconds / 1e9:5.2f} GB/s of fp32 input")
 
     print("\nstatic_fully_connected (qint8 x qcint8 -> qint8)")

@@ -36,8 +36,8 @@ def run_case(kind: str, dynamic: bool, transposed: bool, m: int, n: int, k: int)
     """Relative error of XNNPACK's output for one configuration (bias included)."""
     from xnnquant import Datatype
     from xnnquant.packing import pack_int4, to_bf16
-    from xnnquant.xnnpack import _capi, quantize_per_token
-    from xnnquant.xnnpack.runtime import Runtime, Subgraph
+    from xnnquant.xnnpack import _capi, convert_f32_qd8
+    from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     rng = np.random.default_rng([m, n, k])
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -78,7 +78,7 @@ def run_case(kind: str, dynamic: bool, transposed: bool, m: int, n: int, k: int)
     with runtime:
         runtime.run({0: buffer, 1: y})
     if dynamic:
-        q = quantize_per_token(x)
+        q = convert_f32_qd8(x)
         x = (q.codes.astype(np.float64) - q.zero_point[:, None]) * q.scale[:, None]
     ref = x.astype(np.float64) @ (codes.astype(np.float64) * scale).T + b
     return float(np.abs(y - ref).max() / np.abs(ref).max())

@@ -5,7 +5,7 @@ import pytest
 
 import xnnquant as xq
 from xnnquant import cli
-from xnnquant.describe import compare
+from xnnquant.verify import compare
 from xnnquant.graph import Graph
 
 

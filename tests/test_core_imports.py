@@ -19,7 +19,7 @@ g.output(y)
 assert load(g.to_bytes()).values[-1].dims is not None
 try:
     import xnnquant.xnnpack as bridge
-    bridge.quantize_per_token(np.ones((1, 4), np.float32))
+    bridge.convert_f32_qd8(np.ones((1, 4), np.float32))
 except xq.MissingExtraError as exc:
     assert "xnnpack" in str(exc), exc
 else:

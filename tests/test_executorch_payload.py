@@ -29,7 +29,7 @@ from xnnquant import Datatype as D
 from xnnquant.errors import PayloadError
 from xnnquant.graph import PerTokenDynamicQuant, interpret, load, run
 from xnnquant.graph.interpreter import HANDLERS
-from xnnquant.graph.layout import SEED_NODE_KINDS
+from xnnquant.graph.layout import XN01_NODE_KINDS
 from xnnquant.rounding import to_bf16
 
 pytestmark = pytest.mark.xnnpack
@@ -151,7 +151,7 @@ def test_later_node_kinds_run_and_match_the_interpreter(oracle: Path) -> None:
     named = {f.stem: f.read_bytes() for f in sorted((later / "named").iterdir())}
     graph = load(payload, named_data=named)
     kinds = {n.kind for n in graph.nodes}
-    assert LATER_KINDS <= kinds and not LATER_KINDS & set(SEED_NODE_KINDS)
+    assert LATER_KINDS <= kinds and not LATER_KINDS & set(XN01_NODE_KINDS)
     assert kinds <= set(HANDLERS)
     rng = np.random.default_rng(0)
     inputs = [(rng.random(graph.value(i).dims) + 0.5).astype(np.float32) for i in graph.inputs]

@@ -25,7 +25,7 @@ def run_linear(weight, bias: np.ndarray, x: np.ndarray, cache=None) -> np.ndarra
     """y = linear(x) through the subgraph ExecuTorch builds (dynamic quantization for
     quantized weights), optionally with a weights cache."""
     from xnnquant.xnnpack import _capi
-    from xnnquant.xnnpack.runtime import Runtime, Subgraph
+    from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     m, k = x.shape
     n = weight.shape[0]

@@ -25,8 +25,8 @@ import pytest
 
 import xnnquant as xq
 from xnnquant.graph import Graph, load
-from xnnquant.graph.constants import ConstantSegment
-from xnnquant.graph.examples import random_graph
+from xnnquant.graph.segment import ConstantSegment
+from graph_examples import random_graph
 from xnnquant.graph.model import PerChannelGroupQuant, PerChannelQuant
 from xnnquant.graph.writer import flatbuffer, node_fields
 from xnnquant.packing import conv_weight, depthwise_weight

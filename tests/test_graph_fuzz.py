@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from xnnquant.errors import PayloadError, XnnquantError
 from xnnquant.graph import Graph, load
-from xnnquant.graph.constants import ConstantSegment
-from xnnquant.graph.examples import random_graph
+from xnnquant.graph.segment import ConstantSegment
+from graph_examples import random_graph
 from xnnquant.graph.writer import flatbuffer
 
 MAX_SECONDS = 2.0  # per load; a valid load of these payloads takes milliseconds
@@ -242,5 +242,5 @@ def test_node_with_unknown_kind_tag() -> None:
     data[tag_at] = 41  # XNNLog: a 1.4.1 kind with the same table layout: readable, not writable
     back = load(bytes(data))
     assert back.nodes[0].kind == "XNNLog"
-    with pytest.raises(XnnquantError, match="not part of the XN01 seed schema"):
+    with pytest.raises(XnnquantError, match="not part of the XN01 schema"):
         back.to_bytes()

@@ -13,8 +13,8 @@ import xnnquant as xq
 from xnnquant.errors import PayloadError, XnnquantError
 from xnnquant.graph import Graph, load
 from xnnquant.graph import schema_generated as fb
-from xnnquant.graph.constants import ConstantSegment
-from xnnquant.graph.examples import random_graph
+from xnnquant.graph.segment import ConstantSegment
+from graph_examples import random_graph
 from xnnquant.graph.layout import slot
 from xnnquant.graph import writer
 from xnnquant.graph.header import XNNHeader, align
@@ -138,7 +138,7 @@ def test_concatenate5_reads_its_fifth_input() -> None:
     data[32 + node._tab.Pos + node._tab.Offset(4)] = 38  # same table, now "Concatenate5"
     five = load(bytes(data))  # input5_id absent: it reads as the default 0, as the runtime would
     assert five.nodes[0].kind == "XNNConcatenate5" and five.nodes[0].inputs == (*ins, 0)
-    with pytest.raises(XnnquantError, match="not part of the XN01 seed schema"):
+    with pytest.raises(XnnquantError, match="not part of the XN01 schema"):
         five.to_bytes()
 
 

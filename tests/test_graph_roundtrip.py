@@ -1,6 +1,6 @@
 """Round trip ``load(g.to_bytes()) == g`` and byte stability over random graphs.
 
-The graphs come from ``xnnquant.graph.examples.random_graph``: all 37 node kinds, all
+The graphs come from ``tests/graph_examples.py``'s ``random_graph``: all 37 node kinds, all
 ten datatypes and the four quant-params kinds.  (The same graphs written by ExecuTorch's
 own serializer are read back in test_graph_executorch_oracle.py.)
 """
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import xnnquant as xq
 from xnnquant.graph import Graph, load
-from xnnquant.graph.examples import random_graph
-from xnnquant.graph.layout import SEED_NODE_KINDS
+from graph_examples import random_graph
+from xnnquant.graph.layout import XN01_NODE_KINDS
 from xnnquant.graph.model import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -24,7 +24,7 @@ SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[Healt
 
 def test_random_graph_covers_the_whole_schema() -> None:
     g = random_graph(0)
-    assert {n.kind for n in g.nodes} == set(SEED_NODE_KINDS)
+    assert {n.kind for n in g.nodes} == set(XN01_NODE_KINDS)
     assert {v.datatype for v in g.values} == set(xq.Datatype) - {xq.Datatype.invalid}
     assert {type(v.quant) for v in g.values} == {type(None), PerTensorQuant, PerChannelQuant,
                                                   PerChannelGroupQuant, PerTokenDynamicQuant}
@@ -53,7 +53,7 @@ def test_round_trip_all_node_kinds(seed: int) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(SEED_NODE_KINDS), min_size=1, max_size=6, unique=True))
+@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(XN01_NODE_KINDS), min_size=1, max_size=6, unique=True))
 def test_round_trip_small_graphs(seed: int, kinds: list[str]) -> None:
     g = random_graph(seed, tuple(kinds), every_datatype=False)
     assert load(g.to_bytes()) == g

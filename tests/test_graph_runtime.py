@@ -21,7 +21,7 @@ from xnnquant import Datatype as D
 from xnnquant import QuantizedTensor
 from xnnquant.errors import PayloadError, UnsupportedConfigError, XnnquantError
 from xnnquant.graph import Graph, PerTensorQuant, interpret, load, run, to_pte
-from xnnquant.graph.layout import SEED_NODE_KINDS
+from xnnquant.graph.layout import XN01_NODE_KINDS
 from xnnquant.rounding import to_bf16
 
 pytestmark = pytest.mark.xnnpack
@@ -181,7 +181,7 @@ def test_every_seed_node_kind_is_covered() -> None:
     running = set(ELEMENTWISE_AND_ACTIVATIONS) | set(OTHER_KINDS) | {
         "XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d"}
     assert running.isdisjoint(REFUSED_BY_1_4_1)
-    assert running | set(REFUSED_BY_1_4_1) == set(SEED_NODE_KINDS)
+    assert running | set(REFUSED_BY_1_4_1) == set(XN01_NODE_KINDS)
 
 
 def _sdpa(rng: np.random.Generator) -> tuple[Graph, list[np.ndarray]]:
@@ -357,7 +357,7 @@ def test_fully_connected_dynamic_qcint4_odd_k_is_refused_because_it_is_wrong(
     with pytest.raises(UnsupportedConfigError, match="odd"):
         dynamic_linear(rng, D.qcint4, 3, 48, 63).to_bytes()
     # by module name: the package exports a function called validate too
-    validate_module = importlib.import_module("xnnquant.graph.validate")
+    validate_module = importlib.import_module("xnnquant.graph.rules")
     monkeypatch.setattr(validate_module, "validate", lambda graph, **kw: None)
     g = dynamic_linear(rng, D.qcint4, 3, 48, 63)
     x = f32(rng, 3, 63)
@@ -385,7 +385,7 @@ def test_weight_only_fully_connected_scales_the_bias(datatype: D, monkeypatch: p
 
     with pytest.raises(UnsupportedConfigError, match=r"adds the bias before the per-channel filter scale"):
         build().to_bytes()
-    validate_module = importlib.import_module("xnnquant.graph.validate")
+    validate_module = importlib.import_module("xnnquant.graph.rules")
     monkeypatch.setattr(validate_module, "validate", lambda graph, **kw: None)
     g = build()
     data = f32(rng, 3, 16)
@@ -477,7 +477,7 @@ def test_stub_program_skipping_to_edge_gives_the_same_pte() -> None:
     from executorch.exir import to_edge
     from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-    from xnnquant.graph.runtime import TensorSpec, _stub_program
+    from xnnquant.graph.program import TensorSpec, _stub_program
 
     ins = (TensorSpec((2, 3), np.dtype(np.float32)), TensorSpec((4, 1, 5), np.dtype(np.float16)))
     outs = (TensorSpec((2, 3), np.dtype(np.float32)), TensorSpec((7,), np.dtype(np.int8)),

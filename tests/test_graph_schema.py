@@ -20,7 +20,7 @@ import pytest
 
 from xnnquant.graph import codegen
 from xnnquant.graph import schema_generated as fb
-from xnnquant.graph.layout import EXTENSIONS, NODE_KINDS, SEED_NODE_KINDS, TABLES, UNIONS, slot
+from xnnquant.graph.layout import EXTENSIONS, NODE_KINDS, XN01_NODE_KINDS, TABLES, UNIONS, slot
 
 SEED_SCHEMA = Path("/work/shared/reference/seed-schema.fbs")
 # sha256 of `flatc --schema -b schema.fbs` (flatc 24.3.25) for the seed schema, saved as schema.fbs
@@ -102,10 +102,10 @@ def test_layout_slot_counts_match_generated_code() -> None:
 
 
 def test_unions_and_node_kinds() -> None:
-    assert len(SEED_NODE_KINDS) == 37
+    assert len(XN01_NODE_KINDS) == 37
     members = [m for m in vars(fb.XNodeUnion) if not m.startswith("_")]
     assert sorted(getattr(fb.XNodeUnion, m) for m in members) == list(range(38))  # NONE + 37
-    for name in SEED_NODE_KINDS:
+    for name in XN01_NODE_KINDS:
         assert getattr(fb.XNodeUnion, name) == NODE_KINDS[name].tag
     for union in ("XValueUnion", "XNNQuantParams"):
         for tag, member in enumerate(UNIONS[union]):

@@ -14,7 +14,7 @@ import pytest
 import xnnquant as xq
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
 from xnnquant.graph import Graph, load
-from xnnquant.graph.constants import ConstantSegment
+from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
 from xnnquant.graph.writer import flatbuffer

@@ -132,7 +132,7 @@ def test_runtime_bf16_is_what_the_executorch_runtime_computes() -> None:
     after it was added.  One-hot inputs make each output one weight times its scale.
     """
     from xnnquant.graph import Graph, PerChannelGroupQuant
-    from xnnquant.graph.runtime import run
+    from xnnquant.graph.program import run
 
     n, k, g = 16, 64, 32
     bf16 = to_bf16(np.random.default_rng(0).uniform(0.01, 0.1, (n, k // g)).astype(np.float32)).values

@@ -1,6 +1,6 @@
 """quantize_per_token against the real XNNPACK's f32 -> qd8 convert operator, bit for bit.
 
-The oracle is ``xnnquant.xnnpack.quantize_per_token`` (XNNPACK 1adaa7c7 in executorch
+The oracle is ``xnnquant.xnnpack.convert_f32_qd8`` (XNNPACK 1adaa7c7 in executorch
 1.4.1, through ctypes).  Codes, zero points and the float32 bits of the scales must all
 be equal on every row.
 """
@@ -59,10 +59,10 @@ def _rows_of_every_kind(rng: np.random.Generator, k: int) -> dict[str, np.ndarra
 
 
 def _assert_bit_exact(x: np.ndarray, what: str) -> int:
-    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     ours = xq.quantize_per_token(x)
-    ref = xnnpack_quantize_per_token(x)
+    ref = convert_f32_qd8(x)
     scale_bits = ours.scale.view(np.uint32), ref.scale.view(np.uint32)
     bad_rows = (
         (ours.codes != ref.codes).reshape(len(x), -1).any(axis=1)
@@ -119,13 +119,13 @@ def test_textbook_formula_differs_on_some_rows() -> None:
 
 @pytest.mark.parametrize("shape, nonbatch", [((3, 4, 5), 1), ((3, 4, 5), 2), ((2, 3, 4, 5), 3), ((7,), 1)])
 def test_batch_dims_match_xnnpack_rows(shape: tuple[int, ...], nonbatch: int) -> None:
-    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shape).astype(np.float32) * 3
     ours = xq.quantize_per_token(x, num_nonbatch_dims=nonbatch)
     row_len = int(np.prod(shape[len(shape) - nonbatch :]))
-    ref = xnnpack_quantize_per_token(x.reshape(-1, row_len))
+    ref = convert_f32_qd8(x.reshape(-1, row_len))
     assert ours.codes.shape == shape and ours.num_nonbatch_dims == nonbatch
     np.testing.assert_array_equal(ours.codes.reshape(-1, row_len), ref.codes)
     np.testing.assert_array_equal(ours.scale.view(np.uint32), ref.scale.view(np.uint32))
@@ -168,7 +168,7 @@ def test_hand_derived_row() -> None:
 
 def test_denormals_are_flushed_like_xnnpack() -> None:
     """XNNPACK runs with denormals flushed to zero: subnormal values count as 0."""
-    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     tiny = np.finfo(np.float32).tiny
     x = np.array(
@@ -180,7 +180,7 @@ def test_denormals_are_flushed_like_xnnpack() -> None:
         ],
         np.float32,
     )
-    ours, ref = xq.quantize_per_token(x), xnnpack_quantize_per_token(x)
+    ours, ref = xq.quantize_per_token(x), convert_f32_qd8(x)
     np.testing.assert_array_equal(ours.codes, ref.codes)
     np.testing.assert_array_equal(ours.scale.view(np.uint32), ref.scale.view(np.uint32))
     np.testing.assert_array_equal(ours.zero_point, ref.zero_point)
@@ -188,10 +188,10 @@ def test_denormals_are_flushed_like_xnnpack() -> None:
 
 @pytest.mark.parametrize("row", [[8e-37, 0.0], [-1e-37, 1e-37], [3e38, -3e38]])
 def test_rows_xnnpack_cannot_scale_are_refused(row: list[float]) -> None:
-    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     x = np.array([[1.0, 2.0], row], np.float32)
-    ref_scale = xnnpack_quantize_per_token(x).scale[1]
+    ref_scale = convert_f32_qd8(x).scale[1]
     assert ref_scale == 0 or np.isinf(ref_scale)  # what XNNPACK itself reports for such a row
     with pytest.raises(xq.XnnquantError, match=r"x row 1 cannot be quantized per token: got min"):
         xq.quantize_per_token(x)
@@ -204,9 +204,9 @@ def test_rows_xnnpack_cannot_scale_are_refused(row: list[float]) -> None:
     )
 )
 def test_any_rows_match_xnnpack_or_are_refused_where_xnnpack_gives_no_usable_scale(x: np.ndarray) -> None:
-    from xnnquant.xnnpack import quantize_per_token as xnnpack_quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
-    ref = xnnpack_quantize_per_token(x)
+    ref = convert_f32_qd8(x)
     try:
         ours = xq.quantize_per_token(x)
     except xq.XnnquantError:

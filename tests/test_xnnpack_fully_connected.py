@@ -101,7 +101,7 @@ def _x(m: int, k: int, rng: np.random.Generator) -> np.ndarray:
 SHAPES = [(1, 16, 64), (2, 7, 32), (5, 33, 128), (17, 100, 256), (64, 24, 384)]
 
 
-# --- quantize_per_token vs the reference used above --------------------------------------
+# --- convert_f32_qd8 vs the reference used above --------------------------------------
 
 
 def test_reference_per_token_matches_xnnpack() -> None:
@@ -111,7 +111,7 @@ def test_reference_per_token_matches_xnnpack() -> None:
     x[4:8] = np.abs(x[4:8])
     x[8:12] = -np.abs(x[8:12])
     codes, zp, scale = _per_token(x)
-    qt = xx.quantize_per_token(x)
+    qt = xx.convert_f32_qd8(x)
     np.testing.assert_array_equal(qt.codes, codes)
     np.testing.assert_array_equal(qt.zero_point, zp)
     np.testing.assert_array_equal(qt.scale.view(np.uint32), scale.view(np.uint32))
@@ -255,7 +255,7 @@ def test_last_operators_static() -> None:
 
 def test_runtime_profiling_timings() -> None:
     from xnnquant.xnnpack import _capi
-    from xnnquant.xnnpack.runtime import Runtime, Subgraph
+    from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     with Subgraph(2) as sg:
         x_id = sg.tensor(Datatype.fp32, (2, 3), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
@@ -277,7 +277,7 @@ def _raw_fc(x_buffer: np.ndarray, m: int, k: int, w: QuantizedTensor, dynamic: b
             bias: np.ndarray | None = None) -> np.ndarray:
     """One FC node with exactly the given buffers (no validation, no bias rewriting)."""
     from xnnquant.xnnpack import _capi
-    from xnnquant.xnnpack.runtime import Runtime, Subgraph
+    from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     n = w.shape[0]
     with Subgraph(2) as sg:
@@ -446,7 +446,7 @@ def test_bad_input(name: str, call: Callable[[], object], match: str) -> None:
 
 def test_xnnpack_status_becomes_an_error_naming_the_call() -> None:
     from xnnquant.xnnpack import _capi
-    from xnnquant.xnnpack.runtime import Subgraph
+    from xnnquant.xnnpack.subgraph import Subgraph
 
     with Subgraph(2) as sg:
         x_id = sg.tensor(Datatype.fp32, (2, 4), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
@@ -461,7 +461,7 @@ def test_buffers_are_owned_by_the_runtime() -> None:
     """The caller's arrays may be changed or freed once fully_connected has been called with them;
     the runtime keeps its own copies for as long as it lives."""
     from xnnquant.xnnpack import _capi
-    from xnnquant.xnnpack.runtime import Runtime, Subgraph
+    from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     scale = np.full(4, 0.5, np.float32)
     codes = np.ones((4, 8), np.int8)

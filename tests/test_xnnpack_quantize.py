@@ -1,4 +1,4 @@
-"""xnnquant.xnnpack loader and quantize_per_token against hand-derived values.
+"""xnnquant.xnnpack loader and convert_f32_qd8 against hand-derived values.
 
 The bit-exact comparison with the library's numpy reference lives with the schemes tests;
 here the expected codes are worked out by hand from XNNPACK's documented rule:
@@ -34,7 +34,7 @@ def test_missing_executorch_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_hand_derived_rows() -> None:
-    from xnnquant.xnnpack import quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     x = np.array(
         [
@@ -45,7 +45,7 @@ def test_hand_derived_rows() -> None:
         ],
         np.float32,
     )
-    qt = quantize_per_token(x)
+    qt = convert_f32_qd8(x)
     assert qt.datatype is xq.Datatype.qdint8
     assert qt.num_nonbatch_dims == 1
     np.testing.assert_array_equal(
@@ -61,10 +61,10 @@ def test_hand_derived_rows() -> None:
 
 
 def test_shapes_and_dtypes() -> None:
-    from xnnquant.xnnpack import quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     x = np.random.default_rng(1).standard_normal((3, 2, 37)).astype(np.float32)
-    qt = quantize_per_token(x)
+    qt = convert_f32_qd8(x)
     assert qt.codes.shape == (3, 2, 37) and qt.codes.dtype == np.int8
     assert qt.scale.shape == (6,) and qt.scale.dtype == np.float32
     assert qt.zero_point.shape == (6,) and qt.zero_point.dtype == np.int32
@@ -72,15 +72,15 @@ def test_shapes_and_dtypes() -> None:
     err = np.abs(qt.dequantize() - x).reshape(6, 37)
     assert np.all(err <= qt.scale[:, None] * np.float32(0.5001))
     # fp16 input is widened exactly
-    half = quantize_per_token(x.astype(np.float16))
-    direct = quantize_per_token(x.astype(np.float16).astype(np.float32))
+    half = convert_f32_qd8(x.astype(np.float16))
+    direct = convert_f32_qd8(x.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(half.codes, direct.codes)
 
 
 def test_empty_batch() -> None:
-    from xnnquant.xnnpack import quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
-    qt = quantize_per_token(np.zeros((0, 8), np.float32))
+    qt = convert_f32_qd8(np.zeros((0, 8), np.float32))
     assert qt.codes.shape == (0, 8) and qt.scale.shape == (0,)
 
 
@@ -94,7 +94,7 @@ def test_empty_batch() -> None:
     ],
 )
 def test_bad_input(x: np.ndarray, match: str) -> None:
-    from xnnquant.xnnpack import quantize_per_token
+    from xnnquant.xnnpack import convert_f32_qd8
 
     with pytest.raises(XnnquantError, match=match):
-        quantize_per_token(x)
+        convert_f32_qd8(x)

@@ -20,7 +20,7 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from .describe import describe
+    from .summary import describe
     from .graph import load
 
     print(describe(load(args.payload, validate=not args.no_validate)))
@@ -34,7 +34,7 @@ VERIFY_TOLERANCE = 1e-4
 def _verify(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .describe import verify
+    from .verify import verify
 
     errors, text = verify(Path(args.payload).read_bytes(), seed=args.seed)
     print(text)

@@ -24,7 +24,7 @@ import numpy as np
 import xnnquant as xq
 from xnnquant.datatypes import storage
 from xnnquant.graph import Graph, load, to_pte
-from xnnquant.graph.constants import ConstantSegment
+from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
 from xnnquant.graph import writer

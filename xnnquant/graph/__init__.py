@@ -18,7 +18,7 @@ from .model import (
     Value,
 )
 from .reader import load
-from .validate import validate
+from .rules import validate
 
 __all__ = [
     "INVALID_ID",
@@ -35,8 +35,8 @@ __all__ = [
 ]
 
 # The runtime side (graph-runtime engineer's modules), exported once they exist.
-if _util.find_spec(f"{__name__}.runtime") is not None:
-    from .runtime import run, to_pte  # noqa: F401
+if _util.find_spec(f"{__name__}.program") is not None:
+    from .program import run, to_pte  # noqa: F401
 
     __all__ += ["run", "to_pte"]
 if _util.find_spec(f"{__name__}.interpreter") is not None:

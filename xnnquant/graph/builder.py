@@ -254,7 +254,7 @@ class Graph:
               *, flags: int = 0, output: int | None = None, output_min: float | None = None,
               output_max: float | None = None, debug_handle: int | None = None,
               **unknown: Any) -> tuple[int, ...]:
-        assert kind in NODE_KINDS and NODE_KINDS[kind].seed
+        assert kind in NODE_KINDS and NODE_KINDS[kind].xn01
         if unknown:
             raise XnnquantError(
                 f"{kind}: unknown keyword argument(s) {', '.join(sorted(unknown))}: node methods take "
@@ -542,7 +542,7 @@ class Graph:
         ``writing=False`` (what ``load`` uses) also accepts the node kinds that only later
         ExecuTorch schemas define.
         """
-        from .validate import validate
+        from .rules import validate
 
         validate(self, writing=writing)
 

@@ -1,7 +1,7 @@
 """The schema as data: every table's fields in slot order, the unions, the node kinds.
 
-``schema.fbs`` is the source of truth; this module restates it so that the verifier
-(verify.py) can bound-check any buffer before a single generated accessor runs, and so
+``schema.fbs`` is the source of truth; this module restates it so that the bounds check
+(bounds.py) can bound-check any buffer before a single generated accessor runs, and so
 that the writer and reader can handle the 37 node kinds by table instead of by hand.
 ``tests/test_graph_schema.py`` checks it against ``schema.fbs`` and the generated code.
 
@@ -12,7 +12,9 @@ offset slot of a union (always right after its ``u8`` type slot).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 Field = tuple[str, str]
 
@@ -24,7 +26,7 @@ _CONV_FIELDS = ("padding_top", "padding_right", "padding_bottom", "padding_left"
                 "group_input_channels", "group_output_channels", "groups", "adjustment_height",
                 "adjustment_width")
 
-#: Tables of the seed schema, fields in slot order (slot i sits at vtable offset 4 + 2i).
+#: Tables of the XN01 schema (schema.fbs), fields in slot order (slot i sits at vtable offset 4 + 2i).
 TABLES: dict[str, tuple[Field, ...]] = {
     "Buffer": (("storage", "[u8]"),),
     "PerChannelGroupQuant": (("scale", "[f32]"), ("channel_dim", "i32"), ("group_size", "i32"),
@@ -80,7 +82,7 @@ EXTENSIONS: dict[str, tuple[Field, ...]] = {
 
 
 def fields(table: str) -> tuple[Field, ...]:
-    """Seed fields then extension fields of ``table``, in slot order."""
+    """XN01 fields then extension fields of ``table``, in slot order."""
     return TABLES[table] + EXTENSIONS.get(table, ())
 
 
@@ -98,7 +100,7 @@ class NodeKind:
     tag: int
     table: str
     n_required: int  # leading input fields that must name a value
-    seed: bool = True  # False: added by later ExecuTorch schemas (readable, never written)
+    xn01: bool = True  # False: one of the 1.4.1 kinds (readable, never written)
 
     @property
     def input_fields(self) -> tuple[str, ...]:
@@ -123,7 +125,7 @@ class NodeKind:
 _2X1, _1X1, _CAT, _CONV, _POOL = "_XNNNode2x1", "_XNNNode1x1", "_XNNCat", "_XNNNodeConv", "_XNNPooling2D"
 
 # (name, table, required inputs) in union order; tag = position + 1
-_SEED_KINDS: tuple[tuple[str, str, int], ...] = (
+_XN01_KINDS: tuple[tuple[str, str, int], ...] = (
     ("XNNAdd", _2X1, 2), ("XNNFullyConnected", "XNNFullyConnected", 2), ("XNNSoftmax", _1X1, 1),
     ("XNNSigmoid", _1X1, 1), ("XNNStaticTranspose", "XNNStaticTranspose", 1), ("XNNClamp", _1X1, 1),
     ("XNNConv2d", _CONV, 2), ("XNNDiv", _2X1, 2), ("XNNStaticResizeBilinear2D", "XNNStaticResizeBilinear2D", 1),
@@ -137,19 +139,22 @@ _SEED_KINDS: tuple[tuple[str, str, int], ...] = (
     ("XNNConcatenate3", _CAT, 3), ("XNNConcatenate4", _CAT, 4), ("XNNStaticSlice", "XNNStaticSlice", 1),
     ("XNNScaledDotProductAttention", "XNNScaledDotProductAttention", 5), ("XNNBatchMatrixMultiply", _2X1, 2),
 )
-# appended by ExecuTorch 1.4.1's schema (tags 38..47)
-_LATER_KINDS: tuple[tuple[str, str, int], ...] = (
+# the 1.4.1 kinds: appended by ExecuTorch 1.4.1's schema (tags 38..47)
+_ET141_KINDS: tuple[tuple[str, str, int], ...] = (
     ("XNNConcatenate5", _CAT, 5), ("XNNConvTranspose2d", _CONV, 2), ("XNNReciprocalSquareRoot", _1X1, 1),
     ("XNNLog", _1X1, 1), ("XNNGelu", _1X1, 1), ("XNNTanh", _1X1, 1), ("XNNExp", _1X1, 1), ("XNNSin", _1X1, 1),
     ("XNNCopy", _1X1, 1), ("XNNCos", _1X1, 1),
 )
 
 NODE_KINDS: dict[str, NodeKind] = {
-    name: NodeKind(name, i + 1, table, req, seed=i < len(_SEED_KINDS))
-    for i, (name, table, req) in enumerate(_SEED_KINDS + _LATER_KINDS)
+    name: NodeKind(name, i + 1, table, req, xn01=i < len(_XN01_KINDS))
+    for i, (name, table, req) in enumerate(_XN01_KINDS + _ET141_KINDS)
 }
 KIND_BY_TAG: dict[int, NodeKind] = {k.tag: k for k in NODE_KINDS.values()}
-SEED_NODE_KINDS: tuple[str, ...] = tuple(name for name, _, _ in _SEED_KINDS)
+#: The 37 node kinds of the XN01 schema (schema.fbs), in union order: what ``Graph`` writes.
+XN01_NODE_KINDS: tuple[str, ...] = tuple(name for name, _, _ in _XN01_KINDS)
+#: The 10 node kinds ExecuTorch 1.4.1's schema appended (tags 38..47): ``load`` reads them.
+ET141_NODE_KINDS: tuple[str, ...] = tuple(name for name, _, _ in _ET141_KINDS)
 
 #: Union members by tag (index 0 is NONE).
 UNIONS: dict[str, tuple[str | None, ...]] = {
@@ -157,3 +162,11 @@ UNIONS: dict[str, tuple[str | None, ...]] = {
     "XValueUnion": (None, "XNNTensorValue", "XNNQuantizedTensorValue"),
     "XNNQuantParams": (None, "PerChannelQuant", "PerTensorQuant", "PerTokenDynamicQuant", "PerChannelGroupQuant"),
 }
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SEED_NODE_KINDS":
+        warnings.warn("xnnquant.graph.layout.SEED_NODE_KINDS is deprecated: use XN01_NODE_KINDS",
+                      DeprecationWarning, stacklevel=2)
+        return XN01_NODE_KINDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

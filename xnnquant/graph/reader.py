@@ -1,7 +1,7 @@
 """Payload bytes -> ``Graph``: any XN00 / XN01 payload, with or without XNNHeader.
 
 Steps: split the header (if bytes 4..7 are ``XH00``) into flatbuffer and constant
-segment; check the identifier; bound-check the whole flatbuffer (verify.py); decode it
+segment; check the identifier; bound-check the whole flatbuffer (bounds.py); decode it
 with the flatc-generated accessors; resolve constants; validate.
 
 Constants come from one of three places, as in ExecuTorch's runtime:
@@ -46,7 +46,7 @@ from .model import (
     QuantParams,
     Value,
 )
-from .verify import verify
+from .bounds import check_bounds
 from .writer import _camel
 
 IDENTIFIERS = (b"XN00", b"XN01")
@@ -98,7 +98,7 @@ class _Reader:
                 f"not an XNNGraph payload: got identifier {self.fb[4:8]!r} ({len(data)} bytes), "
                 f"expected {IDENTIFIERS[1]!r} or {IDENTIFIERS[0]!r} (or an XNNHeader with magic b'XH00')"
             )
-        verify(self.fb)
+        check_bounds(self.fb)
         self.root = fb.XNNGraph.GetRootAs(self.fb, 0)
         self.keys: list[str] = []
         self.missing: list[str] = []

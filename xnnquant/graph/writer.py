@@ -27,7 +27,7 @@ import flatbuffers
 import numpy as np
 
 from . import schema_generated as fb
-from .constants import ConstantSegment
+from .segment import ConstantSegment
 from .header import XNNHeader, align
 from .layout import NODE_KINDS, TABLES, UNIONS
 from .model import (
@@ -195,7 +195,7 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
 
 def to_bytes(graph: Any) -> bytes:
     """Header + flatbuffer + zero padding to 16 + constant segment."""
-    from .validate import validate
+    from .rules import validate
 
     validate(graph)
     segment = ConstantSegment()

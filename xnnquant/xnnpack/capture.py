@@ -170,7 +170,7 @@ def capture_runtime_packed_weights(weight: Any, bias: Any = None) -> CapturedWei
     runtime's profiling names ("Fully Connected (NC, QDU8, F32, QC4W) GEMM" ->
     "qdu8_f32_qc4w") and ``config`` deduced from the bytes.  Nothing is run.
     """
-    from .runtime import Runtime, Subgraph
+    from .subgraph import Runtime, Subgraph
 
     arrays = _arguments(weight, bias)
     n, k = arrays["shape"]

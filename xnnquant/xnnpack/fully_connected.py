@@ -66,7 +66,7 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import to_bf16
 from ..tensor import QuantizedTensor
 from . import _capi
-from .runtime import Runtime, Subgraph
+from .subgraph import Runtime, Subgraph
 
 FLOAT_OUTPUT_WEIGHTS = (Datatype.qcint8, Datatype.qcint4, Datatype.qbint4)
 _X, _Y = 0, 1  # external ids of the input and the output

@@ -1,6 +1,6 @@
 """Single XNNPACK operators run through the operator API (create, reshape, setup, run).
 
-``quantize_per_token`` is the oracle for the library's own per-token quantizer: it returns
+``convert_f32_qd8`` is the oracle for the library's own per-token quantizer: it returns
 what XNNPACK's ``convert_nc_f32_qd8`` operator computes, bit for bit.
 """
 
@@ -18,7 +18,7 @@ from ..tensor import QuantizedTensor
 from . import _capi
 
 
-def quantize_per_token(x: Any) -> QuantizedTensor:
+def convert_f32_qd8(x: Any) -> QuantizedTensor:
     """Per-row dynamic quantization of ``x`` to qdint8, computed by XNNPACK itself.
 
     ``x``: float ``(..., K)`` (fp32, fp16 or bf16; finite; K >= 1), numpy or torch.  Every

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..datatypes import Datatype
-from ..rounding import to_bf16
-from ..tensor import QuantizedTensor
-from .builder import Graph
-from .layout import SEED_NODE_KINDS
-from .model import PerTensorQuant
+from xnnquant.datatypes import Datatype
+from xnnquant.graph.builder import Graph
+from xnnquant.graph.layout import XN01_NODE_KINDS
+from xnnquant.graph.model import PerTensorQuant
+from xnnquant.rounding import to_bf16
+from xnnquant.tensor import QuantizedTensor
 
 D = Datatype
 Rng = np.random.Generator
@@ -250,7 +250,7 @@ BUILDERS: dict[str, Callable[[Graph, Rng], int]] = {
     **{f"XNNConcatenate{n}": _concatenate(n) for n in (2, 3, 4)},
     "XNNScaledDotProductAttention": _sdpa,
 }
-assert set(BUILDERS) == set(SEED_NODE_KINDS)
+assert set(BUILDERS) == set(XN01_NODE_KINDS)
 
 
 def _every_datatype(g: Graph, rng: Rng) -> list[int]:
@@ -259,7 +259,7 @@ def _every_datatype(g: Graph, rng: Rng) -> list[int]:
             _convert(g, rng, "qdint8")]
 
 
-def random_graph(seed: int, kinds: tuple[str, ...] = SEED_NODE_KINDS, repeat: int = 1,
+def random_graph(seed: int, kinds: tuple[str, ...] = XN01_NODE_KINDS, repeat: int = 1,
                  every_datatype: bool = True) -> Graph:
     """A valid graph with ``repeat`` nodes of each of ``kinds`` (default: all 37), in random order.
 

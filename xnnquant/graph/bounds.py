@@ -1,6 +1,6 @@
 """Bounds-check a flatbuffer against the schema before anything reads it.
 
-The flatbuffers Python runtime trusts every offset it follows.  ``verify`` walks the
+The flatbuffers Python runtime trusts every offset it follows.  ``check_bounds`` walks the
 whole buffer the way the C++ ``flatbuffers::Verifier`` does (the one ExecuTorch 1.4.1
 runs before compiling), using the field table of layout.py, and raises ``PayloadError``
 at the first offset, vtable, vector or string that does not lie inside the buffer, is
@@ -127,7 +127,7 @@ class _Verifier:
                 self.table(self.follow(at, where), ftype, depth + 1)
 
 
-def verify(buf: bytes | memoryview, root: str = "XNNGraph") -> None:
+def check_bounds(buf: bytes | memoryview, root: str = "XNNGraph") -> None:
     """Raise ``PayloadError`` unless ``buf`` is a well-formed flatbuffer whose root is ``root``."""
     v = _Verifier(buf)
     if len(buf) < 8:

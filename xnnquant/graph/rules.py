@@ -284,8 +284,8 @@ def check_nodes(graph: Any, *, writing: bool) -> None:
         kind = NODE_KINDS.get(n.kind)
         if kind is None:
             raise _fail(what, "unknown node kind")
-        if writing and not kind.seed:
-            raise _fail(what, "this node kind is not part of the XN01 seed schema", UnsupportedConfigError)
+        if writing and not kind.xn01:
+            raise _fail(what, "this node kind is not part of the XN01 schema (it is one of the 1.4.1 kinds)", UnsupportedConfigError)
         if len(n.inputs) < kind.n_required or len(n.inputs) > len(kind.input_fields):
             raise _fail(what, f"needs {kind.n_required}..{len(kind.input_fields)} inputs: got {len(n.inputs)}")
         if len(n.outputs) != len(kind.output_fields):
