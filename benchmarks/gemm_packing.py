@@ -53,7 +53,8 @@ def weights(n: int, k: int, rng: np.random.Generator) -> list[tuple[str, str, ob
         s = rng.uniform(1e-3, 1e-1, (n, k // group)).astype(ml_dtypes.bfloat16).astype(np.float32)
         qb = xq.QuantizedTensor(xq.Datatype.qbint4, rng.integers(-8, 8, (n, k)).astype(np.int8), s, zero_point=8,
                                 group_size=group)
-        out += [(f"qb4w g{group} (qd8 input)", "qd8_f32_qb4w", qb), (f"qb4w g{group} (qdu8 input)", "qdu8_f32_qb4w", qb)]
+        out += [(f"qb4w g{group} (qd8 input)", "qd8_f32_qb4w", qb),
+                (f"qb4w g{group} (qdu8 input)", "qdu8_f32_qb4w", qb)]
     return out
 
 
@@ -67,8 +68,8 @@ def main() -> None:
     bias = rng.standard_normal(n).astype(np.float32)
     selected = selected_configs()
     print(f"GEMM weight packing, {n} x {k}, with bias; fastest of {args.repeat} runs")
-    print(f"{'weights':24} {'tile (mr x nr, kr, sr, planes) [isa]':50} {'MB out':>7} {'ours ms':>8} {'cpu ms':>7} {'GB/s out':>8} "
-          f"{'GB/s r+w':>8} {'xnnpack ms':>10} {'ratio':>6} {'prepacked ms':>12} {'equal':>5}")
+    print(f"{'weights':24} {'tile (mr x nr, kr, sr, planes) [isa]':50} {'MB out':>7} {'ours ms':>8} {'cpu ms':>7} "
+          f"{'GB/s out':>8} {'GB/s r+w':>8} {'xnnpack ms':>10} {'ratio':>6} {'prepacked ms':>12} {'equal':>5}")
     for label, operator, weight in weights(n, k, rng):
         config = selected[operator]
         if config is None:
@@ -82,9 +83,9 @@ def main() -> None:
         same = np.array_equal(packed, capture_packed_weights(weight, bias, operator=operator, deduce=False).data)
         source = weight.codes.nbytes if isinstance(weight, xq.QuantizedTensor) else weight.nbytes
         tile = f"{config.mr}x{config.nr}, kr {config.kr}, sr {config.sr}, planes {config.planes} [{config.isa}]"
-        print(f"{label:24} {tile:50} {packed.nbytes / 1e6:7.1f} {ours * 1e3:8.1f} {cpu * 1e3:7.1f} {packed.nbytes / ours / 1e9:8.2f} "
-              f"{(packed.nbytes + source) / ours / 1e9:8.2f} {theirs * 1e3:10.1f} {ours / theirs:6.2f} {served * 1e3:12.2f} "
-              f"{str(same):>5}")
+        print(f"{label:24} {tile:50} {packed.nbytes / 1e6:7.1f} {ours * 1e3:8.1f} {cpu * 1e3:7.1f} "
+              f"{packed.nbytes / ours / 1e9:8.2f} {(packed.nbytes + source) / ours / 1e9:8.2f} {theirs * 1e3:10.1f} "
+              f"{ours / theirs:6.2f} {served * 1e3:12.2f} {same!s:>5}")
     block = np.ones(n * k * 4, np.uint8)
     target = np.empty_like(block)
     copy = fastest(lambda: np.copyto(target, block), args.repeat)

@@ -5,8 +5,8 @@ import pytest
 
 import xnnquant as xq
 from xnnquant import cli
-from xnnquant.verify import compare
 from xnnquant.graph import Graph
+from xnnquant.verify import compare
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ def test_c_mapping_is_explicit_and_differs_for_qbint4():
 
 
 def test_c_mapping_matches_xnnpack_header():
-    from pathlib import Path
     import re
+    from pathlib import Path
     header = Path("/work/.mirror/google+XNNPACK/repo")
     if not header.exists():
         pytest.skip("XNNPACK mirror not present (only on developer machines)")

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from graph_examples import random_graph
 
 import xnnquant as xq
 from xnnquant.graph import Graph, load
-from xnnquant.graph.segment import ConstantSegment
-from graph_examples import random_graph
 from xnnquant.graph.model import PerChannelGroupQuant, PerChannelQuant
+from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.writer import flatbuffer, node_fields
 from xnnquant.packing import conv_weight, depthwise_weight
 from xnnquant.tensor import QuantizedTensor

@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 import pytest
+from graph_examples import random_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xnnquant.errors import PayloadError, XnnquantError
 from xnnquant.graph import Graph, load
 from xnnquant.graph.segment import ConstantSegment
-from graph_examples import random_graph
 from xnnquant.graph.writer import flatbuffer
 
 MAX_SECONDS = 2.0  # per load; a valid load of these payloads takes milliseconds
@@ -163,11 +163,11 @@ def test_wrong_magic_and_identifier() -> None:
 def test_header_regions_past_the_end() -> None:
     data = bytearray(PAYLOADS[0])
     struct.pack_into("<Q", data, 22, len(data))  # constant segment size
-    with pytest.raises(PayloadError, match="constant region .* extends past the end"):
+    with pytest.raises(PayloadError, match=r"constant region .* extends past the end"):
         load(bytes(data))
     data = bytearray(PAYLOADS[0])
     struct.pack_into("<I", data, 14, 0xFFFFFFF0)  # flatbuffer size
-    with pytest.raises(PayloadError, match="flatbuffer region .* extends past the end"):
+    with pytest.raises(PayloadError, match=r"flatbuffer region .* extends past the end"):
         load(bytes(data))
 
 

@@ -30,7 +30,7 @@ def test_header_from_bytes_checks_bounds() -> None:
     payload = good.to_bytes() + bytes(32)
     assert XNNHeader.from_bytes(payload) == good and good.is_valid(len(payload))
     assert not good.is_valid(len(payload) - 1)
-    with pytest.raises(PayloadError, match="constant region .* extends past the end of the 63-byte payload"):
+    with pytest.raises(PayloadError, match=r"constant region .* extends past the end of the 63-byte payload"):
         XNNHeader.from_bytes(payload[:-1])
     with pytest.raises(PayloadError, match="flatbuffer_size must be at least 8: got 4"):
         XNNHeader.from_bytes(XNNHeader(32, 4, 48, 0).to_bytes() + bytes(16))

@@ -8,16 +8,15 @@ from pathlib import Path
 import flatbuffers
 import numpy as np
 import pytest
+from graph_examples import random_graph
 
 import xnnquant as xq
 from xnnquant.errors import PayloadError, XnnquantError
-from xnnquant.graph import Graph, load
+from xnnquant.graph import Graph, load, writer
 from xnnquant.graph import schema_generated as fb
-from xnnquant.graph.segment import ConstantSegment
-from graph_examples import random_graph
-from xnnquant.graph.layout import slot
-from xnnquant.graph import writer
 from xnnquant.graph.header import XNNHeader, align
+from xnnquant.graph.layout import slot
+from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.writer import flatbuffer
 
 D = xq.Datatype

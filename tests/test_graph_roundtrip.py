@@ -10,12 +10,12 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+from graph_examples import random_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xnnquant as xq
 from xnnquant.graph import Graph, load
-from graph_examples import random_graph
 from xnnquant.graph.layout import XN01_NODE_KINDS
 from xnnquant.graph.model import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
 

@@ -20,7 +20,7 @@ import pytest
 
 from xnnquant.graph import codegen
 from xnnquant.graph import schema_generated as fb
-from xnnquant.graph.layout import EXTENSIONS, NODE_KINDS, XN01_NODE_KINDS, TABLES, UNIONS, slot
+from xnnquant.graph.layout import EXTENSIONS, NODE_KINDS, TABLES, UNIONS, XN01_NODE_KINDS, slot
 
 SEED_SCHEMA = Path("/work/shared/reference/seed-schema.fbs")
 # sha256 of `flatc --schema -b schema.fbs` (flatc 24.3.25) for the seed schema, saved as schema.fbs

@@ -14,9 +14,9 @@ import pytest
 import xnnquant as xq
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
 from xnnquant.graph import Graph, load
-from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
+from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.writer import flatbuffer
 from xnnquant.rounding import to_bf16
 from xnnquant.tensor import QuantizedTensor
@@ -131,9 +131,9 @@ def test_per_channel_scale_count_and_channel_dim() -> None:
 
 
 def test_fully_connected_channel_dim_rules() -> None:
-    g, w, _ = _fc(_qc(D.qcint8, (4, 8), channel_dim=1))
+    g, _, _ = _fc(_qc(D.qcint8, (4, 8), channel_dim=1))
     _refused(g, r"node 1 \(XNNFullyConnected\): qcint8 filter channel_dim must be the output-channel dim 0: got 1")
-    g, w, _ = _fc(_qc(D.qcint8, (8, 4), channel_dim=0), transpose=True)
+    g, _, _ = _fc(_qc(D.qcint8, (8, 4), channel_dim=0), transpose=True)
     _refused(g, r"qcint8 filter channel_dim must be the output-channel dim 1: got 0")
     g, _, _ = _fc(_qc(D.qcint8, (8, 4), channel_dim=1), transpose=True)
     g.to_bytes()
@@ -169,7 +169,7 @@ def test_blockwise_refused_configurations() -> None:
     g, _, _ = _fc(qt)
     g.nodes[1].flags = 1
     _refused(g, "qbint4 filters with XNN_FLAG_TRANSPOSE_WEIGHTS compute wrong results", UnsupportedConfigError)
-    g, _, qx = _fc(qt, dynamic=False)
+    g, _, _ = _fc(qt, dynamic=False)
     _refused(g, r"unsupported datatypes \(input, filter, bias, output\): got \('fp32', 'qbint4', None, 'fp32'\)")
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from graph_examples import BUILDERS
 
 from xnnquant.datatypes import Datatype, storage
 from xnnquant.graph import Graph, run
-from graph_examples import BUILDERS
 from xnnquant.graph.layout import XN01_NODE_KINDS
 
 pytestmark = pytest.mark.xnnpack

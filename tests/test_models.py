@@ -63,7 +63,7 @@ def test_erf_and_gelu_match_torch() -> None:
     np.testing.assert_allclose(minilm.gelu(x32), expected, rtol=1e-6, atol=1e-6)
 
 
-def _torch_layer(weights: dict[str, np.ndarray], index: int) -> "torch.nn.TransformerEncoderLayer":
+def _torch_layer(weights: dict[str, np.ndarray], index: int) -> torch.nn.TransformerEncoderLayer:
     p = f"encoder.layer.{index}."
     layer = torch.nn.TransformerEncoderLayer(
         d_model=minilm.HIDDEN, nhead=minilm.HEADS, dim_feedforward=1536, dropout=0.0,
@@ -89,7 +89,7 @@ def _torch_layer(weights: dict[str, np.ndarray], index: int) -> "torch.nn.Transf
     return layer.eval()
 
 
-def _torch_embeddings(weights: dict[str, np.ndarray], ids: np.ndarray) -> "torch.Tensor":
+def _torch_embeddings(weights: dict[str, np.ndarray], ids: np.ndarray) -> torch.Tensor:
     t = {k: torch.from_numpy(v.copy()) for k, v in weights.items() if k.startswith("embeddings.")}
     ids_t = torch.from_numpy(ids)
     e = (torch.nn.functional.embedding(ids_t, t["embeddings.word_embeddings.weight"])

@@ -140,8 +140,8 @@ def test_half_precision_inputs_are_widened_exactly() -> None:
     for low in (x32.astype(np.float16), x32.astype(ml_dtypes.bfloat16)):
         widened = low.astype(np.float32)
         expected = xq.quantize_per_token(widened)
-        for given in (low, torch.from_numpy(widened).to(torch.bfloat16 if low.dtype != np.float16 else torch.float16)):
-            got = xq.quantize_per_token(given)
+        for arg in (low, torch.from_numpy(widened).to(torch.bfloat16 if low.dtype != np.float16 else torch.float16)):
+            got = xq.quantize_per_token(arg)
             np.testing.assert_array_equal(got.codes, expected.codes)
             np.testing.assert_array_equal(got.scale, expected.scale)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -212,7 +212,7 @@ def test_static_path_exact(with_bias: bool) -> None:
         assert float(y.scale) == out_scale and y.zero_point == out_zp
         ref = _reference_static(x, w, b, out_scale, out_zp)
         np.testing.assert_array_equal(y.codes, ref)
-        assert 0 < np.count_nonzero(np.abs(ref) < 127)  # not everything saturated
+        assert np.count_nonzero(np.abs(ref) < 127) > 0  # not everything saturated
 
 
 def test_static_path_rounds_ties_to_even() -> None:
@@ -306,7 +306,7 @@ def test_measured_weight_only_bias_is_added_before_the_scale() -> None:
     from xnnquant.xnnpack import _capi
 
     y = _raw_fc(_capi.padded(x), 3, 32, w, dynamic=False, bias=b)
-    codes, scale = _weight_values(w)
+    codes, _ = _weight_values(w)
     as_xnnpack_does = (x.astype(np.float64) @ codes.T.astype(np.float64) + b) * w.scale.astype(np.float64)
     assert _relerr(y, as_xnnpack_does) <= RTOL
     assert _relerr(y, _reference_weight_only(x, w, b)) > 1e-2

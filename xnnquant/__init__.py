@@ -5,7 +5,7 @@ scales -> bytes) -> ``graph`` (bytes -> XNNGraph payload).  ``xnnquant.xnnpack``
 the real XNNPACK shipped in executorch, to check those bytes and numbers.
 """
 
-from . import packing
+from . import graph, packing
 from .datatypes import STORAGE, Datatype, QuantParamsKind, from_xnn_c, storage, to_xnn_c
 from .errors import MissingExtraError, PayloadError, UnsupportedConfigError, XnnquantError
 from .schemes import (
@@ -16,8 +16,6 @@ from .schemes import (
     quantize_per_token,
 )
 from .tensor import QuantizedTensor
-
-from . import graph  # noqa: E402  (after QuantizedTensor: graph builds on it)
 
 __version__ = "0.1.0"
 

@@ -20,8 +20,8 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from .summary import describe
     from .graph import load
+    from .summary import describe
 
     print(describe(load(args.payload, validate=not args.no_validate)))
 
@@ -48,7 +48,8 @@ def _verify(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xnnquant", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    report = sub.add_parser("report", help="quantize all-MiniLM-L6-v2's linear weights with every scheme; print bytes and SQNR")
+    report = sub.add_parser("report", help="quantize all-MiniLM-L6-v2's linear weights with every scheme; "
+                                           "print bytes and SQNR")
     report.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64, 128], metavar="G",
                         help="blockwise int4 group sizes (multiples of 32 dividing 384)")
     report.set_defaults(func=_report)

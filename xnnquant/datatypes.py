@@ -85,7 +85,7 @@ class StorageFacts:
 _I8, _I32 = (-(2**7), 2**7 - 1), (-(2**31), 2**31 - 1)
 QP = QuantParamsKind
 
-#: One row per datatype.  XNNPACK C values are those of XNNPACK 1adaa7c7.
+#: One row per datatype (one line each, however wide).  XNNPACK C values are those of XNNPACK 1adaa7c7.
 STORAGE: dict[Datatype, StorageFacts] = {
     Datatype.fp32: StorageFacts(32, True, 0, 0, ZeroPoint.NONE, ScaleKind.NONE, QP.none, 1, "float32"),
     Datatype.fp16: StorageFacts(16, True, 0, 0, ZeroPoint.NONE, ScaleKind.NONE, QP.none, 2, "float16"),
@@ -95,8 +95,8 @@ STORAGE: dict[Datatype, StorageFacts] = {
     Datatype.qcint8: StorageFacts(8, True, *_I8, ZeroPoint.ZERO, ScaleKind.CHANNEL, QP.PerChannelQuant, 6, "int8"),
     Datatype.qcint32: StorageFacts(32, True, *_I32, ZeroPoint.ZERO, ScaleKind.CHANNEL, QP.PerChannelQuant, 7, "int32"),
     Datatype.qcint4: StorageFacts(4, True, -8, 7, ZeroPoint.EIGHT, ScaleKind.CHANNEL, QP.PerChannelQuant, 8, "int8"),
-    Datatype.qdint8: StorageFacts(8, True, *_I8, ZeroPoint.RUNTIME, ScaleKind.RUNTIME, QP.PerTokenDynamicQuant, 9, "int8"),
-    Datatype.qbint4: StorageFacts(4, True, -8, 7, ZeroPoint.EIGHT, ScaleKind.GROUP_BF16, QP.PerChannelGroupQuant, 12, "int8"),
+    Datatype.qdint8: StorageFacts(8, True, *_I8, ZeroPoint.RUNTIME, ScaleKind.RUNTIME, QP.PerTokenDynamicQuant, 9, "int8"),  # noqa: E501
+    Datatype.qbint4: StorageFacts(4, True, -8, 7, ZeroPoint.EIGHT, ScaleKind.GROUP_BF16, QP.PerChannelGroupQuant, 12, "int8"),  # noqa: E501
 }
 
 #: XNNPACK's C ``enum xnn_datatype`` at commit 1adaa7c7, for the types the schema has and

@@ -12,7 +12,7 @@ at float32 precision.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -38,6 +38,10 @@ def _pair(reference: Any, approx: Any) -> tuple[np.ndarray, np.ndarray]:
     return ref, app
 
 
+@overload
+def sqnr_db(reference: Any, approx: Any, axis: None = None) -> float: ...
+@overload
+def sqnr_db(reference: Any, approx: Any, axis: int | tuple[int, ...]) -> np.ndarray: ...
 def sqnr_db(reference: Any, approx: Any, axis: int | tuple[int, ...] | None = None) -> float | np.ndarray:
     """``10 * log10(sum(reference**2) / sum((reference - approx)**2))``.
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 import xnnquant as xq
 
 from .metrics import bits_per_weight, sqnr_db
+from .schemes.checks import Method
 from .tensor import QuantizedTensor
+
+#: The weight-only scale choices the report compares.
+SCALE_METHODS: tuple[Method, ...] = ("minmax", "mse")
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,14 @@ class Scheme:
 def default_schemes(group_sizes: Iterable[int] = (32, 64, 128)) -> list[Scheme]:
     """Every scheme the library offers, with both scale choices where there is one."""
     schemes = [Scheme("qint8 per-tensor", "minmax", lambda w: xq.quantize_per_tensor(w, dtype=xq.Datatype.qint8))]
-    for method in ("minmax", "mse"):
-        schemes.append(Scheme("qcint8 per-channel", method, lambda w, m=method: xq.quantize_per_channel(w, bits=8, method=m)))
-    for method in ("minmax", "mse"):
-        schemes.append(Scheme("qcint4 per-channel", method, lambda w, m=method: xq.quantize_per_channel(w, bits=4, method=m)))
+    for method in SCALE_METHODS:
+        schemes.append(Scheme("qcint8 per-channel", method, partial(xq.quantize_per_channel, bits=8, method=method)))
+    for method in SCALE_METHODS:
+        schemes.append(Scheme("qcint4 per-channel", method, partial(xq.quantize_per_channel, bits=4, method=method)))
     for g in group_sizes:
-        for method in ("minmax", "mse"):
+        for method in SCALE_METHODS:
             schemes.append(Scheme(f"qbint4 group {g}", method,
-                                  lambda w, g=g, m=method: xq.quantize_blockwise(w, group_size=g, method=m)))
+                                  partial(xq.quantize_blockwise, group_size=g, method=method)))
     return schemes
 
 
@@ -64,7 +69,7 @@ def measure(weights: dict[str, np.ndarray], schemes: list[Scheme]) -> list[Row]:
         bits = sum(bits_per_weight(qt) * qt.codes.size for qt in tensors.values())
         approx = np.concatenate([qt.dequantize().ravel() for qt in tensors.values()])
         worst = min(sqnr_db(weights[n], qt.dequantize()) for n, qt in tensors.items())
-        rows.append(Row(scheme, int(round(bits / 8)), bits / numel, sqnr_db(reference, approx), worst, seconds))
+        rows.append(Row(scheme, round(bits / 8), bits / numel, sqnr_db(reference, approx), worst, seconds))
     return rows
 
 

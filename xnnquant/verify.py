@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .datatypes import storage
 from .graph import Graph
 
 
@@ -16,12 +17,13 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
     out = []
     for vid in graph.inputs:
         v = graph.value(vid)
-        dtype = np.dtype(v.datatype.name.replace("fp", "float")) if v.datatype.name.startswith("fp") else None
-        if dtype is not None:
+        facts = storage(v.datatype)
+        dtype = np.dtype(facts.numpy_dtype)
+        if not facts.quantized:
             out.append(rng.standard_normal(v.dims).astype(dtype))
         else:
-            info = np.iinfo({"qint8": np.int8, "quint8": np.uint8, "qint32": np.int32}[v.datatype.name])
-            out.append(rng.integers(max(info.min, -1000), min(info.max, 1000), v.dims).astype(info.dtype))
+            info = np.iinfo(dtype)
+            out.append(rng.integers(max(info.min, -1000), min(info.max, 1000), v.dims).astype(dtype))
     return out
 
 

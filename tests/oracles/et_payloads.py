@@ -37,8 +37,8 @@ resulting ``.pte`` with ``executorch.runtime`` and writes into OUT_DIR:
 from __future__ import annotations
 
 import sys
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch

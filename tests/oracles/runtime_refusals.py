@@ -23,11 +23,10 @@ import numpy as np
 
 import xnnquant as xq
 from xnnquant.datatypes import storage
-from xnnquant.graph import Graph, load, to_pte
-from xnnquant.graph.segment import ConstantSegment
+from xnnquant.graph import Graph, load, to_pte, writer
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.model import PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
-from xnnquant.graph import writer
+from xnnquant.graph.segment import ConstantSegment
 from xnnquant.graph.writer import flatbuffer
 from xnnquant.rounding import to_bf16
 from xnnquant.tensor import QuantizedTensor
@@ -301,7 +300,7 @@ def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None,
     payload = serialize(g)
     try:
         pte = to_pte(payload, validate=False)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"refused by to_pte: {type(exc).__name__}: {exc}"
     if corrupt is not None:
         broken = corrupt(payload)
@@ -312,12 +311,12 @@ def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None,
     pid = os.fork()
     if pid == 0:  # child: run with the runtime's log (stderr) captured, report, exit without cleanup
         os.close(read)
-        log = tempfile.TemporaryFile()
+        log = tempfile.TemporaryFile()  # noqa: SIM115 (the child exits without cleanup)
         os.dup2(log.fileno(), 2)
         try:
             _execute(pte, _inputs(g))
             msg = "ok"
-        except Exception as exc:  # noqa: BLE001 - any refusal is a verdict
+        except Exception as exc:
             log.seek(0)
             lines = [ln for ln in log.read().decode(errors="replace").splitlines() if "cpuinfo" not in ln]
             msg = f"refused: {type(exc).__name__}: {exc}; log: {' | '.join(lines[-6:])}"

@@ -36,10 +36,10 @@ __all__ = [
 
 # The runtime side (graph-runtime engineer's modules), exported once they exist.
 if _util.find_spec(f"{__name__}.program") is not None:
-    from .program import run, to_pte  # noqa: F401
+    from .program import run, to_pte
 
     __all__ += ["run", "to_pte"]
 if _util.find_spec(f"{__name__}.interpreter") is not None:
-    from .interpreter import interpret  # noqa: F401
+    from .interpreter import interpret
 
     __all__ += ["interpret"]

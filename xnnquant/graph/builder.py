@@ -55,19 +55,19 @@ def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
     t = tuple(int(x) for x in v)
     if len(t) != 2:
         raise XnnquantError(f"{name} must be an int or a pair (h, w): got {v!r}")
-    return t  # type: ignore[return-value]
+    return t[0], t[1]
 
 
 def _padding(v: int | Sequence[int]) -> tuple[int, int, int, int]:
     """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left)."""
     if isinstance(v, (int, np.integer)):
-        return (int(v),) * 4  # type: ignore[return-value]
+        return int(v), int(v), int(v), int(v)
     t = tuple(int(x) for x in v)
     if len(t) == 2:
         return (t[0], t[1], t[0], t[1])
     if len(t) != 4 or min(t) < 0:
         raise XnnquantError(f"padding must be an int, (h, w) or (top, right, bottom, left) >= 0: got {v!r}")
-    return t  # type: ignore[return-value]
+    return t[0], t[1], t[2], t[3]
 
 
 def _f32(x: float) -> float:
@@ -103,12 +103,12 @@ class Graph:
     @property
     def inputs(self) -> list[int]:
         """Ids of the external inputs, in external-id order."""
-        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_INPUT), key=lambda v: v.external_id)]
+        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_INPUT), key=lambda v: int(v.external_id or 0))]
 
     @property
     def outputs(self) -> list[int]:
         """Ids of the external outputs, in external-id order."""
-        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_OUTPUT), key=lambda v: v.external_id)]
+        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_OUTPUT), key=lambda v: int(v.external_id or 0))]
 
     @property
     def num_externs(self) -> int:
@@ -217,7 +217,7 @@ class Graph:
         quant: QuantParams
         zp = np.asarray(qt.zero_point)
         if facts.scale is ScaleKind.TENSOR:
-            quant = PerTensorQuant(_f32(qt.scale), int(zp))
+            quant = PerTensorQuant(_f32(float(qt.scale)), int(zp))
         elif facts.scale is ScaleKind.CHANNEL:
             if np.any(zp != 0):
                 raise UnsupportedConfigError(
@@ -227,7 +227,8 @@ class Graph:
             quant = PerChannelQuant(np.ascontiguousarray(qt.scale, np.float32).ravel(), int(qt.channel_dim or 0))
         elif facts.scale is ScaleKind.GROUP_BF16:
             if np.any(zp != 0):
-                raise UnsupportedConfigError(f"qbint4 constants need zero point 0 (stored nibble 8): got {zp.ravel()[:4]}")
+                raise UnsupportedConfigError(
+                    f"qbint4 constants need zero point 0 (stored nibble 8): got {zp.ravel()[:4]}")
             scale = np.ascontiguousarray(qt.scale, np.float32).ravel()
             bf16 = to_bf16(scale)
             inexact = bf16.values.view(np.uint32) != scale.view(np.uint32)
@@ -375,7 +376,8 @@ class Graph:
     def _pool(self, kind: str, x: int, kernel: Any, stride: Any, padding: Any, dilation: Any,
               kw: dict[str, Any]) -> int:
         xd = self.value(x).dims
-        k, st, dil, pads = _pair(kernel, "kernel"), _pair(stride, "stride"), _pair(dilation, "dilation"), _padding(padding)
+        k, st, dil = _pair(kernel, "kernel"), _pair(stride, "stride"), _pair(dilation, "dilation")
+        pads = _padding(padding)
         oh, ow = shapes.conv_hw(kind, xd, k, pads, st, dil)
         params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
         params.update(pooling_height=k[0], pooling_width=k[1], stride_height=st[0], stride_width=st[1],

@@ -8,7 +8,7 @@ into flatbuffer tables, ``reader.py`` makes them from payload bytes.  Ids are th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +87,7 @@ class PerTokenDynamicQuant:
     num_nonbatch_dims: int
 
 
-QuantParams = Union[PerTensorQuant, PerChannelQuant, PerChannelGroupQuant, PerTokenDynamicQuant]
+QuantParams = PerTensorQuant | PerChannelQuant | PerChannelGroupQuant | PerTokenDynamicQuant
 
 
 @dataclass(eq=False)

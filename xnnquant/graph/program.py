@@ -39,7 +39,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, Union
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -72,8 +72,8 @@ class _HasToBytes(Protocol):
     def to_bytes(self) -> bytes: ...
 
 
-PayloadLike = Union[bytes, bytearray, memoryview, str, os.PathLike, _HasToBytes]
-SpecLike = Union[TensorSpec, tuple[Sequence[int], Any]]
+PayloadLike = bytes | bytearray | memoryview | str | os.PathLike[str] | _HasToBytes
+SpecLike = TensorSpec | tuple[Sequence[int], Any]
 
 
 def _import_torch_executorch() -> Any:
@@ -184,7 +184,9 @@ def _stub_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...
 
     out = [(spec.shape, torch_dtype(spec.dtype)) for spec in outputs]
 
-    class Stub(torch.nn.Module):
+    module_base: Any = torch.nn.Module
+
+    class Stub(module_base):
         def forward(self, *args: Any) -> tuple[Any, ...]:
             return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in out)
 
@@ -290,8 +292,9 @@ def _digest(data: bytes, named_data: Mapping[str, bytes] | None, validate: bool)
     """What identifies a runnable program: the payload, its named data, the check level."""
     h = hashlib.sha256(data)
     h.update(b"validated" if validate else b"unchecked")
-    for key in sorted(named_data or {}):
-        h.update(hashlib.sha256(key.encode()).digest() + hashlib.sha256(named_data[key]).digest())
+    named = named_data or {}
+    for key in sorted(named):
+        h.update(hashlib.sha256(key.encode()).digest() + hashlib.sha256(named[key]).digest())
     return h.digest()
 
 

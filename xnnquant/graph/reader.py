@@ -33,6 +33,7 @@ from ..datatypes import Datatype
 from ..errors import PayloadError, XnnquantError
 from ..rounding import bf16_bits_to_float32
 from . import schema_generated as fb
+from .bounds import check_bounds
 from .builder import Graph
 from .header import XNNHeader
 from .layout import KIND_BY_TAG, UNIONS, slot
@@ -46,7 +47,6 @@ from .model import (
     QuantParams,
     Value,
 )
-from .bounds import check_bounds
 from .writer import _camel
 
 IDENTIFIERS = (b"XN00", b"XN01")
@@ -171,7 +171,7 @@ class _Reader:
         if table is None or not 0 < tag < len(members):
             raise PayloadError(f"{what}: quant_params missing or of unknown type tag {tag}")
         name = members[tag]
-        obj = getattr(fb, name)()  # type: ignore[arg-type]
+        obj = getattr(fb, str(name))()
         obj.Init(table.Bytes, table.Pos)
         if name == "PerTensorQuant":
             return PerTensorQuant(float(obj.Scale()), int(obj.ZeroPoint()))
@@ -233,7 +233,8 @@ class _Reader:
         tag, table = xn.XnodeUnionType(), xn.XnodeUnion()
         kind = KIND_BY_TAG.get(tag)
         if kind is None or table is None:
-            raise PayloadError(f"node #{i}: xnode_union missing or of unknown type tag {tag}, expected 1..{len(KIND_BY_TAG)}")
+            raise PayloadError(
+                f"node #{i}: xnode_union missing or of unknown type tag {tag}, expected 1..{len(KIND_BY_TAG)}")
         obj = getattr(fb, kind.table)()
         obj.Init(table.Bytes, table.Pos)
 

@@ -102,7 +102,8 @@ def check_value(v: Value) -> None:
     facts = storage(v.datatype)
     if facts.quant_params is QuantParamsKind.none:
         if v.quant is not None:
-            raise _fail(what, f"{v.datatype.name} values carry no quantization parameters: got {type(v.quant).__name__}")
+            raise _fail(what, f"{v.datatype.name} values carry no quantization parameters: "
+                              f"got {type(v.quant).__name__}")
     elif v.quant is None or type(v.quant).__name__ != facts.quant_params.name:
         got = "none" if v.quant is None else type(v.quant).__name__
         raise _fail(what, f"{v.datatype.name} needs {facts.quant_params.name}: got {got}")
@@ -117,7 +118,7 @@ def check_value(v: Value) -> None:
                               f"{v.datatype.name} {list(v.dims)}, expected {expected}")
     q = v.quant
     if isinstance(q, PerTensorQuant):
-        _check_scales(what, np.float32([q.scale]))
+        _check_scales(what, np.array([q.scale], np.float32))
         lo, hi = (facts.code_min, facts.code_max) if facts.zero_point is ZeroPoint.FREE else (0, 0)
         if not lo <= q.zero_point <= hi:
             raise _fail(what, f"{v.datatype.name} zero point out of range: got {q.zero_point}, expected [{lo}, {hi}]")
@@ -285,7 +286,8 @@ def check_nodes(graph: Any, *, writing: bool) -> None:
         if kind is None:
             raise _fail(what, "unknown node kind")
         if writing and not kind.xn01:
-            raise _fail(what, "this node kind is not part of the XN01 schema (it is one of the 1.4.1 kinds)", UnsupportedConfigError)
+            raise _fail(what, "this node kind is not part of the XN01 schema (it is one of the 1.4.1 kinds)",
+                        UnsupportedConfigError)
         if len(n.inputs) < kind.n_required or len(n.inputs) > len(kind.input_fields):
             raise _fail(what, f"needs {kind.n_required}..{len(kind.input_fields)} inputs: got {len(n.inputs)}")
         if len(n.outputs) != len(kind.output_fields):

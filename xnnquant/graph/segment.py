@@ -41,6 +41,13 @@ class ConstantSegment:
         self._index[blob] = index
         return index
 
+    def clear(self) -> None:
+        """Back to the reserved entry 0 alone."""
+        self.entries[1:] = []
+        self._chunks.clear()
+        self._length = 0
+        self._index.clear()
+
     def blobs(self) -> list[bytes]:
         """The distinct blobs, in entry order (entry i + 1 holds blob i)."""
         return self._chunks[0::2]

@@ -59,7 +59,7 @@ def window(kind: str, size: int, padding: tuple[int, int], kernel: int, stride: 
 def conv_hw(kind: str, x: Dims, kernel: tuple[int, int], padding: tuple[int, int, int, int],
             stride: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
     """Output ``(H, W)``; padding is ``(top, right, bottom, left)``."""
-    n, h, w, c = _nhwc(kind, x)
+    _, h, w, _ = _nhwc(kind, x)
     top, right, bottom, left = padding
     return (window(kind, h, (top, bottom), kernel[0], stride[0], dilation[0]),
             window(kind, w, (left, right), kernel[1], stride[1], dilation[1]))

@@ -27,7 +27,6 @@ import flatbuffers
 import numpy as np
 
 from . import schema_generated as fb
-from .segment import ConstantSegment
 from .header import XNNHeader, align
 from .layout import NODE_KINDS, TABLES, UNIONS
 from .model import (
@@ -39,6 +38,7 @@ from .model import (
     PerTokenDynamicQuant,
     Value,
 )
+from .segment import ConstantSegment
 
 FILE_IDENTIFIER = b"XN01"
 _VECTOR_DTYPES = {"[u8]": "<u1", "[u16]": "<u2", "[u32]": "<u4", "[f32]": "<f4"}
@@ -170,7 +170,7 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
     nodes = [_node(b, n) for n in graph.nodes]
     if inline_constants:
         blobs = segment.blobs()
-        segment.__init__()  # the blobs travel inline, the segment stays empty
+        segment.clear()  # the blobs travel inline, the segment stays empty
         constants = _inline_buffers(b, [b""] + blobs)
     else:
         entries = [_table(b, "ConstantDataOffset", {"offset": off, "size": size}) for off, size in segment.entries]

@@ -17,10 +17,10 @@ Weights come from ``xnnquant.weights.minilm_tensors()``; the vocabulary from the
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

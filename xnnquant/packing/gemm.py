@@ -19,18 +19,22 @@ never the nibble-packed bytes, so the same code serves every ``planes`` setting.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import tensor as _tensor  # the module: tensor.py itself imports packing.int4
 from ..arrays import as_float32
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import to_bf16
-from ..tensor import QuantizedTensor
 from .gemm_configs import PAD_ROWS, KernelConfig, kernel_configs
 from .gemm_layouts import pack_f32, pack_qb4w, pack_qc4w, pack_qc8w, packed_size, tile_bytes
 from .gemm_tiles import ALIGNMENT, round_up
+
+if TYPE_CHECKING:
+    from ..tensor import QuantizedTensor
 
 MIN_BLOCK_SIZE = 32  # XNN_MIN_BLOCKSIZE: qb4w group sizes are multiples of it
 ROW_BLOCK_BYTES = 1 << 20  # quantized weights are packed about 1 MiB of codes at a time (f32: no gain measured)
@@ -105,7 +109,7 @@ def _in_row_blocks(pack: Callable[..., np.ndarray], rows: list[np.ndarray | None
 
 
 def _layout_for(weight: Any, layout: str | None) -> str:
-    if not isinstance(weight, QuantizedTensor):
+    if not isinstance(weight, _tensor.QuantizedTensor):
         if layout not in (None, "f32"):
             raise XnnquantError(f"layout {layout!r} needs a QuantizedTensor weight: got a float array")
         return "f32"

@@ -8,6 +8,7 @@ chunks of ``kr`` values per row.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,7 @@ def int4_group_sums(codes: np.ndarray, width: int) -> np.ndarray:
     """
     n, k = codes.shape
     if width not in (8, 16) or not codes.flags.c_contiguous:
-        return np.sum(codes.reshape(n, k // width, width), axis=2, dtype=np.int32)
+        return np.asarray(np.sum(codes.reshape(n, k // width, width), axis=2, dtype=np.int32))
     ones = np.uint64(0x0101010101010101)
     nibbles = codes.view(np.uint64).reshape(n, k // width, width // 8) & (ones * np.uint64(0x0F))
     words = nibbles ^ (ones * np.uint64(8))  # each byte (q & 0xF) ^ 8 = q + 8
@@ -152,4 +153,4 @@ def tile_buffer(n_tiles: int, nr: int, section_bytes: list[int],
     buffer = np.zeros(round_up(n_tiles * tile, ALIGNMENT), np.uint8) if out is None else out
     tiles = buffer[: n_tiles * tile].reshape(n_tiles, tile)
     edges = np.cumsum([0] + [nr * b for b in section_bytes])
-    return buffer, [tiles[:, a:b] for a, b in zip(edges[:-1], edges[1:])]
+    return buffer, [tiles[:, a:b] for a, b in itertools.pairwise(edges)]

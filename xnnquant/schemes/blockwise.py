@@ -43,7 +43,7 @@ def valid_group_sizes(in_features: int) -> list[int]:
     return [g for g in range(MIN_GROUP_SIZE, in_features + 1, MIN_GROUP_SIZE) if in_features % g == 0]
 
 
-def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup, str]:
+def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup, Method]:
     arr = float_input(w, "w", min_rank=2, max_rank=2)
     in_features = arr.shape[1]
     valid = valid_group_sizes(in_features)

@@ -12,7 +12,7 @@ positive normal float32):
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -58,10 +58,10 @@ def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     return int(axis) % ndim
 
 
-def check_method(method: Any) -> str:
+def check_method(method: Any) -> Method:
     if method not in METHODS:
         raise XnnquantError(f"unknown method: got {method!r}, expected one of {', '.join(map(repr, METHODS))}")
-    return str(method)
+    return cast(Method, str(method))
 
 
 def check_int(value: Any, name: str) -> int:

@@ -32,7 +32,7 @@ def _datatype(bits: Any) -> Datatype:
     return DATATYPE_BY_BITS[int(bits)]
 
 
-def _prepare(w: Any, bits: Any, axis: Any, method: Any) -> tuple[np.ndarray, Datatype, PerChannel, str]:
+def _prepare(w: Any, bits: Any, axis: Any, method: Any) -> tuple[np.ndarray, Datatype, PerChannel, Method]:
     arr = float_input(w, "w", min_rank=1)
     return arr, _datatype(bits), PerChannel(normalize_axis(axis, arr.ndim)), check_method(method)
 

@@ -61,7 +61,7 @@ def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.nd
         raise XnnquantError(
             f"x has a range that overflows float32: got min {lo:.9g}, max {hi:.9g}, expected max - min to be finite"
         )
-    scale = positive_normal(np.float32(raw), np.bool_(hi == lo))
+    scale = positive_normal(np.asarray(raw, np.float32), np.asarray(hi == lo))
     zp = np.clip(qmin - round_half_even(lo / scale), qmin, qmax)
     return scale, int(zp)
 

@@ -25,11 +25,11 @@ from .subgraph import Runtime, Subgraph
 __all__ = [
     "CapturedWeights",
     "PrepackedCache",
+    "Runtime",
+    "Subgraph",
     "capture_packed_weights",
     "capture_runtime_packed_weights",
     "convert_f32_qd8",
-    "Runtime",
-    "Subgraph",
     "fully_connected",
     "last_operators",
     "last_timings_us",

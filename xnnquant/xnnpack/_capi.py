@@ -178,7 +178,7 @@ def library_path() -> Path:
     raise missing_extra("xnnpack", "executorch", "reaching the real XNNPACK (its _portable_lib was not found)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_library() -> ctypes.CDLL:
     """The loaded XNNPACK library, every prototype declared, ``xnn_initialize`` done.
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Callable
 from ctypes import POINTER, byref, c_float, c_size_t, c_uint8, c_uint16, c_uint32, c_void_p
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -243,7 +244,8 @@ def cpu_features() -> tuple[frozenset[str], str]:
     flags when /proc/cpuinfo is unreadable (not Linux).
     """
     try:
-        text = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            text = f.read()
     except OSError:
         return frozenset(), ""
     fields: dict[str, str] = {}

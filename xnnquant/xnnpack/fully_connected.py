@@ -328,7 +328,8 @@ def _define_weight(sg: Subgraph, weight: QuantizedTensor, transpose: bool) -> in
     dt, shape = weight.datatype, weight.shape
     data = np.frombuffer(weight.to_bytes(), np.uint8)
     if dt is Datatype.qbint4:
-        return sg.blockwise_tensor(shape, to_bf16(weight.scale).bits, int(weight.group_size), 8, data)
+        assert weight.group_size is not None  # every qbint4 QuantizedTensor has one
+        return sg.blockwise_tensor((shape[0], shape[1]), to_bf16(weight.scale).bits, weight.group_size, 8, data)
     zero_point = 8 if dt is Datatype.qcint4 else 0
     return sg.channelwise_tensor(dt, shape, weight.scale, 1 if transpose else 0, zero_point, data)
 

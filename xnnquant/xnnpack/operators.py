@@ -43,7 +43,7 @@ def convert_f32_qd8(x: Any) -> QuantizedTensor:
     params = (_capi.QuantizationParams * (m + _capi.EXTRA_QUANTIZATION_PARAMS))()
     if m:
         _run_convert_f32_qd8(rows, codes, params)
-    raw = np.frombuffer(params, dtype=np.dtype([("zero_point", "<i4"), ("scale", "<f4")]), count=m)
+    raw = np.frombuffer(memoryview(params), dtype=np.dtype([("zero_point", "<i4"), ("scale", "<f4")]), count=m)
     return QuantizedTensor(
         datatype=Datatype.qdint8,
         codes=codes.reshape(data.shape),
