@@ -35,8 +35,13 @@ RTOL = 1e-5
 def run_case(kind: str, dynamic: bool, transposed: bool, m: int, n: int, k: int) -> float:
     """Relative error of XNNPACK's output for one configuration (bias included)."""
     from xnnquant import Datatype
+    from xnnquant.constants import (
+        XNN_FLAG_TRANSPOSE_WEIGHTS,
+        XNN_VALUE_FLAG_EXTERNAL_INPUT,
+        XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+    )
     from xnnquant.packing import pack_int4, to_bf16
-    from xnnquant.xnnpack import _capi, convert_f32_qd8
+    from xnnquant.xnnpack import convert_f32_qd8
     from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     rng = np.random.default_rng([m, n, k])
@@ -48,7 +53,7 @@ def run_case(kind: str, dynamic: bool, transposed: bool, m: int, n: int, k: int)
     stored = np.ascontiguousarray(codes.T) if transposed else codes
     dims = stored.shape
     with Subgraph(2) as sg:
-        x_id = sg.tensor(Datatype.fp32, (m, k), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        x_id = sg.tensor(Datatype.fp32, (m, k), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         if dynamic:
             q_id = sg.dynamic_tensor((m, k))
             sg.convert(x_id, q_id)
@@ -69,8 +74,8 @@ def run_case(kind: str, dynamic: bool, transposed: bool, m: int, n: int, k: int)
             w_id = sg.channelwise_tensor(dt, dims, scale[:, 0], channel_dim, 8 if dt is Datatype.qcint4 else 0, data)
         bias = b if dynamic or kind in ("fp32", "qbint4") else (b / scale[:, 0]).astype(np.float32)
         b_id = sg.tensor(Datatype.fp32, (n,), bias)
-        y_id = sg.tensor(Datatype.fp32, (m, n), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
-        sg.fully_connected(x_id, w_id, b_id, y_id, flags=_capi.FLAG_TRANSPOSE_WEIGHTS if transposed else 0)
+        y_id = sg.tensor(Datatype.fp32, (m, n), external_id=1, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
+        sg.fully_connected(x_id, w_id, b_id, y_id, flags=XNN_FLAG_TRANSPOSE_WEIGHTS if transposed else 0)
         runtime = Runtime(sg)
     buffer = np.full(m * k + 64, 1000.0, np.float32)
     buffer[: m * k] = x.ravel()

@@ -255,7 +255,7 @@ def test_bad_inputs_say_what_was_wrong() -> None:
         pack_gemm(qc8([[1, 2]], [1.0]), nr=4, kr=8, layout="qc4uw")
     not_bf16 = np.full((1, 1), 0.1, np.float32)
     w = xq.QuantizedTensor(xq.Datatype.qbint4, np.zeros((1, 32), np.int8), not_bf16, zero_point=8, group_size=32)
-    with pytest.raises(XnnquantError, match="exact bf16"):
+    with pytest.raises(XnnquantError, match=r"qbint4 scales must hold bf16 values: got 0.100000001 at index \(0, 0\)"):
         pack_gemm(w, nr=8, kr=8)
     exact = not_bf16.astype(ml_dtypes.bfloat16).astype(np.float32)
     w16 = xq.QuantizedTensor(xq.Datatype.qbint4, np.zeros((1, 16), np.int8), exact, zero_point=8, group_size=16)

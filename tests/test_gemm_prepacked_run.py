@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import xnnquant as xq
+from xnnquant.constants import XNN_VALUE_FLAG_EXTERNAL_INPUT, XNN_VALUE_FLAG_EXTERNAL_OUTPUT
 from xnnquant.packing import pack_gemm, pack_int4
 
 pytestmark = pytest.mark.xnnpack
@@ -32,8 +33,8 @@ def run_linear(weight, bias: np.ndarray, x: np.ndarray, cache=None) -> np.ndarra
     source = _capi.padded(x)
     y = np.zeros((m, n), np.float32)
     with Subgraph(2) as graph:
-        xi = graph.tensor(D.fp32, (m, k), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
-        yi = graph.tensor(D.fp32, (m, n), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
+        xi = graph.tensor(D.fp32, (m, k), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
+        yi = graph.tensor(D.fp32, (m, n), external_id=1, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
         b = graph.tensor(D.fp32, (n,), bias)
         if isinstance(weight, np.ndarray):
             graph.fully_connected(xi, graph.tensor(D.fp32, (n, k), weight), b, yi)

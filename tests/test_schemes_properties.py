@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import xnnquant as xq
+from xnnquant.constants import FLT_MIN
 from xnnquant.rounding import to_bf16
-from xnnquant.schemes.checks import SMALLEST_NORMAL
 
 # Overflow or invalid values inside the search would show up as RuntimeWarnings first.
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -47,7 +47,7 @@ def scaled_matrices(cols: st.SearchStrategy[int]) -> st.SearchStrategy[np.ndarra
 
 
 def assert_positive_normal(scale: np.ndarray) -> None:
-    assert np.all(np.isfinite(scale)) and np.all(scale >= SMALLEST_NORMAL)
+    assert np.all(np.isfinite(scale)) and np.all(scale >= FLT_MIN)
 
 
 def assert_within_half_step(x: np.ndarray, qt: xq.QuantizedTensor, qmin: int, qmax: int) -> None:
@@ -98,7 +98,7 @@ def test_per_tensor_error_within_half_a_step(x: np.ndarray, dtype: xq.Datatype, 
 def test_per_token_error_within_half_a_step(x: np.ndarray) -> None:
     span = np.maximum(x.max(axis=1), 0) - np.minimum(x.min(axis=1), 0)
     assume(np.all((span == 0) | (span >= 1e-35)))  # narrower rows are refused (see test_schemes_per_token)
-    x = np.where(np.abs(x) < SMALLEST_NORMAL, np.float32(0), x)  # XNNPACK reads subnormals as 0
+    x = np.where(np.abs(x) < FLT_MIN, np.float32(0), x)  # XNNPACK reads subnormals as 0
     qt = xq.quantize_per_token(x)
     assert_positive_normal(qt.scale)
     assert_within_half_step(x, qt, -128, 127)
@@ -173,7 +173,7 @@ def test_tiny_values_get_the_smallest_normal_scale() -> None:
     w = np.full((2, 32), 1e-40, np.float32)  # subnormal
     for qt in (xq.quantize_per_channel(w, bits=4), xq.quantize_blockwise(w, 32, method="mse"),
                xq.quantize_per_tensor(w)):
-        assert np.all(qt.scale == SMALLEST_NORMAL)
+        assert np.all(qt.scale == FLT_MIN)
         assert np.all(np.abs(qt.codes) <= 1)
 
 

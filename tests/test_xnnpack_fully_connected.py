@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from xnnquant import Datatype, QuantizedTensor
+from xnnquant.constants import XNN_INVALID_VALUE_ID, XNN_VALUE_FLAG_EXTERNAL_INPUT, XNN_VALUE_FLAG_EXTERNAL_OUTPUT
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
 
 pytestmark = pytest.mark.xnnpack
@@ -258,10 +259,10 @@ def test_runtime_profiling_timings() -> None:
     from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     with Subgraph(2) as sg:
-        x_id = sg.tensor(Datatype.fp32, (2, 3), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        x_id = sg.tensor(Datatype.fp32, (2, 3), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         w_id = sg.tensor(Datatype.fp32, (4, 3), np.ones((4, 3), np.float32))
-        y_id = sg.tensor(Datatype.fp32, (2, 4), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
-        sg.fully_connected(x_id, w_id, _capi.INVALID_VALUE_ID, y_id)
+        y_id = sg.tensor(Datatype.fp32, (2, 4), external_id=1, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
+        sg.fully_connected(x_id, w_id, XNN_INVALID_VALUE_ID, y_id)
         runtime = Runtime(sg)
     with runtime:
         y = np.zeros((2, 4), np.float32)
@@ -276,20 +277,19 @@ def test_runtime_profiling_timings() -> None:
 def _raw_fc(x_buffer: np.ndarray, m: int, k: int, w: QuantizedTensor, dynamic: bool,
             bias: np.ndarray | None = None) -> np.ndarray:
     """One FC node with exactly the given buffers (no validation, no bias rewriting)."""
-    from xnnquant.xnnpack import _capi
     from xnnquant.xnnpack.subgraph import Runtime, Subgraph
 
     n = w.shape[0]
     with Subgraph(2) as sg:
-        x_id = sg.tensor(Datatype.fp32, (m, k), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        x_id = sg.tensor(Datatype.fp32, (m, k), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         if dynamic:
             q_id = sg.dynamic_tensor((m, k))
             sg.convert(x_id, q_id)
             x_id = q_id
         zp = 8 if w.datatype is Datatype.qcint4 else 0
         w_id = sg.channelwise_tensor(w.datatype, w.shape, w.scale, 0, zp, np.frombuffer(w.to_bytes(), np.uint8))
-        b_id = _capi.INVALID_VALUE_ID if bias is None else sg.tensor(Datatype.fp32, (n,), bias)
-        y_id = sg.tensor(Datatype.fp32, (m, n), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
+        b_id = XNN_INVALID_VALUE_ID if bias is None else sg.tensor(Datatype.fp32, (n,), bias)
+        y_id = sg.tensor(Datatype.fp32, (m, n), external_id=1, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
         sg.fully_connected(x_id, w_id, b_id, y_id)
         runtime = Runtime(sg)
     y = np.zeros((m, n), np.float32)
@@ -417,7 +417,7 @@ BAD = [
      r"weight scale must be positive normal floats: got 0.0 at index \(1,\)"),
     ("qbint4 scale not bf16", lambda: xx.fully_connected(np.ones((2, 32), np.float32), QuantizedTensor(
         Datatype.qbint4, np.zeros((2, 32), np.int8), np.full((2, 1), 0.1, np.float32), group_size=32)),
-     "exactly bf16"),
+     r"qbint4 scales must hold bf16 values: got 0.100000001 at index \(0, 0\)"),
     ("static x float", lambda: xx.static_fully_connected(np.ones((2, 4), np.float32), _W8, output_scale=1.0),
      "x must be a 2-D qint8 QuantizedTensor"),
     ("static weight qcint4", lambda: xx.static_fully_connected(_X8, QuantizedTensor(
@@ -445,14 +445,13 @@ def test_bad_input(name: str, call: Callable[[], object], match: str) -> None:
 
 
 def test_xnnpack_status_becomes_an_error_naming_the_call() -> None:
-    from xnnquant.xnnpack import _capi
     from xnnquant.xnnpack.subgraph import Subgraph
 
     with Subgraph(2) as sg:
-        x_id = sg.tensor(Datatype.fp32, (2, 4), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        x_id = sg.tensor(Datatype.fp32, (2, 4), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         with pytest.raises(XnnquantError, match=r"xnn_define_fully_connected failed: got "
                                                 r"xnn_status_invalid_parameter \(2\)"):
-            sg.fully_connected(x_id, 12345, _capi.INVALID_VALUE_ID, x_id)
+            sg.fully_connected(x_id, 12345, XNN_INVALID_VALUE_ID, x_id)
         with pytest.raises(XnnquantError, match=r"xnn_define_channelwise_quantized_tensor_value_v2 failed"):
             sg.channelwise_tensor(Datatype.qcint8, (3, 4), np.zeros(3, np.float32), 0, 0, np.zeros((3, 4), np.int8))
 
@@ -466,10 +465,10 @@ def test_buffers_are_owned_by_the_runtime() -> None:
     scale = np.full(4, 0.5, np.float32)
     codes = np.ones((4, 8), np.int8)
     with Subgraph(2) as sg:
-        x_id = sg.tensor(Datatype.fp32, (1, 8), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        x_id = sg.tensor(Datatype.fp32, (1, 8), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         w_id = sg.channelwise_tensor(Datatype.qcint8, (4, 8), scale, 0, 0, codes)
-        y_id = sg.tensor(Datatype.fp32, (1, 4), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
-        sg.fully_connected(x_id, w_id, _capi.INVALID_VALUE_ID, y_id)
+        y_id = sg.tensor(Datatype.fp32, (1, 4), external_id=1, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
+        sg.fully_connected(x_id, w_id, XNN_INVALID_VALUE_ID, y_id)
         scale[:] = 100.0
         codes[:] = 7
         runtime = Runtime(sg)

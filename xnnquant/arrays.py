@@ -6,7 +6,7 @@ never imported here.  Every helper states the dtype of what it returns.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import ml_dtypes
 import numpy as np
@@ -14,6 +14,11 @@ import numpy as np
 from .errors import XnnquantError
 
 _FLOAT_KINDS = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64))
+
+
+def is_int(value: object) -> TypeGuard[int | np.integer]:
+    """True for a Python or numpy integer, never for a bool (a bool is an int to Python)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _from_torch(x: Any) -> np.ndarray | None:

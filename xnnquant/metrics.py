@@ -4,7 +4,8 @@
 * ``bits_per_weight``: what a ``QuantizedTensor`` costs in storage, scales included.
 * ``relative_error``: element-wise ``(approx - reference) / |reference|``.
 * ``runtime_bf16``: the fp32 -> bf16 scale conversion of the ExecuTorch 1.4.1 runtime
-  (multiply, then truncate), to compare with round-to-nearest-even.
+  (multiply, then truncate), to compare with round-to-nearest-even (defined in
+  ``rounding``, with the library's other roundings).
 
 Every reduction accumulates in float64, so the figures do not depend on summation order
 at float32 precision.
@@ -19,12 +20,8 @@ import numpy as np
 from .arrays import as_float32
 from .datatypes import ScaleKind, ZeroPoint, storage
 from .errors import XnnquantError
-from .rounding import Bf16, bf16_bits_to_float32
+from .rounding import runtime_bf16
 from .tensor import QuantizedTensor
-
-#: The factor the ExecuTorch 1.4.1 runtime multiplies fp32 scales by before it keeps
-#: their upper 16 bits; just below 1 + 2**-8.
-RUNTIME_BF16_FACTOR = np.float32(1.00389105)
 
 
 def _pair(reference: Any, approx: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -111,29 +108,4 @@ def bits_per_weight(qt: QuantizedTensor) -> float:
     return (code_bits + scale_bits + zero_point_bits) / numel
 
 
-def runtime_bf16(x: Any) -> Bf16:
-    """fp32 -> bf16 as the ExecuTorch 1.4.1 runtime converts blockwise scales.
-
-    ``x``: float array, any shape.  Returns the bf16 bit patterns (uint16) and their
-    float32 values, same shape.
-
-    When a qbint4 tensor's scales arrive as fp32, that runtime does not round them to
-    nearest-even: it multiplies each by ``RUNTIME_BF16_FACTOR`` in float32 and keeps the
-    upper half of the product's bit pattern::
-
-        bits32 = float32(x * 1.00389105f).view(uint32)
-        bf16   = bits32 >> 16          (sign, 8 exponent bits, top 7 mantissa bits)
-
-    The product adds ``m * 2**-8`` of the value (``m`` in [1, 2) the significand), that
-    is between 0.5 and 1 bf16 step, so truncation rounds *up* whenever the dropped bits
-    are worth more than ``1 - m / 2`` of a step: like round-half-up for significands
-    near 1, close to round-up (ceil) for significands near 2.  On uniformly spread
-    values about a quarter come out one bf16 step above round-to-nearest-even, never
-    below.  A value that is already a bf16 number comes back unchanged, since the
-    product stays below the next bf16 step.
-    """
-    x32 = as_float32(x, "x", finite=False)
-    with np.errstate(over="ignore", invalid="ignore"):
-        product = (x32 * RUNTIME_BF16_FACTOR).astype(np.float32)
-    bits = (product.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-    return Bf16(bits=bits, values=bf16_bits_to_float32(bits))
+__all__ = ["bits_per_weight", "relative_error", "runtime_bf16", "sqnr_db"]

@@ -25,15 +25,20 @@ from typing import Any
 import numpy as np
 
 from ..arrays import to_numpy
+from ..constants import (
+    XNN_FLAG_ALIGN_CORNERS,
+    XNN_FLAG_KEEP_DIMS,
+    XNN_FLAG_TRANSPOSE_WEIGHTS,
+    XNN_VALUE_FLAG_EXTERNAL_INPUT,
+    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+)
 from ..datatypes import Datatype, ScaleKind, storage
 from ..errors import UnsupportedConfigError, XnnquantError
-from ..rounding import to_bf16
+from ..rounding import check_bf16_exact
 from ..tensor import QuantizedTensor
 from . import shapes
 from .layout import NODE_KINDS
 from .model import (
-    FLAG_EXTERNAL_INPUT,
-    FLAG_EXTERNAL_OUTPUT,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -43,9 +48,6 @@ from .model import (
     Value,
 )
 
-FLAG_TRANSPOSE_WEIGHTS = 0x1  # XNN_FLAG_TRANSPOSE_WEIGHTS (fully connected)
-FLAG_ALIGN_CORNERS = 0x8  # XNN_FLAG_ALIGN_CORNERS (resize bilinear)
-FLAG_KEEP_DIMS = 0x40  # XNN_FLAG_KEEP_DIMS (global average pooling)
 DEFAULT_DEBUG_HANDLE = 0
 
 
@@ -103,16 +105,18 @@ class Graph:
     @property
     def inputs(self) -> list[int]:
         """Ids of the external inputs, in external-id order."""
-        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_INPUT), key=lambda v: int(v.external_id or 0))]
+        return [v.id for v in sorted(self._externals(XNN_VALUE_FLAG_EXTERNAL_INPUT),
+                                     key=lambda v: int(v.external_id or 0))]
 
     @property
     def outputs(self) -> list[int]:
         """Ids of the external outputs, in external-id order."""
-        return [v.id for v in sorted(self._externals(FLAG_EXTERNAL_OUTPUT), key=lambda v: int(v.external_id or 0))]
+        return [v.id for v in sorted(self._externals(XNN_VALUE_FLAG_EXTERNAL_OUTPUT),
+                                     key=lambda v: int(v.external_id or 0))]
 
     @property
     def num_externs(self) -> int:
-        return sum(1 for v in self.values if v.flags & (FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT))
+        return sum(1 for v in self.values if v.flags & (XNN_VALUE_FLAG_EXTERNAL_INPUT | XNN_VALUE_FLAG_EXTERNAL_OUTPUT))
 
     def _externals(self, flag: int) -> list[Value]:
         return [v for v in self.values if v.flags & flag and v.external_id is not None]
@@ -134,7 +138,7 @@ class Graph:
             dims = tuple(operator.index(d) for d in dims)
         except TypeError:
             raise XnnquantError(f"dims must be a sequence of integers: got {given!r}") from None
-        if any(d < 0 or d > 0xFFFFFFFF for d in dims):
+        if any(d < 0 or d >= 2**32 for d in dims):  # the schema stores dims as u32
             raise XnnquantError(f"dims must be integers in [0, 2**32): got {dims}")
         vid = len(self.values)
         if self.values and self.values[-1].id != vid - 1:  # a loaded graph whose ids are not indices
@@ -169,10 +173,10 @@ class Graph:
                 "values): declare an fp32 input and convert it"
             )
         self._check_quant(datatype, quant)
-        n_inputs = len(self._externals(FLAG_EXTERNAL_INPUT))
-        for v in self._externals(FLAG_EXTERNAL_OUTPUT):
+        n_inputs = len(self._externals(XNN_VALUE_FLAG_EXTERNAL_INPUT))
+        for v in self._externals(XNN_VALUE_FLAG_EXTERNAL_OUTPUT):
             v.external_id = int(v.external_id) + 1  # type: ignore[arg-type]
-        return self._add_value(datatype, dims, quant=quant, external_id=n_inputs, flags=FLAG_EXTERNAL_INPUT)
+        return self._add_value(datatype, dims, quant=quant, external_id=n_inputs, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
 
     def output(self, value_id: int) -> int:
         """Mark ``value_id`` as the next external output; returns it."""
@@ -188,7 +192,7 @@ class Graph:
         if v.datatype is Datatype.qdint8:
             raise UnsupportedConfigError(f"value {value_id} is qdint8: dynamically quantized values stay internal")
         v.external_id = self.num_externs
-        v.flags = FLAG_EXTERNAL_OUTPUT
+        v.flags = XNN_VALUE_FLAG_EXTERNAL_OUTPUT
         return v.id
 
     def constant(self, data: Any) -> int:
@@ -230,17 +234,9 @@ class Graph:
                 raise UnsupportedConfigError(
                     f"qbint4 constants need zero point 0 (stored nibble 8): got {zp.ravel()[:4]}")
             scale = np.ascontiguousarray(qt.scale, np.float32).ravel()
-            bf16 = to_bf16(scale)
-            inexact = bf16.values.view(np.uint32) != scale.view(np.uint32)
-            if inexact.any():
-                i = int(np.argmax(inexact))
-                raise UnsupportedConfigError(
-                    f"qbint4 scales must be exactly representable in bf16 (runtimes round them): got "
-                    f"{scale[i]!r} at flat index {i} ({int(inexact.sum())} inexact); round the scales "
-                    "with xnnquant.rounding.to_bf16 before computing the codes"
-                )
+            bf16 = check_bf16_exact(qt.scale, "qbint4 scales")
             quant = PerChannelGroupQuant(scale, int(qt.channel_dim or 0), int(qt.group_size),  # type: ignore[arg-type]
-                                         bf16.bits.copy() if self.write_scale_bf16 else None)
+                                         bf16.bits.ravel().copy() if self.write_scale_bf16 else None)
         else:
             raise XnnquantError(
                 f"{name} values are never constants (XNNPACK quantizes them per token at run time): "
@@ -328,7 +324,7 @@ class Graph:
         """``x [..., K] @ w.T + bias``; ``w`` is ``[N, K]`` (``[K, N]`` with transpose_weights)."""
         dims = shapes.fully_connected(self.value(x).dims, self.value(w).dims, transpose_weights)
         inputs = (x, w) if bias is None else (x, w, bias)
-        flags = kw.pop("flags", 0) | (FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
+        flags = kw.pop("flags", 0) | (XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
         return self._node("XNNFullyConnected", inputs, [dims], [self._like(x)], flags=flags, **kw)[0]
 
     def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: Any, stride: Any, dilation: Any,
@@ -396,7 +392,7 @@ class Graph:
     def global_avg_pooling_2d(self, x: int, **kw: Any) -> int:
         """Mean over H and W of NHWC ``[N, H, W, C]`` -> ``[N, 1, 1, C]`` (flag KEEP_DIMS)."""
         n, _, _, c = shapes._nhwc("XNNGlobalAvgPooling2d", self.value(x).dims)
-        kw.setdefault("flags", FLAG_KEEP_DIMS)
+        kw.setdefault("flags", XNN_FLAG_KEEP_DIMS)
         return self._node("XNNGlobalAvgPooling2d", (x,), [(n, 1, 1, c)], [self._like(x)], **kw)[0]
 
     def argmax_pooling_2d(self, x: int, *, kernel: Any, padding: Any = 0, **kw: Any) -> tuple[int, int]:
@@ -507,7 +503,7 @@ class Graph:
         n, _, _, c = shapes._nhwc("XNNStaticResizeBilinear2D", self.value(x).dims)
         if new_height < 1 or new_width < 1:
             raise XnnquantError(f"new_height and new_width must be >= 1: got {new_height}, {new_width}")
-        kw.setdefault("flags", FLAG_ALIGN_CORNERS if align_corners else 0)
+        kw.setdefault("flags", XNN_FLAG_ALIGN_CORNERS if align_corners else 0)
         return self._node("XNNStaticResizeBilinear2D", (x,), [(n, new_height, new_width, c)], [self._like(x)],
                           {"new_height": int(new_height), "new_width": int(new_width)}, **kw)[0]
 

@@ -25,16 +25,16 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from ..constants import CONSTANT_TENSOR_ALIGNMENT
 from ..errors import PayloadError
 
 MAGIC = b"XH00"
 HEADER_LENGTH = 30
-ALIGNMENT = 16
 _LAYOUT = struct.Struct("<4s4sHIIIQ")  # placeholder, magic, length, fb off, fb size, const off, const size
 assert _LAYOUT.size == HEADER_LENGTH
 
 
-def align(n: int, alignment: int = ALIGNMENT) -> int:
+def align(n: int, alignment: int = CONSTANT_TENSOR_ALIGNMENT) -> int:
     """``n`` rounded up to a multiple of ``alignment``."""
     return (n + alignment - 1) // alignment * alignment
 

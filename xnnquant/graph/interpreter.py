@@ -37,7 +37,14 @@ from typing import Any
 import numpy as np
 
 from ..arrays import to_numpy
-from ..datatypes import Datatype
+from ..constants import (
+    XNN_FLAG_ALIGN_CORNERS,
+    XNN_FLAG_TENSORFLOW_LEGACY_MODE,
+    XNN_FLAG_TENSORFLOW_SAME_PADDING,
+    XNN_FLAG_TRANSPOSE_B,
+    XNN_FLAG_TRANSPOSE_WEIGHTS,
+)
+from ..datatypes import Datatype, storage
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import quantize_values
 from ..special import gelu
@@ -52,10 +59,6 @@ CLAMPED_KINDS = frozenset({
 #: Kinds whose output dims are a reshape of what they compute (reshape; global pooling
 #: with or without XNN_FLAG_KEEP_DIMS; fully connected, which flattens leading dims).
 RESHAPING_KINDS = frozenset({"XNNStaticReshape", "XNNGlobalAvgPooling2d", "XNNFullyConnected"})
-FLAG_TRANSPOSE = 0x1  # XNN_FLAG_TRANSPOSE_WEIGHTS (fully connected) == XNN_FLAG_TRANSPOSE_B (bmm)
-FLAG_SAME_PADDING = 0x4  # XNN_FLAG_TENSORFLOW_SAME_PADDING (conv, pooling)
-FLAG_TENSORFLOW_LEGACY = 0x4  # XNN_FLAG_TENSORFLOW_LEGACY_MODE (resize bilinear)
-FLAG_ALIGN_CORNERS = 0x8  # XNN_FLAG_ALIGN_CORNERS (resize bilinear)
 
 Handler = Callable[[Any, list[np.ndarray]], list[np.ndarray]]
 
@@ -67,7 +70,7 @@ def _pads(node: Any, x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, 
           dilation: tuple[int, int]) -> tuple[int, int, int, int]:
     """(top, right, bottom, left) padding: the node's, or TensorFlow SAME when flagged."""
     p = node.params
-    if not node.flags & FLAG_SAME_PADDING:
+    if not node.flags & XNN_FLAG_TENSORFLOW_SAME_PADDING:
         return (p.get("padding_top", 0), p.get("padding_right", 0), p.get("padding_bottom", 0),
                 p.get("padding_left", 0))
     total = []
@@ -217,7 +220,7 @@ def _fully_connected(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     """``x [..., K] @ w.T + bias`` with ``w [N, K]`` (``x @ w`` with ``w [K, N]`` if transposed)."""
     x, w, *bias = args
     w64 = w.astype(np.float64)
-    y = x.astype(np.float64) @ (w64 if node.flags & FLAG_TRANSPOSE else w64.T)
+    y = x.astype(np.float64) @ (w64 if node.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else w64.T)
     if bias:
         y = y + bias[0].astype(np.float64)
     return [y.astype(np.float32)]
@@ -226,7 +229,7 @@ def _fully_connected(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
 def _batch_matrix_multiply(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     """``a [..., M, K] @ b [..., K, N]`` (``b [..., N, K]`` with XNN_FLAG_TRANSPOSE_B), batch broadcast."""
     a, b = (v.astype(np.float64) for v in args)
-    if node.flags & FLAG_TRANSPOSE:
+    if node.flags & XNN_FLAG_TRANSPOSE_B:
         b = np.swapaxes(b, -1, -2)
     return [(a @ b).astype(np.float32)]
 
@@ -271,8 +274,8 @@ def _resize_bilinear(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     floor and the next pixel (clamped), weighted by the fraction.
     """
     x = args[0].astype(np.float64)
-    align = bool(node.flags & FLAG_ALIGN_CORNERS)
-    legacy = bool(node.flags & FLAG_TENSORFLOW_LEGACY)
+    align = bool(node.flags & XNN_FLAG_ALIGN_CORNERS)
+    legacy = bool(node.flags & XNN_FLAG_TENSORFLOW_LEGACY_MODE)
 
     def axis(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         adjust = 1 if align and size_out != 1 else 0
@@ -395,24 +398,28 @@ def _fit(value: Any, x: np.ndarray) -> np.ndarray:
 def _codes(value: Any, x: np.ndarray) -> np.ndarray:
     """Per-tensor codes of real values ``x``: ``clamp(rint(x / scale) + zp)``."""
     q = value.quant
-    lo, hi, dtype = (-128, 127, "int8") if value.datatype == Datatype.qint8 else (0, 255, "uint8")
+    facts = storage(value.datatype)
     inv = np.float32(1) / np.float32(q.scale)
-    return quantize_values(np.asarray(x, np.float32), inv, int(q.zero_point), lo, hi, dtype)
+    return quantize_values(np.asarray(x, np.float32), inv, int(q.zero_point), facts.code_min, facts.code_max,
+                           facts.numpy_dtype)
+
+
+#: Datatypes the interpreter takes as external inputs (as ``run`` does, qint32 aside).
+_EXTERNAL_INPUT_TYPES = (Datatype.fp32, Datatype.fp16, Datatype.qint8, Datatype.quint8)
 
 
 def _external_input(value: Any, x: Any, i: int) -> np.ndarray:
     """Real values of external input ``i`` given as the runtime takes it (codes if quantized)."""
     arr = to_numpy(x, f"inputs[{i}]")
     datatype = Datatype(value.datatype)
-    expected = {Datatype.fp32: np.float32, Datatype.fp16: np.float16, Datatype.qint8: np.int8,
-                Datatype.quint8: np.uint8}.get(datatype)
-    if expected is None:
+    if datatype not in _EXTERNAL_INPUT_TYPES:
         raise UnsupportedConfigError(f"external input value {value.id} has datatype {datatype.name}: "
                                      "expected fp32, fp16, qint8 or quint8")
+    expected = np.dtype(storage(datatype).numpy_dtype)
     if arr.dtype != expected or tuple(arr.shape) != tuple(value.dims):
         raise XnnquantError(
             f"inputs[{i}] does not match external input value {value.id}: got shape {tuple(arr.shape)} "
-            f"{arr.dtype}, expected {tuple(value.dims)} {np.dtype(expected)}"
+            f"{arr.dtype}, expected {tuple(value.dims)} {expected}"
         )
     if datatype in (Datatype.qint8, Datatype.quint8):
         q = value.quant

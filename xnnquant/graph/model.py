@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import XNN_INVALID_VALUE_ID, XNN_VALUE_FLAG_EXTERNAL_INPUT, XNN_VALUE_FLAG_EXTERNAL_OUTPUT
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..packing.int4 import unpack_int4
 from ..rounding import bf16_bits_to_float32
 from ..tensor import QuantizedTensor
 
-INVALID_ID = 0xFFFFFFFF  # XNN_INVALID_VALUE_ID: "no value" (missing bias, internal value)
-FLAG_EXTERNAL_INPUT = 1
-FLAG_EXTERNAL_OUTPUT = 2
+#: The schema's "no value" id (a missing bias, an internal value's external_id).
+INVALID_ID = XNN_INVALID_VALUE_ID
 
 
 def _same_array(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -112,11 +112,11 @@ class Value:
 
     @property
     def is_input(self) -> bool:
-        return bool(self.flags & FLAG_EXTERNAL_INPUT)
+        return bool(self.flags & XNN_VALUE_FLAG_EXTERNAL_INPUT)
 
     @property
     def is_output(self) -> bool:
-        return bool(self.flags & FLAG_EXTERNAL_OUTPUT)
+        return bool(self.flags & XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
 
     @property
     def is_constant(self) -> bool:

@@ -15,7 +15,7 @@ How a payload becomes a program:
    ``"XnnpackBackend"`` and the payload as its processed bytes; its ``.buffer()`` is
    the ``.pte``: one delegate call taking the stub's inputs and giving its outputs.
    Named data (constants that ExecuTorch-written payloads reference by ``named_key``)
-   travels in the program's named-data segment, aligned to 16 bytes.
+   travels in the program's named-data segment, aligned to ``CONSTANT_TENSOR_ALIGNMENT``.
 
 The ``LoweredBackendModule`` is built directly instead of through
 ``to_backend("XnnpackBackend", ...)`` with a ``BackendDetails`` subclass: ``to_backend``
@@ -44,11 +44,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from ..arrays import to_numpy
+from ..constants import CONSTANT_TENSOR_ALIGNMENT
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
 
-#: Alignment of named-data blobs in the program, as ExecuTorch's serializer uses.
-NAMED_DATA_ALIGNMENT = 16
 #: Loaded programs kept ready to execute, most recently used last.
 METHOD_CACHE_SIZE = 16
 
@@ -206,7 +205,7 @@ def _named_data_output(named_data: Mapping[str, bytes] | None) -> Any:
             raise XnnquantError(
                 f"named_data must map str keys to bytes: got {type(key).__name__} -> {type(blob).__name__}"
             )
-        store.add_named_data(key, bytes(blob), alignment=NAMED_DATA_ALIGNMENT)
+        store.add_named_data(key, bytes(blob), alignment=CONSTANT_TENSOR_ALIGNMENT)
     return store.get_named_data_store_output()
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
+from ..constants import XNN_INVALID_VALUE_ID
 from ..datatypes import Datatype
 from ..errors import PayloadError, XnnquantError
 from ..rounding import bf16_bits_to_float32
@@ -38,7 +39,6 @@ from .builder import Graph
 from .header import XNNHeader
 from .layout import KIND_BY_TAG, UNIONS, slot
 from .model import (
-    INVALID_ID,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -223,7 +223,7 @@ class _Reader:
             constant, key = self._constant(int(tv.ConstantBufferIdx()), what)
         ext = int(tv.ExternalId())
         dq = self._ext(tv._tab, "XNNTensorValue", "dq_datatype", _N.Int16Flags)
-        return Value(vid, self._datatype(tv.Datatype(), what), dims, None if ext == INVALID_ID else ext,
+        return Value(vid, self._datatype(tv.Datatype(), what), dims, None if ext == XNN_INVALID_VALUE_ID else ext,
                      int(tv.Flags()), constant, quant, key, self._datatype(dq, f"{what} dq_datatype"))
 
     # ----------------------------------------------------------------- nodes
@@ -253,7 +253,7 @@ class _Reader:
         ids = [int(scalar(f)) for f in kind.input_fields]
         inputs = ids[:kind.n_required]
         for extra in ids[kind.n_required:]:
-            if extra == INVALID_ID:
+            if extra == XNN_INVALID_VALUE_ID:
                 break
             inputs.append(extra)
         outputs = tuple(int(scalar(f)) for f in kind.output_fields)

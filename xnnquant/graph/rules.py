@@ -13,14 +13,23 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import (
+    FLT_MIN,
+    MAX_NUM_EXTERNS,
+    XNN_FLAG_TENSORFLOW_SAME_PADDING,
+    XNN_FLAG_TRANSIENT_INDIRECTION_BUFFER,
+    XNN_FLAG_TRANSPOSE_WEIGHTS,
+    XNN_INVALID_VALUE_ID,
+    XNN_MAX_TENSOR_DIMS,
+    XNN_MIN_BLOCKSIZE,
+    XNN_VALUE_FLAG_EXTERNAL_INPUT,
+    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+)
 from ..datatypes import Datatype, QuantParamsKind, ZeroPoint, storage
 from ..errors import UnsupportedConfigError, XnnquantError
-from ..rounding import bf16_bits_to_float32
+from ..rounding import bf16_bits_to_float32, runtime_bf16
 from .layout import NODE_KINDS
 from .model import (
-    FLAG_EXTERNAL_INPUT,
-    FLAG_EXTERNAL_OUTPUT,
-    INVALID_ID,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -30,12 +39,8 @@ from .model import (
 )
 
 D = Datatype
-MAX_DIMS = 6  # XNN_MAX_TENSOR_DIMS
-MAX_EXTERNS = 4096  # ExecuTorch 1.4.1 runtime limit
-MIN_BLOCK_SIZE = 32  # XNNPACK blockwise kernels: block_size >= 32 and a multiple of 32
-FLAG_TRANSPOSE_WEIGHTS = 0x1
-CONV_FLAGS = 0x4 | 0x20  # TENSORFLOW_SAME_PADDING | TRANSIENT_INDIRECTION_BUFFER
-_F32_TINY = float(np.finfo(np.float32).tiny)
+#: The flags a convolution node may carry.
+CONV_FLAGS = XNN_FLAG_TENSORFLOW_SAME_PADDING | XNN_FLAG_TRANSIENT_INDIRECTION_BUFFER
 
 # (input, filter, bias, output) accepted by xnn_define_fully_connected (schema datatypes only)
 FC_TYPES = {
@@ -82,7 +87,7 @@ def expected_nbytes(v: Value) -> int:
 
 
 def _check_scales(what: str, scale: np.ndarray) -> None:
-    bad = ~(np.isfinite(scale) & (scale >= _F32_TINY))
+    bad = ~(np.isfinite(scale) & (scale >= FLT_MIN))
     if bad.any():
         i = int(np.argmax(bad))
         raise _fail(what, f"scales must be positive normal floats: got {scale.ravel()[i]!r} at index {i}")
@@ -91,13 +96,13 @@ def _check_scales(what: str, scale: np.ndarray) -> None:
 def check_value(v: Value) -> None:
     """Rules of ``xnn_define_*tensor_value`` and of ExecuTorch's ``defineTensor``."""
     what = f"value {v.id}"
-    if v.id == INVALID_ID:
+    if v.id == XNN_INVALID_VALUE_ID:
         raise _fail(what, "id_out 0xFFFFFFFF is reserved for 'no value'")
     if v.datatype is D.invalid:
         raise _fail(what, "datatype is invalid (0)")
-    if len(v.dims) > MAX_DIMS:
-        raise _fail(what, f"too many dims: got {len(v.dims)}, expected at most {MAX_DIMS}")
-    if v.flags & ~(FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT):
+    if len(v.dims) > XNN_MAX_TENSOR_DIMS:
+        raise _fail(what, f"too many dims: got {len(v.dims)}, expected at most {XNN_MAX_TENSOR_DIMS}")
+    if v.flags & ~(XNN_VALUE_FLAG_EXTERNAL_INPUT | XNN_VALUE_FLAG_EXTERNAL_OUTPUT):
         raise _fail(what, f"unsupported flag bits: got flags 0x{v.flags:x}, expected a subset of 0x3")
     facts = storage(v.datatype)
     if facts.quant_params is QuantParamsKind.none:
@@ -145,8 +150,8 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
     if q.channel_dim != 0:
         raise _fail(what, f"qbint4 channel_dim must be 0 (output channels): got {q.channel_dim}")
     g = q.group_size
-    if g < MIN_BLOCK_SIZE or g % MIN_BLOCK_SIZE or v.dims[1] % g:
-        raise _fail(what, f"group_size must be a multiple of {MIN_BLOCK_SIZE} dividing IC: got group_size={g}, "
+    if g < XNN_MIN_BLOCKSIZE or g % XNN_MIN_BLOCKSIZE or v.dims[1] % g:
+        raise _fail(what, f"group_size must be a multiple of {XNN_MIN_BLOCKSIZE} dividing IC: got group_size={g}, "
                           f"IC={v.dims[1]}")
     n = v.dims[0] * v.dims[1] // g
     from_buffer = q.scale_buffer_idx != 0
@@ -158,7 +163,7 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
     scale = q.scale if q.scale.size else bf16_bits_to_float32(q.scale_bf16)  # type: ignore[arg-type]
     if scale.size != n:
         raise _fail(what, f"needs OC * IC / group_size = {n} scales: got {scale.size}")
-    _check_scales(what, bf16_bits_to_float32(_bf16_truncated(scale)))
+    _check_scales(what, runtime_bf16(scale).values)
     if q.scale_bf16 is not None and not from_buffer:
         if q.scale_bf16.size != n or bf16_bits_to_float32(q.scale_bf16).view(np.uint32).tolist() != \
                 scale.view(np.uint32).tolist():
@@ -166,17 +171,12 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
                               "must read the same values)")
 
 
-def _bf16_truncated(scale: np.ndarray) -> np.ndarray:
-    """The runtime's fp32 -> bf16 conversion: multiply by 1.00389105f, keep the top 16 bits."""
-    return ((scale.astype(np.float32) * np.float32(1.00389105)).view(np.uint32) >> 16).astype(np.uint16)
-
-
 def _check_externals(graph: Any) -> None:
     externals = [v for v in graph.values if v.flags or v.external_id is not None]
     declared = graph.declared_num_externs
     n = len(externals) if declared is None else declared
-    if n > MAX_EXTERNS:
-        raise XnnquantError(f"graph: num_externs {n} exceeds the runtime's limit of {MAX_EXTERNS}")
+    if n > MAX_NUM_EXTERNS:
+        raise XnnquantError(f"graph: num_externs {n} exceeds the runtime's limit of {MAX_NUM_EXTERNS}")
     if declared is not None and declared != len(externals):
         raise XnnquantError(f"graph: num_externs is {declared} but {len(externals)} values are external")
     n_in = sum(1 for v in externals if v.is_input)
@@ -185,7 +185,7 @@ def _check_externals(graph: Any) -> None:
         if v.external_id is None or not v.flags:
             raise _fail(what, f"external values need both an external_id and a flag: got external_id "
                               f"{v.external_id}, flags {v.flags}")
-        if v.flags == FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT:
+        if v.flags == XNN_VALUE_FLAG_EXTERNAL_INPUT | XNN_VALUE_FLAG_EXTERNAL_OUTPUT:
             raise _fail(what, "a value cannot be both external input and output (ExecuTorch refuses pass-through)")
         lo, hi = (0, n_in) if v.is_input else (n_in, n)
         if not lo <= v.external_id < hi:
@@ -207,7 +207,7 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
             raise _fail(what, f"a {w.datatype.name} filter must be a constant (value {w.id})")
         if len(w.dims) != 2:
             raise _fail(what, f"filter must be 2-D: got dims {list(w.dims)} (value {w.id})")
-        transposed = bool(n.flags & FLAG_TRANSPOSE_WEIGHTS)
+        transposed = bool(n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS)
         if isinstance(w.quant, PerChannelQuant) and w.quant.channel_dim != (1 if transposed else 0):
             raise _fail(what, f"{w.datatype.name} filter channel_dim must be the output-channel dim "
                               f"{1 if transposed else 0}: got {w.quant.channel_dim} (value {w.id})")

@@ -26,11 +26,11 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
+from ..constants import XNN_INVALID_VALUE_ID
 from . import schema_generated as fb
 from .header import XNNHeader, align
 from .layout import NODE_KINDS, TABLES, UNIONS
 from .model import (
-    INVALID_ID,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -94,7 +94,7 @@ def _value(b: flatbuffers.Builder, v: Value, constant_idx: int) -> int:
     tensor = _table(b, "XNNTensorValue", {
         "datatype": int(v.datatype), "num_dims": len(v.dims), "dims": dims,
         "constant_buffer_idx": constant_idx,
-        "external_id": INVALID_ID if v.external_id is None else v.external_id,
+        "external_id": XNN_INVALID_VALUE_ID if v.external_id is None else v.external_id,
         "flags": v.flags, "id_out": v.id,
     })
     if quant is None:
@@ -115,10 +115,10 @@ def node_fields(n: Node) -> dict[str, Any]:
     kind = NODE_KINDS[n.kind]
     fields: dict[str, Any] = {name: n.params[name] for name, _ in kind.param_fields if name in n.params}
     for i, name in enumerate(kind.input_fields):
-        fields[name] = n.inputs[i] if i < len(n.inputs) else INVALID_ID
+        fields[name] = n.inputs[i] if i < len(n.inputs) else XNN_INVALID_VALUE_ID
     if kind.table == "_XNNCat":
         for name in ("input1_id", "input2_id", "input3_id", "input4_id"):
-            fields.setdefault(name, INVALID_ID)
+            fields.setdefault(name, XNN_INVALID_VALUE_ID)
     fields.update(zip(kind.output_fields, n.outputs))
     fields["flags"] = n.flags
     return fields

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import to_numpy
+from ..arrays import is_int, to_numpy
 from ..errors import XnnquantError
 
 
@@ -63,7 +63,7 @@ def transposed_conv_weight(w: Any, groups: int = 1) -> np.ndarray:
     ``[OC, IC/g, KH, KW]`` and lay it out OHWI as ``conv_weight`` does.
     """
     arr = _weight4d(w, "transposed conv weight", "[IC, OC/g, KH, KW]")
-    if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
+    if not is_int(groups) or groups < 1:
         raise XnnquantError(f"groups must be a positive integer: got {groups!r}")
     ic, ocg, kh, kw = arr.shape
     if ic % groups:

@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import tensor as _tensor  # the module: tensor.py itself imports packing.int4
-from ..arrays import as_float32
+from ..arrays import as_float32, is_int
+from ..constants import XNN_ALLOCATION_ALIGNMENT, XNN_MIN_BLOCKSIZE
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
-from ..rounding import to_bf16
+from ..rounding import check_bf16_exact
 from .gemm_configs import PAD_ROWS, KernelConfig, kernel_configs
 from .gemm_layouts import pack_f32, pack_qb4w, pack_qc4w, pack_qc8w, packed_size, tile_bytes
-from .gemm_tiles import ALIGNMENT, round_up
+from .gemm_tiles import round_up
 
 if TYPE_CHECKING:
     from ..tensor import QuantizedTensor
 
-MIN_BLOCK_SIZE = 32  # XNN_MIN_BLOCKSIZE: qb4w group sizes are multiples of it
 ROW_BLOCK_BYTES = 1 << 20  # quantized weights are packed about 1 MiB of codes at a time (f32: no gain measured)
 
 _LAYOUT_OF = {Datatype.qcint8: ("qc8w",), Datatype.qcint4: ("qc4w", "qc4uw"), Datatype.qbint4: ("qb4w",)}
@@ -80,7 +80,7 @@ def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int |
     else:
         pack = functools.partial(pack_qb4w, group_size=int(qt.group_size), nr=nr, kr=kr, sr=sr,  # type: ignore[arg-type]
                                  planes=planes)
-        rows = [qt.codes, bf16_scale_bits(qt.scale), b]
+        rows = [qt.codes, check_bf16_exact(qt.scale, "qbint4 scales").bits, b]
     tile = tile_bytes(layout, k, nr=nr, kr=kr, sr=sr, planes=planes, group_size=qt.group_size or 0)
     return _in_row_blocks(pack, rows, nr, tile, row_bytes=k)
 
@@ -97,7 +97,7 @@ def _in_row_blocks(pack: Callable[..., np.ndarray], rows: list[np.ndarray | None
     per_block = max(1, ROW_BLOCK_BYTES // (nr * row_bytes)) * nr
     if per_block >= n:
         return pack(*rows)
-    out = np.zeros(round_up(-(-n // nr) * tile, ALIGNMENT), np.uint8)
+    out = np.zeros(round_up(-(-n // nr) * tile, XNN_ALLOCATION_ALIGNMENT), np.uint8)
     for start in range(0, n, per_block):
         part = [None if a is None else a[start:start + per_block] for a in rows]
         first, count = start // nr * tile, -(-min(per_block, n - start) // nr) * tile
@@ -127,9 +127,9 @@ def _layout_for(weight: Any, layout: str | None) -> str:
         raise XnnquantError("qcint8 weights need zero point 0: got a non-zero zero point")
     if weight.datatype is Datatype.qbint4:
         g = weight.group_size or 0
-        if g < MIN_BLOCK_SIZE or g % MIN_BLOCK_SIZE:
+        if g < XNN_MIN_BLOCKSIZE or g % XNN_MIN_BLOCKSIZE:
             raise UnsupportedConfigError(
-                f"XNNPACK's qb4w GEMM needs group_size a multiple of {MIN_BLOCK_SIZE}: got group_size={g}"
+                f"XNNPACK's qb4w GEMM needs group_size a multiple of {XNN_MIN_BLOCKSIZE}: got group_size={g}"
             )
     if weight.bits == 4 and weight.codes.size and (weight.codes.min() < -8 or weight.codes.max() > 7):
         raise XnnquantError(
@@ -149,7 +149,7 @@ def _check_shape(shape: tuple[int, ...]) -> None:
 
 def _check_tile(nr: int, kr: int, sr: int, planes: int, layout: str, pad_rows: str) -> None:
     for name, value in (("nr", nr), ("kr", kr), ("sr", sr), ("planes", planes)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        if not is_int(value) or value < 1:
             raise XnnquantError(f"{name} must be a positive integer: got {value!r}")
     for name, value in (("kr", kr), ("sr", sr)):
         if value & (value - 1):
@@ -185,27 +185,8 @@ def _bias(bias: Any, weight: Any) -> np.ndarray | None:
     return b
 
 
-def bf16_scale_bits(scale: np.ndarray) -> np.ndarray:
-    """float32 scales that are exact bf16 values -> their uint16 bf16 bit patterns.
-
-    XNNPACK's blockwise kernels take bf16 scales; a scale that is not exactly a bf16 value
-    raises instead of being rounded silently.
-    """
-    bf = to_bf16(scale)
-    changed = bf.values.view(np.uint32) != scale.astype(np.float32).view(np.uint32)
-    if changed.any():
-        where = tuple(int(i) for i in np.argwhere(changed)[0])
-        raise XnnquantError(
-            f"qbint4 scales must be exact bf16 values (XNNPACK stores bf16): got {scale[where]!r} at "
-            f"index {where}, nearest bf16 {bf.values[where]!r}"
-        )
-    return bf.bits
-
-
 __all__ = [
-    "ALIGNMENT",
     "KernelConfig",
-    "bf16_scale_bits",
     "kernel_configs",
     "pack_f32",
     "pack_gemm",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..constants import XNN_ALLOCATION_ALIGNMENT
 from ..errors import UnsupportedConfigError, XnnquantError
 from .gemm_configs import WEIGHT_LAYOUTS
 from .gemm_tiles import (
-    ALIGNMENT,
     chunk_view,
     int4_group_sums,
     nibble_bytes,
@@ -215,4 +215,4 @@ def packed_size(layout: str, n: int, k: int, *, nr: int, kr: int, sr: int = 1, p
                 group_size: int = 0) -> int:
     """Bytes of the packed buffer for an ``(n, k)`` weight, a multiple of 64."""
     tile = tile_bytes(layout, k, nr=nr, kr=kr, sr=sr, planes=planes, group_size=group_size)
-    return round_up(-(-n // nr) * tile, ALIGNMENT)
+    return round_up(-(-n // nr) * tile, XNN_ALLOCATION_ALIGNMENT)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-ALIGNMENT = 64  # XNN_ALLOCATION_ALIGNMENT on x86-64: the packed buffer is a multiple of it
+from ..constants import XNN_ALLOCATION_ALIGNMENT
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -143,14 +143,14 @@ def per_tile(values: np.ndarray | None, n_rows: int, nr: int, dtype: Any) -> np.
 
 def tile_buffer(n_tiles: int, nr: int, section_bytes: list[int],
                 out: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The zeroed packed buffer (uint8, size rounded up to ``ALIGNMENT``) and one
+    """The zeroed packed buffer (uint8, size rounded up to ``XNN_ALLOCATION_ALIGNMENT``) and one
     ``(T, nr * b)`` uint8 view per section of ``b`` bytes per row, in tile order.
 
     ``out``: a zeroed uint8 array of at least ``T`` tiles to use instead (its first ``T``
     tiles are the buffer; the caller owns the rest).
     """
     tile = nr * sum(section_bytes)
-    buffer = np.zeros(round_up(n_tiles * tile, ALIGNMENT), np.uint8) if out is None else out
+    buffer = np.zeros(round_up(n_tiles * tile, XNN_ALLOCATION_ALIGNMENT), np.uint8) if out is None else out
     tiles = buffer[: n_tiles * tile].reshape(n_tiles, tile)
     edges = np.cumsum([0] + [nr * b for b in section_bytes])
     return buffer, [tiles[:, a:b] for a, b in itertools.pairwise(edges)]

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_int_codes, to_numpy
+from ..arrays import as_int_codes, is_int, to_numpy
 from ..errors import XnnquantError
 
 INT4_MIN, INT4_MAX = -8, 7
@@ -59,7 +59,7 @@ def unpack_int4(packed: Any, k: int) -> np.ndarray:
         raise XnnquantError(f"packed int4 data must be uint8: got dtype {p.dtype}")
     if p.ndim == 0:
         raise XnnquantError("packed int4 data must have at least one dimension: got a scalar")
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+    if not is_int(k) or k < 0:
         raise XnnquantError(f"k must be a non-negative integer: got {k!r}")
     if p.shape[-1] != (k + 1) // 2:
         raise XnnquantError(

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import FLT_MIN
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..rounding import round_half_even
 from ..tensor import QuantizedTensor
-from .checks import SMALLEST_NORMAL, float_input, reciprocal, user_scale
+from .checks import float_input, reciprocal, user_scale
 
 _I32_MIN, _I32_MAX = storage(Datatype.qint32).code_min, storage(Datatype.qint32).code_max
 
@@ -53,12 +54,12 @@ def _choose(arr: np.ndarray, input_scale: Any, weight_scale: Any) -> tuple[Datat
         )
     with np.errstate(over="ignore", under="ignore"):
         scale = (s_in * s_w).astype(np.float32)
-    bad = ~(np.isfinite(scale) & (scale >= SMALLEST_NORMAL))
+    bad = ~(np.isfinite(scale) & (scale >= FLT_MIN))
     if bad.any():
         where = int(np.argmax(bad.reshape(-1)))
         raise XnnquantError(
             f"bias scale input_scale * weight_scale must be a positive normal float32: got "
-            f"{scale.reshape(-1)[where]:.9g} (channel {where}), expected a finite value >= {SMALLEST_NORMAL:.9g}"
+            f"{scale.reshape(-1)[where]:.9g} (channel {where}), expected a finite value >= {FLT_MIN:.9g}"
         )
     return datatype, scale
 

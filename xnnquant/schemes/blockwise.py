@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import is_int
+from ..constants import XNN_MIN_BLOCKSIZE
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
@@ -32,28 +34,25 @@ from .checks import Method, check_method, float_input, user_scales
 from .granularity import PerGroup
 from .search import choose_scales, quantize_blocks
 
-#: XNNPACK's ``XNN_MIN_BLOCKSIZE``: block sizes must be multiples of it.
-MIN_GROUP_SIZE = 32
-
 _FACTS = storage(Datatype.qbint4)
 
 
 def valid_group_sizes(in_features: int) -> list[int]:
     """Every group size XNNPACK accepts for ``in_features`` columns."""
-    return [g for g in range(MIN_GROUP_SIZE, in_features + 1, MIN_GROUP_SIZE) if in_features % g == 0]
+    return [g for g in range(XNN_MIN_BLOCKSIZE, in_features + 1, XNN_MIN_BLOCKSIZE) if in_features % g == 0]
 
 
 def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup, Method]:
     arr = float_input(w, "w", min_rank=2, max_rank=2)
     in_features = arr.shape[1]
     valid = valid_group_sizes(in_features)
-    ok = isinstance(group_size, (int, np.integer)) and not isinstance(group_size, bool) and int(group_size) in valid
+    ok = is_int(group_size) and int(group_size) in valid
     if not ok:
         listed = ", ".join(map(str, valid)) if valid else (
-            f"none: in_features must be a multiple of {MIN_GROUP_SIZE} for blockwise int4; use per-channel int4"
+            f"none: in_features must be a multiple of {XNN_MIN_BLOCKSIZE} for blockwise int4; use per-channel int4"
         )
         raise XnnquantError(
-            f"group_size must be a multiple of {MIN_GROUP_SIZE} that divides in_features: "
+            f"group_size must be a multiple of {XNN_MIN_BLOCKSIZE} that divides in_features: "
             f"got group_size={group_size!r}, in_features={in_features} (valid: {listed})"
         )
     return arr, PerGroup(int(group_size)), check_method(method)

@@ -16,21 +16,16 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from ..arrays import as_float32, to_numpy
+from ..arrays import as_float32, is_int, to_numpy
+from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
 from ..errors import XnnquantError
-from ..rounding import to_bf16
-
-#: The smallest positive normal float32, the least scale XNNPACK accepts.
-SMALLEST_NORMAL = np.float32(np.finfo(np.float32).tiny)
-
-#: XNNPACK's ``XNN_MAX_TENSOR_DIMS``.
-MAX_DIMS = 6
+from ..rounding import check_bf16_exact
 
 Method = Literal["minmax", "mse"]
 METHODS: tuple[str, ...] = ("minmax", "mse")
 
 
-def float_input(x: Any, name: str, min_rank: int, max_rank: int = MAX_DIMS) -> np.ndarray:
+def float_input(x: Any, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
     """``x`` as a finite, non-empty float32 array of rank in ``[min_rank, max_rank]``.
 
     fp32, fp16 and bf16 (numpy, ml_dtypes or torch) are accepted and widened exactly.
@@ -49,7 +44,7 @@ def float_input(x: Any, name: str, min_rank: int, max_rank: int = MAX_DIMS) -> n
 
 def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     """``axis`` in ``[-ndim, ndim)`` as a non-negative int."""
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+    if not is_int(axis):
         raise XnnquantError(f"{name} must be an integer: got {axis!r}")
     if not -ndim <= axis < ndim:
         raise XnnquantError(
@@ -65,14 +60,14 @@ def check_method(method: Any) -> Method:
 
 
 def check_int(value: Any, name: str) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+    if not is_int(value):
         raise XnnquantError(f"{name} must be an integer: got {value!r}")
     return int(value)
 
 
 def positive_normal(scale: np.ndarray, all_zero: np.ndarray) -> np.ndarray:
     """float32 ``scale`` with the two rules above applied (``all_zero`` marks zero blocks)."""
-    out = np.maximum(np.asarray(scale, np.float32), SMALLEST_NORMAL)
+    out = np.maximum(np.asarray(scale, np.float32), FLT_MIN)
     return np.where(all_zero, np.float32(1), out).astype(np.float32)
 
 
@@ -88,12 +83,12 @@ def user_scale(scale: Any, name: str = "scale") -> np.ndarray:
     except (TypeError, ValueError):
         raise XnnquantError(f"{name} must be a number or an array of numbers: got {scale!r}") from None
     as32 = arr.astype(np.float32)
-    bad = ~(np.isfinite(as32) & (as32 >= SMALLEST_NORMAL))
+    bad = ~(np.isfinite(as32) & (as32 >= FLT_MIN))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0]) if arr.ndim else ()
         raise XnnquantError(
             f"{name} must be a positive normal float32 (XNNPACK rejects others): got {arr[where]}"
-            f"{f' at index {where}' if where else ''}, expected a finite value >= {SMALLEST_NORMAL:.9g}"
+            f"{f' at index {where}' if where else ''}, expected a finite value >= {FLT_MIN:.9g}"
         )
     return as32
 
@@ -104,13 +99,7 @@ def user_scales(scale: Any, shape: tuple[int, ...], bf16: bool = False) -> np.nd
     if arr.shape != shape:
         raise XnnquantError(f"scale has the wrong shape: got {arr.shape}, expected {shape}")
     if bf16:
-        inexact = arr != to_bf16(arr).values
-        if inexact.any():
-            where = tuple(int(i) for i in np.argwhere(inexact)[0])
-            raise XnnquantError(
-                f"scale must hold bf16 values: got {arr[where]:.9g} at index {where}, expected a value exactly "
-                "representable in bf16 (round with xnnquant.packing.to_bf16)"
-            )
+        check_bf16_exact(arr)
     return arr
 
 

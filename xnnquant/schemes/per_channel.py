@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import is_int
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
@@ -27,7 +28,7 @@ DATATYPE_BY_BITS: dict[int, Datatype] = {8: Datatype.qcint8, 4: Datatype.qcint4}
 
 
 def _datatype(bits: Any) -> Datatype:
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or int(bits) not in DATATYPE_BY_BITS:
+    if not is_int(bits) or int(bits) not in DATATYPE_BY_BITS:
         raise XnnquantError(f"unsupported bits for per-channel quantization: got {bits!r}, expected 8 or 4")
     return DATATYPE_BY_BITS[int(bits)]
 

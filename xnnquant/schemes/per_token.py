@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import FLT_MIN
 from ..datatypes import Datatype
 from ..errors import XnnquantError
 from ..rounding import quantize_values, round_half_even
 from ..tensor import QuantizedTensor
-from .checks import SMALLEST_NORMAL, check_int, float_input
+from .checks import check_int, float_input
 from .granularity import PerToken
 
 QMIN, QMAX = -128, 127
@@ -50,7 +51,7 @@ def _prepare(x: Any, num_nonbatch_dims: Any) -> tuple[np.ndarray, PerToken]:
 
 def _flush_denormals(rows: np.ndarray) -> np.ndarray:
     """``rows`` with subnormal values replaced by 0, as XNNPACK's denormals-are-zero mode reads them."""
-    return np.where(np.abs(rows) < SMALLEST_NORMAL, np.float32(0), rows)
+    return np.where(np.abs(rows) < FLT_MIN, np.float32(0), rows)
 
 
 def _multipliers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -61,12 +62,12 @@ def _multipliers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore", divide="ignore"):
         span = hi - lo
         mult = np.where(span == 0, np.float32(1), np.float32(255) / span).astype(np.float32)
-        unusable = ~np.isfinite(span) | ~np.isfinite(mult) | (np.float32(1) / mult < SMALLEST_NORMAL)
+        unusable = ~np.isfinite(span) | ~np.isfinite(mult) | (np.float32(1) / mult < FLT_MIN)
     if unusable.any():
         row = int(np.argmax(unusable))
         raise XnnquantError(
             f"x row {row} cannot be quantized per token: got min {lo[row]:.9g}, max {hi[row]:.9g}, "
-            f"expected max - min to be 0 or finite and >= {255 * SMALLEST_NORMAL:.3g} "
+            f"expected max - min to be 0 or finite and >= {255 * FLT_MIN:.3g} "
             "(else XNNPACK's scale, range / 255, is flushed to 0 or overflows)"
         )
     lo_scaled, hi_scaled = lo * mult, hi * mult

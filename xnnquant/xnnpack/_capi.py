@@ -8,9 +8,9 @@ successful ``xnn_initialize``.  Other modules declare further functions with
 ``declare(name, restype, *argtypes)``.
 
 XNNPACK keeps raw pointers to what it is given (static tensor data, scales, callback
-structs) and may read up to ``EXTRA_BYTES`` past the end of an input.  ``padded`` copies an
+structs) and may read up to ``XNN_EXTRA_BYTES`` past the end of an input.  ``padded`` copies an
 array into a buffer with that slack; callers keep such buffers alive (see
-``runtime.Runtime.keepalive``) for as long as XNNPACK may read them.
+``subgraph.Runtime.keepalive``) for as long as XNNPACK may read them.
 """
 
 from __future__ import annotations
@@ -37,18 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import XNN_ALLOCATION_ALIGNMENT, XNN_EXTRA_BYTES
 from ..errors import XnnquantError, missing_extra
-
-# --- constants of include/xnnpack.h at XNNPACK 1adaa7c7 --------------------------------
-
-VALUE_FLAG_EXTERNAL_INPUT = 0x1
-VALUE_FLAG_EXTERNAL_OUTPUT = 0x2
-INVALID_VALUE_ID = 0xFFFFFFFF
-FLAG_TRANSPOSE_WEIGHTS = 0x1  # node flag of xnn_define_fully_connected
-FLAG_BASIC_PROFILING = 0x8  # runtime flag of xnn_create_runtime_v4
-EXTRA_QUANTIZATION_PARAMS = 15  # entries XNNPACK may read past an xnn_quantization_params array
-EXTRA_BYTES = 128  # bytes a kernel may read past an input (XNN_EXTRA_BYTES, largest value)
-MAX_TENSOR_DIMS = 6
 
 # enum xnn_profile_info
 PROFILE_NUM_OPERATORS = 0
@@ -223,14 +213,14 @@ def dims_array(shape: tuple[int, ...]) -> ctypes.Array:
 
 
 def padded(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous, 64-byte-aligned copy of ``array`` followed by ``EXTRA_BYTES`` of zeros.
+    """A C-contiguous, ``XNN_ALLOCATION_ALIGNMENT``-aligned copy of ``array`` followed by ``XNN_EXTRA_BYTES`` of zeros.
 
     Returns a view of the data (same dtype and shape) whose ``.base`` owns the slack, so
     keeping the view alive keeps the whole buffer alive.
     """
     array = np.ascontiguousarray(array)
-    raw = np.zeros(array.nbytes + EXTRA_BYTES + 64, np.uint8)
-    start = (-raw.ctypes.data) % 64
+    raw = np.zeros(array.nbytes + XNN_EXTRA_BYTES + XNN_ALLOCATION_ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % XNN_ALLOCATION_ALIGNMENT
     view = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
     view[...] = array
     return view
@@ -247,11 +237,6 @@ def typed_pointer(array: np.ndarray, ctype: Any) -> Any:
 
 
 __all__ = [
-    "EXTRA_BYTES",
-    "EXTRA_QUANTIZATION_PARAMS",
-    "FLAG_BASIC_PROFILING",
-    "FLAG_TRANSPOSE_WEIGHTS",
-    "INVALID_VALUE_ID",
     "ExternalValue",
     "QuantizationParams",
     "WeightsCacheLookUpKey",

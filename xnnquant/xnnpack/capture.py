@@ -31,11 +31,18 @@ from typing import Any
 import numpy as np
 
 from ..arrays import as_float32
+from ..constants import (
+    XNN_ALLOCATION_ALIGNMENT,
+    XNN_INVALID_VALUE_ID,
+    XNN_VALUE_FLAG_EXTERNAL_INPUT,
+    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+)
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
-from ..packing.gemm import bf16_scale_bits, pack_gemm
+from ..packing.gemm import pack_gemm
 from ..packing.gemm_configs import KernelConfig, kernel_configs, select_config
 from ..packing.int4 import pack_int4
+from ..rounding import check_bf16_exact
 from ..tensor import QuantizedTensor
 from . import _capi
 
@@ -61,7 +68,7 @@ class CapturedWeights:
     """The packed buffer XNNPACK wrote for one operator, and what it says about the kernel."""
 
     operator: str  # e.g. "qdu8_f32_qc4w": XNNPACK's xnn_create_fully_connected_nc_<operator>
-    data: np.ndarray  # uint8 (size,): the whole reserved buffer, size a multiple of 64
+    data: np.ndarray  # uint8 (size,): the whole reserved buffer, size a multiple of XNN_ALLOCATION_ALIGNMENT
     seed: int  # xnn_weights_cache_look_up_key.seed (N ^ K ^ nr ^ kr ^ sr ^ extra bytes ^ op type)
     fingerprint_id: int
     seconds: float  # wall time of the xnn_create_fully_connected_nc_* call
@@ -90,9 +97,9 @@ class _Cache:
         self.provider = _capi.WeightsCacheProvider(None, *self._callbacks)
 
     def _reserve(self, ctx: Any, size: int) -> int:
-        raw = np.zeros(size + 64, np.uint8)
+        raw = np.zeros(size + XNN_ALLOCATION_ALIGNMENT, np.uint8)
         self.buffers.append(raw)
-        return raw.ctypes.data + (-raw.ctypes.data) % 64
+        return raw.ctypes.data + (-raw.ctypes.data) % XNN_ALLOCATION_ALIGNMENT
 
     def _insert(self, ctx: Any, key: Any, ptr: int, size: int) -> int:
         k = key.contents
@@ -177,9 +184,9 @@ def capture_runtime_packed_weights(weight: Any, bias: Any = None) -> CapturedWei
     n, k = arrays["shape"]
     cache = _Cache()
     with Subgraph(2) as graph:
-        x = graph.tensor(Datatype.fp32, (1, k), external_id=0, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
-        y = graph.tensor(Datatype.fp32, (1, n), external_id=1, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
-        b = _capi.INVALID_VALUE_ID if arrays["bias"] is None else graph.tensor(Datatype.fp32, (n,), arrays["bias"])
+        x = graph.tensor(Datatype.fp32, (1, k), external_id=0, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
+        y = graph.tensor(Datatype.fp32, (1, n), external_id=1, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
+        b = XNN_INVALID_VALUE_ID if arrays["bias"] is None else graph.tensor(Datatype.fp32, (n,), arrays["bias"])
         if not isinstance(weight, QuantizedTensor):
             graph.fully_connected(x, graph.tensor(Datatype.fp32, (n, k), arrays["kernel"]), b, y)
         else:
@@ -368,7 +375,7 @@ def _arguments(weight: Any, bias: Any) -> dict[str, Any]:
         else:
             out["kernel"] = _capi.padded(weight.codes.astype(np.int8))
         if weight.datatype is Datatype.qbint4:
-            out["bf16_scale"] = _capi.padded(bf16_scale_bits(weight.scale))
+            out["bf16_scale"] = _capi.padded(check_bf16_exact(weight.scale, "qbint4 scales").bits)
             out["block_size"] = int(weight.group_size)  # type: ignore[arg-type]
         else:
             out["scale"] = _capi.padded(weight.scale.astype(np.float32))

@@ -61,9 +61,17 @@ from typing import Any
 import numpy as np
 
 from ..arrays import as_float32
+from ..constants import (
+    FLT_MIN,
+    XNN_FLAG_TRANSPOSE_WEIGHTS,
+    XNN_INVALID_VALUE_ID,
+    XNN_MIN_BLOCKSIZE,
+    XNN_VALUE_FLAG_EXTERNAL_INPUT,
+    XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
+)
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
-from ..rounding import to_bf16
+from ..rounding import check_bf16_exact
 from ..tensor import QuantizedTensor
 from . import _capi
 from .subgraph import Runtime, Subgraph
@@ -129,7 +137,7 @@ def fully_connected(
         raise XnnquantError(f"bias must have shape (N,) = ({n},): got {b.shape}")
 
     with Subgraph(2) as sg:
-        x_id = sg.tensor(Datatype.fp32, (m, k), external_id=_X, flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+        x_id = sg.tensor(Datatype.fp32, (m, k), external_id=_X, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         if dynamic:
             q_id = sg.dynamic_tensor((m, k), num_nonbatch_dims=1)
             sg.convert(x_id, q_id)
@@ -140,9 +148,9 @@ def fully_connected(
                 b = (b / weight.scale).astype(np.float32)  # XNNPACK scales after adding the bias
         else:
             w_id = sg.tensor(Datatype.fp32, w.shape, w)
-        b_id = _capi.INVALID_VALUE_ID if b is None else sg.tensor(Datatype.fp32, (n,), b)
-        y_id = sg.tensor(Datatype.fp32, (m, n), external_id=_Y, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
-        flags = _capi.FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0
+        b_id = XNN_INVALID_VALUE_ID if b is None else sg.tensor(Datatype.fp32, (n,), b)
+        y_id = sg.tensor(Datatype.fp32, (m, n), external_id=_Y, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
+        flags = XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0
         sg.fully_connected(x_id, w_id, b_id, y_id, flags=flags)
         runtime = Runtime(sg, weights_cache=weights_cache)
     out = np.zeros((m, n), np.float32)
@@ -194,13 +202,13 @@ def static_fully_connected(
 
     with Subgraph(2) as sg:
         x_id = sg.quantized_tensor(Datatype.qint8, (m, k), x_scale, x_zero, external_id=_X,
-                                   flags=_capi.VALUE_FLAG_EXTERNAL_INPUT)
+                                   flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
         w_id = sg.channelwise_tensor(Datatype.qcint8, (n, k), weight.scale, 0, 0, weight.codes)
-        b_id = _capi.INVALID_VALUE_ID
+        b_id = XNN_INVALID_VALUE_ID
         if bias is not None:
             b_id = sg.channelwise_tensor(Datatype.qcint32, (n,), bias.scale, 0, 0, bias.codes.astype(np.int32))
         y_id = sg.quantized_tensor(Datatype.qint8, (m, n), float(output_scale), int(output_zero_point),
-                                   external_id=_Y, flags=_capi.VALUE_FLAG_EXTERNAL_OUTPUT)
+                                   external_id=_Y, flags=XNN_VALUE_FLAG_EXTERNAL_OUTPUT)
         sg.fully_connected(x_id, w_id, b_id, y_id)
         runtime = Runtime(sg, weights_cache=weights_cache)
     out = np.zeros((m, n), np.int8)
@@ -233,7 +241,7 @@ def _check_k(shape: tuple[int, ...], k: int, transpose: bool) -> int:
 def _check_scales(scale: np.ndarray, name: str) -> None:
     """XNNPACK accepts only positive, normal float32 scales."""
     s = np.asarray(scale, np.float32)
-    bad = ~(np.isfinite(s) & (s >= np.finfo(np.float32).tiny))
+    bad = ~(np.isfinite(s) & (s >= FLT_MIN))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0]) if s.ndim else ()
         raise XnnquantError(f"{name} must be positive normal floats: got {s[where]} at index {where}")
@@ -278,10 +286,10 @@ def _check_blockwise(weight: QuantizedTensor, transpose: bool, dynamic: bool) ->
             "input with a blockwise filter (xnn_status_invalid_parameter)"
         )
     g = weight.group_size or 0
-    if g < 32 or g % 32:
-        raise UnsupportedConfigError(f"XNNPACK needs a qbint4 group_size that is a multiple of 32: got {g}")
-    if not np.array_equal(to_bf16(weight.scale).values, weight.scale):
-        raise XnnquantError("qbint4 scales must be exactly bf16 values (round them with xnnquant.rounding.to_bf16)")
+    if g < XNN_MIN_BLOCKSIZE or g % XNN_MIN_BLOCKSIZE:
+        raise UnsupportedConfigError(
+            f"XNNPACK needs a qbint4 group_size that is a multiple of {XNN_MIN_BLOCKSIZE}: got {g}")
+    check_bf16_exact(weight.scale, "qbint4 scales")
 
 
 def _check_qcint4(n: int, k: int, transpose: bool, dynamic: bool) -> None:
@@ -329,7 +337,8 @@ def _define_weight(sg: Subgraph, weight: QuantizedTensor, transpose: bool) -> in
     data = np.frombuffer(weight.to_bytes(), np.uint8)
     if dt is Datatype.qbint4:
         assert weight.group_size is not None  # every qbint4 QuantizedTensor has one
-        return sg.blockwise_tensor((shape[0], shape[1]), to_bf16(weight.scale).bits, weight.group_size, 8, data)
+        return sg.blockwise_tensor((shape[0], shape[1]), check_bf16_exact(weight.scale, "qbint4 scales").bits,
+                                   weight.group_size, 8, data)
     zero_point = 8 if dt is Datatype.qcint4 else 0
     return sg.channelwise_tensor(dt, shape, weight.scale, 1 if transpose else 0, zero_point, data)
 

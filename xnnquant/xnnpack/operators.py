@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import as_float32, to_numpy
+from ..constants import XNN_EXTRA_QUANTIZATION_PARAMS
 from ..datatypes import Datatype
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
@@ -40,7 +41,7 @@ def convert_f32_qd8(x: Any) -> QuantizedTensor:
     rows = data.reshape(-1, k)
     m = rows.shape[0]
     codes = np.zeros((m, k), np.int8)
-    params = (_capi.QuantizationParams * (m + _capi.EXTRA_QUANTIZATION_PARAMS))()
+    params = (_capi.QuantizationParams * (m + XNN_EXTRA_QUANTIZATION_PARAMS))()
     if m:
         _run_convert_f32_qd8(rows, codes, params)
     raw = np.frombuffer(memoryview(params), dtype=np.dtype([("zero_point", "<i4"), ("scale", "<f4")]), count=m)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import XNN_FLAG_BASIC_PROFILING, XNN_INVALID_VALUE_ID
 from ..datatypes import Datatype, to_xnn_c
 from ..errors import XnnquantError
 from . import _capi
@@ -44,7 +45,7 @@ class Subgraph:
         return int(value_id.value)
 
     def tensor(self, datatype: Datatype, shape: tuple[int, ...], data: np.ndarray | None = None,
-               external_id: int = _capi.INVALID_VALUE_ID, flags: int = 0) -> int:
+               external_id: int = XNN_INVALID_VALUE_ID, flags: int = 0) -> int:
         """A float (or unquantized) value; ``data`` makes it static."""
         out = ctypes.c_uint32()
         status = self.lib.xnn_define_tensor_value(
@@ -53,7 +54,7 @@ class Subgraph:
         return self._value_id("xnn_define_tensor_value", status, out)
 
     def quantized_tensor(self, datatype: Datatype, shape: tuple[int, ...], scale: float, zero_point: int,
-                         data: np.ndarray | None = None, external_id: int = _capi.INVALID_VALUE_ID,
+                         data: np.ndarray | None = None, external_id: int = XNN_INVALID_VALUE_ID,
                          flags: int = 0) -> int:
         """A per-tensor quantized value (qint8, quint8, qint32)."""
         out = ctypes.c_uint32()
@@ -71,7 +72,7 @@ class Subgraph:
         status = self.lib.xnn_define_channelwise_quantized_tensor_value_v2(
             self.handle, to_xnn_c(datatype), zero_point, _capi.typed_pointer(scales, ctypes.c_float),
             len(shape), channel_dim, _capi.dims_array(shape), self._static(data),
-            _capi.INVALID_VALUE_ID, 0, ctypes.byref(out))
+            XNN_INVALID_VALUE_ID, 0, ctypes.byref(out))
         return self._value_id("xnn_define_channelwise_quantized_tensor_value_v2", status, out)
 
     def blockwise_tensor(self, shape: tuple[int, int], scale_bf16_bits: np.ndarray, block_size: int,
@@ -83,7 +84,7 @@ class Subgraph:
         status = self.lib.xnn_define_blockwise_quantized_tensor_value(
             self.handle, to_xnn_c(Datatype.qbint4), zero_point, _capi.typed_pointer(scales, ctypes.c_uint16),
             len(shape), channel_dim, block_size, _capi.dims_array(shape), self._static(data),
-            _capi.INVALID_VALUE_ID, 0, ctypes.byref(out))
+            XNN_INVALID_VALUE_ID, 0, ctypes.byref(out))
         return self._value_id("xnn_define_blockwise_quantized_tensor_value", status, out)
 
     def dynamic_tensor(self, shape: tuple[int, ...], num_nonbatch_dims: int = 1) -> int:
@@ -91,7 +92,7 @@ class Subgraph:
         out = ctypes.c_uint32()
         status = self.lib.xnn_define_dynamically_quantized_tensor_value(
             self.handle, to_xnn_c(Datatype.qdint8), len(shape), num_nonbatch_dims, _capi.dims_array(shape),
-            _capi.INVALID_VALUE_ID, 0, ctypes.byref(out))
+            XNN_INVALID_VALUE_ID, 0, ctypes.byref(out))
         return self._value_id("xnn_define_dynamically_quantized_tensor_value", status, out)
 
     # --- nodes -----------------------------------------------------------------------
@@ -136,7 +137,7 @@ class Runtime:
         self.keepalive: list[Any] = [*subgraph.keepalive, weights_cache]
         cache_arg = ctypes.byref(weights_cache) if isinstance(weights_cache, ctypes.Structure) else weights_cache
         if profiling:
-            flags |= _capi.FLAG_BASIC_PROFILING
+            flags |= XNN_FLAG_BASIC_PROFILING
         _capi.check(
             self.lib.xnn_create_runtime_v4(subgraph.handle, cache_arg, None, None, flags, ctypes.byref(self.handle)),
             "xnn_create_runtime_v4",
