@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 HAVE_EXECUTORCH = importlib.util.find_spec("executorch") is not None
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -24,3 +28,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if IN_CI:
                 raise pytest.UsageError(f"{item.nodeid} needs executorch==1.4.1, which CI must install")
             item.add_marker(pytest.mark.skip(reason="needs the xnnpack extra (executorch==1.4.1)"))
+
+
+def _shared_candidates() -> list[Path]:
+    """Where the project's ``shared`` folder may be: beside the repository, or beside
+    the main checkout when this is a git worktree (its common git dir is the main
+    checkout's ``.git``)."""
+    candidates = [REPO.parent / "shared"]
+    try:
+        common = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-common-dir"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        common = ""
+    if common:
+        candidates.append((REPO / common).resolve().parent.parent / "shared")
+    return candidates
+
+
+@pytest.fixture(scope="session")
+def shared_reference() -> Path | None:
+    """``shared/reference`` of the project when it is there (optional: a clean clone in CI
+    may have none, and every test must pass without it)."""
+    return next((c / "reference" for c in _shared_candidates() if (c / "reference").is_dir()), None)

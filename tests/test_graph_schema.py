@@ -1,28 +1,33 @@
 """schema.fbs, its generated code, and the schema-as-data in layout.py agree.
 
 * The committed ``schema_generated.py`` is exactly what the pinned flatc generates.
-* schema.fbs compiles to the same binary reflection schema (``flatc --schema -b``, which
-  leaves comments out) as the seed schema: same tables, fields, order, types, enum and
-  union values, so the same wire format.  The seed's reflection digest is recorded here,
-  and compared directly when the reference file is present.
+* schema.fbs has the seed schema's wire format: the same tables, fields, order, types,
+  enum and union values.  Checked two ways, both against facts committed here: the
+  declarations (``fbs_facts``) equal ``golden/seed_schema_facts.json``, read once from
+  the seed schema (``shared/reference/seed-schema.fbs``); and the binary reflection schema
+  (``flatc --schema -b``, which leaves comments out) has the seed's recorded digest.  When
+  the project's ``shared`` folder is beside the repository, the seed schema itself is
+  compared as well.
 * layout.py restates every table of schema.fbs field for field.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from fbs_facts import facts
 
 from xnnquant.graph import codegen
 from xnnquant.graph import schema_generated as fb
 from xnnquant.graph.layout import EXTENSIONS, NODE_KINDS, TABLES, UNIONS, XN01_NODE_KINDS, slot
 
-SEED_SCHEMA = Path("/work/shared/reference/seed-schema.fbs")
+SEED_FACTS = Path(__file__).parent / "golden" / "seed_schema_facts.json"
 # sha256 of `flatc --schema -b schema.fbs` (flatc 24.3.25) for the seed schema, saved as schema.fbs
 SEED_REFLECTION_SHA256 = "5f5fa07844f23517d2a1ebdeb6914973b3e4448e411e456c5822df43cfba3725"
 
@@ -50,12 +55,32 @@ def test_committed_code_is_what_flatc_generates() -> None:
     )
 
 
+def test_schema_declares_the_seed_wire_format(shared_reference: Path | None) -> None:
+    golden = json.loads(SEED_FACTS.read_text())
+    assert facts(codegen.SCHEMA.read_text()) == golden
+    assert len(golden["unions"]["XNodeUnion"]) == 37 and len(golden["tables"]) == 27
+    if shared_reference is not None and (shared_reference / "seed-schema.fbs").is_file():
+        assert facts((shared_reference / "seed-schema.fbs").read_text()) == golden
+
+
+def test_schema_facts_see_a_changed_field() -> None:
+    """The facts are fine enough to tell wire formats apart."""
+    text = codegen.SCHEMA.read_text()
+    changes = (("output_max:float;", "output_max:double;"),
+               ("xnn_datatype_qbint4 = 10", "xnn_datatype_qbint4 = 11"),
+               ("  XNNFullyConnected,\n", "  XNNFullyConnected: _XNNNode2x1,\n"),
+               ("(deprecated, force_align: 16)", "(deprecated)"))
+    for old, new in changes:
+        assert old in text, old
+        assert facts(text.replace(old, new)) != facts(text), new
+
+
 @pytest.mark.xnnpack
-def test_schema_has_the_seed_wire_format(tmp_path: Path) -> None:
+def test_schema_has_the_seed_wire_format(tmp_path: Path, shared_reference: Path | None) -> None:
     ours = _reflection(codegen.SCHEMA, tmp_path)
     assert hashlib.sha256(ours).hexdigest() == SEED_REFLECTION_SHA256
-    if SEED_SCHEMA.is_file():
-        assert ours == _reflection(SEED_SCHEMA, tmp_path)
+    if shared_reference is not None and (shared_reference / "seed-schema.fbs").is_file():
+        assert ours == _reflection(shared_reference / "seed-schema.fbs", tmp_path)
 
 
 def _fbs_tables(text: str) -> dict[str, list[tuple[str, str]]]:
