@@ -1,4 +1,9 @@
-"""xnnquant inspect / verify on payloads built here, and their errors."""
+"""xnnquant inspect / verify / report on payloads built here, their errors, and their quiet."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,6 +45,61 @@ def test_inspect_reports_bad_files(tmp_path, payload_path, capsys):
 def test_verify_runs_the_real_runtime(payload_path, capsys):
     assert cli.main(["verify", str(payload_path)]) == 0
     assert "OK: worst relative error" in capsys.readouterr().out
+    assert cli.main(["verify", str(payload_path), "--no-isolate"]) == 0
+    assert "OK: worst relative error" in capsys.readouterr().out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m xnnquant ARGS`` in a fresh process, as a user's shell runs it."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-m", "xnnquant", *args], capture_output=True, text=True, env=env,
+                          timeout=900)
+
+
+@pytest.mark.xnnpack
+def test_verify_prints_only_its_own_lines(payload_path):
+    """torch, torchao and executorch warn while they load; none of it reaches the user."""
+    done = _cli("verify", str(payload_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("output 0 (3, 16): max relative error "), lines
+    assert lines[1].startswith("OK: worst relative error "), lines
+    inspected = _cli("inspect", str(payload_path))
+    assert inspected.returncode == 0 and inspected.stderr == "" and inspected.stdout.startswith("6 values, 3 nodes, 2 externals\n")
+
+
+@pytest.mark.xnnpack
+def test_verbose_shows_what_the_libraries_log(payload_path):
+    done = _cli("verify", "--no-isolate", "--verbose", str(payload_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("OK: worst relative error ")
+    assert done.stderr != ""  # the registration warnings, printed as the libraries wrote them
+
+
+REPORT_ON_A_SMALL_WEIGHT = """
+import numpy as np, sys
+import xnnquant.weights as weights
+weights.minilm_linears = lambda: {"w": np.linspace(-1, 1, 8 * 96, dtype=np.float32).reshape(8, 96)}
+from xnnquant.cli import main
+sys.exit(main(["report", "--group-sizes", "32", "96"]))
+"""
+
+
+def test_report_prints_only_its_table():
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", REPORT_ON_A_SMALL_WEIGHT], capture_output=True, text=True,
+                          cwd=root, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("all-MiniLM-L6-v2: 1 encoder linear weights, 768 parameters\n")
+
+
+def test_errors_are_one_line_of_ours(tmp_path):
+    (tmp_path / "junk.xnn").write_bytes(b"not a payload at all")
+    done = _cli("verify", str(tmp_path / "junk.xnn"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("xnnquant: error: ") and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_compare_flags_a_difference():

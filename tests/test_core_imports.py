@@ -9,7 +9,7 @@ sys.modules["torch"] = None          # any 'import torch' now raises ImportError
 sys.modules["executorch"] = None
 import numpy as np
 import xnnquant as xq
-from xnnquant.graph import Graph, load
+from xnnquant.graph import Graph, interpret, load, run, to_pte  # run/to_pte import torch on first use
 w = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(32, 64)
 qt = xq.quantize_blockwise(w, group_size=32)
 g = Graph()

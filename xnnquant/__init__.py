@@ -7,7 +7,14 @@ the real XNNPACK shipped in executorch, to check those bytes and numbers.
 
 from . import graph, packing
 from .datatypes import STORAGE, Datatype, QuantParamsKind, from_xnn_c, storage, to_xnn_c
-from .errors import MissingExtraError, PayloadError, UnsupportedConfigError, XnnquantError
+from .errors import (
+    MissingExtraError,
+    PayloadError,
+    RuntimeCrashError,
+    RuntimeTimeoutError,
+    UnsupportedConfigError,
+    XnnquantError,
+)
 from .schemes import (
     quantize_bias,
     quantize_blockwise,
@@ -26,6 +33,8 @@ __all__ = [
     "PayloadError",
     "QuantParamsKind",
     "QuantizedTensor",
+    "RuntimeCrashError",
+    "RuntimeTimeoutError",
     "UnsupportedConfigError",
     "XnnquantError",
     "from_xnn_c",

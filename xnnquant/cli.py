@@ -3,12 +3,23 @@
 * ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (the main job of ``make run``);
 * ``xnnquant inspect PAYLOAD``: the values and nodes of an XNNGraph payload;
 * ``xnnquant verify PAYLOAD``: run it on the real XNNPACK and on the reference interpreter.
+
+Normal runs print only xnnquant's own lines: what libraries write to stderr while they
+load or run (torch and torchao registration warnings, the runtime's log) is held back,
+and shown with ``--verbose``.  ``verify`` runs the payload in a separate process, so a
+payload that crashes the runtime is reported as an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
 
 from .errors import XnnquantError
 
@@ -36,7 +47,14 @@ def _verify(args: argparse.Namespace) -> None:
 
     from .verify import verify
 
-    errors, text = verify(Path(args.payload).read_bytes(), seed=args.seed)
+    try:
+        errors, text = verify(Path(args.payload).read_bytes(), seed=args.seed, isolate=not args.no_isolate,
+                              timeout=args.timeout)
+    finally:
+        if args.verbose and not args.no_isolate:
+            from .graph.worker import worker
+
+            sys.stderr.write(worker().log_text())
     print(text)
     worst = max(errors, default=0.0)
     print(f"{'OK' if worst <= args.tolerance else 'MISMATCH'}: worst relative error {worst:.3g} "
@@ -61,15 +79,55 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("payload")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     verify.add_argument("--tolerance", type=float, default=VERIFY_TOLERANCE)
+    verify.add_argument("--no-isolate", action="store_true",
+                        help="run the payload in this process (a runtime crash then ends xnnquant)")
+    verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop the isolated runtime after this long (default 300)")
     verify.set_defaults(func=_verify)
+    for command in (report, inspect, verify):
+        command.add_argument("-v", "--verbose", action="store_true",
+                             help="also show what torch, executorch and the runtime log")
     return parser
+
+
+@contextlib.contextmanager
+def _held_back(verbose: bool) -> Iterator[list[str]]:
+    """Hold back what libraries write to stderr (file descriptor 2, ``sys.stderr``,
+    warnings, logging) while the block runs, unless ``verbose``.  Yields a list that
+    holds the text once the block has ended."""
+    held: list[str] = []
+    if verbose:
+        yield held
+        return
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved_fd, saved_stream = os.dup(2), sys.stderr
+        previous_disable = logging.root.manager.disable
+        os.dup2(sink.fileno(), 2)
+        sys.stderr = open(os.dup(2), "w", encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
+        logging.disable(logging.WARNING)
+        try:
+            yield held
+        finally:
+            logging.disable(previous_disable)
+            sys.stderr.close()
+            sys.stderr = saved_stream
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            sink.seek(0)
+            held.append(sink.read().decode("utf-8", "replace"))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        with _held_back(args.verbose) as held:
+            args.func(args)
     except (XnnquantError, OSError) as exc:
         print(f"xnnquant: error: {exc}", file=sys.stderr)
         return 2
+    except BaseException:
+        sys.stderr.write("".join(held))  # an unexpected failure: show everything
+        raise
     return 0

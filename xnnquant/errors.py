@@ -20,6 +20,21 @@ class PayloadError(XnnquantError):
     """Malformed or inconsistent XNNGraph payload bytes."""
 
 
+class RuntimeCrashError(XnnquantError):
+    """The real runtime died (a signal such as SIGSEGV) while running a payload in an
+    isolated process; ``signal_number`` is the signal (``None`` for a plain exit) and
+    ``log`` what the runtime process logged during the call."""
+
+    def __init__(self, message: str, signal_number: int | None = None, log: str = "") -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+        self.log = log
+
+
+class RuntimeTimeoutError(RuntimeCrashError):
+    """The isolated runtime did not finish within the time allowed and was stopped."""
+
+
 class MissingExtraError(XnnquantError, ImportError):
     """An optional dependency (an extra of the package) is not installed."""
 

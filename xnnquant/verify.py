@@ -40,14 +40,19 @@ def compare(reference: Sequence[np.ndarray], actual: Sequence[np.ndarray]) -> li
     return errors
 
 
-def verify(payload: bytes, named_data: Mapping[str, bytes] | None = None, seed: int = 0) -> tuple[list[float], str]:
+def verify(payload: bytes, named_data: Mapping[str, bytes] | None = None, seed: int = 0, *,
+           isolate: bool = False, timeout: float | None = None) -> tuple[list[float], str]:
     """Run ``payload`` on the real XNNPACK and on the numpy interpreter with the same random
-    inputs; return the per-output relative errors and a report."""
+    inputs; return the per-output relative errors and a report.
+
+    ``isolate`` and ``timeout``: see ``graph.run`` (with ``isolate=True`` a payload that
+    crashes the runtime raises ``RuntimeCrashError`` instead of ending the process).
+    """
     from .graph import interpret, load, run
 
     graph = load(payload, named_data)
     inputs = random_inputs(graph, seed)
-    real = run(payload, inputs, named_data=named_data)
+    real = run(payload, inputs, named_data=named_data, isolate=isolate, timeout=timeout)
     ref = interpret(graph, inputs)
     errors = compare(ref, real)
     lines = [f"output {i} {tuple(r.shape)}: max relative error {e:.3g}" for i, (r, e) in enumerate(zip(ref, errors))]

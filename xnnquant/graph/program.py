@@ -50,6 +50,9 @@ from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missin
 
 #: Loaded programs kept ready to execute, most recently used last.
 METHOD_CACHE_SIZE = 16
+#: Set in an isolated worker process (``worker.py``): the runtime's log of each call goes
+#: to this file, which the parent reads when the worker dies.
+_CALL_LOG: str | None = None
 
 #: Datatypes an external (input or output) value may have, and the numpy dtype of the
 #: buffer the runtime exchanges for it.  qdint8 is never external; per-channel and
@@ -264,8 +267,13 @@ def _captured_stderr() -> Iterator[list[str]]:
     has ended.
     """
     captured: list[str] = []
-    python_side = io.StringIO()
-    with tempfile.TemporaryFile() as sink:
+    if _CALL_LOG is not None:  # in an isolated worker: a file the parent reads if the process dies
+        open(_CALL_LOG, "wb").close()
+        sink = open(_CALL_LOG, "a+b")  # noqa: SIM115 - closed below
+        python_side: Any = open(_CALL_LOG, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    else:
+        sink, python_side = tempfile.TemporaryFile(), io.StringIO()
+    with sink, python_side:
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
         try:
@@ -274,8 +282,10 @@ def _captured_stderr() -> Iterator[list[str]]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            python_side.flush()
             sink.seek(0)
-            captured.append(python_side.getvalue() + sink.read().decode("utf-8", "replace"))
+            text = sink.read().decode("utf-8", "replace")
+            captured.append(text if _CALL_LOG is not None else python_side.getvalue() + text)
 
 
 class _Loaded(NamedTuple):
@@ -356,7 +366,8 @@ def _check_inputs(inputs: Sequence[Any], specs: list[TensorSpec]) -> list[np.nda
 
 
 def run(payload: PayloadLike, inputs: Sequence[Any], *,
-        named_data: Mapping[str, bytes] | None = None, validate: bool = True) -> list[np.ndarray]:
+        named_data: Mapping[str, bytes] | None = None, validate: bool = True,
+        isolate: bool = False, timeout: float | None = None) -> list[np.ndarray]:
     """Execute ``payload`` on the real XNNPACK (ExecuTorch 1.4.1 runtime).
 
     ``inputs``: one array per external input, in external-id order, each with exactly
@@ -366,12 +377,34 @@ def run(payload: PayloadLike, inputs: Sequence[Any], *,
     output, in external-id order, with the same dtype rules (argmax-pooling indices:
     int64).
 
+    ``isolate=True`` runs the payload in a worker process (``worker.py``): a payload
+    that crashes the runtime raises ``RuntimeCrashError`` (with the signal and the
+    runtime's last log lines) instead of killing the caller, and a call that takes
+    longer than ``timeout`` seconds (default ``worker.DEFAULT_TIMEOUT``) raises
+    ``RuntimeTimeoutError``.  The payload is loaded and the inputs are checked in the
+    caller first, so every other error is the same as in-process.  The worker starts on
+    the first isolated call (importing torch and executorch: seconds) and is reused.
+
     Raises ``UnsupportedConfigError`` when the runtime refuses the payload, with the
     runtime's own log lines in the message.  Loaded programs are cached by the payload's
     bytes (and named data), so running the same payload again costs only the execution.
     """
+    data = _payload_bytes(payload)
+    if not isolate:
+        return _run_in_process(data, inputs, named_data, validate)
+    from .worker import DEFAULT_TIMEOUT, worker
+
+    in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
+    arrays = _check_inputs(inputs, in_specs)
+    return worker().run(data, named_data, validate, arrays, [(s.shape, s.dtype) for s in out_specs],
+                        DEFAULT_TIMEOUT if timeout is None else timeout)
+
+
+def _run_in_process(data: bytes, inputs: Sequence[Any], named_data: Mapping[str, bytes] | None,
+                    validate: bool, into: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    """``run`` in this process; outputs copied into ``into`` when given (else fresh arrays)."""
     torch = _import_torch_executorch()
-    loaded = _loaded_method(_payload_bytes(payload), named_data, validate)
+    loaded = _loaded_method(data, named_data, validate)
     arrays = _check_inputs(inputs, loaded.inputs)
     with _captured_stderr() as log:
         try:
@@ -385,4 +418,8 @@ def run(payload: PayloadLike, inputs: Sequence[Any], *,
             f"the ExecuTorch runtime failed to execute the payload: {failure}; runtime log: "
             f"{_log_summary(log[0])}"
         ) from None
-    return [np.array(r.numpy(), copy=True) for r in results]
+    if into is None:
+        return [np.array(r.numpy(), copy=True) for r in results]
+    for slot, r in zip(into, results):
+        slot[...] = r.numpy()
+    return list(into)
