@@ -186,6 +186,52 @@ def test_qb4w_correction_accumulates_in_float32_chunk_by_chunk() -> None:
     assert got[:4].view(np.float32)[0] == expected
 
 
+def test_qb4w_unsigned_input_vnni_tile() -> None:
+    """qdu8 x qb4w on AVX-512 VNNI (nr 16, kr 8, two planes), the kernel an AVX2 machine
+    cannot capture: one row in a 16-row tile, K = 32 in one block, chunks of 16 values."""
+    codes = np.array([[k % 16 - 8 for k in range(32)]], np.int8)
+    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, np.array([[0.5]], np.float32), zero_point=8, group_size=32)
+    got = pack_gemm(w, np.array([3.0], np.float32), config=config("qdu8_f32_qb4w", "avx512vnni"))
+    row0 = bytes(((j - 8) & 0xF) | (j << 4) for j in range(8))  # k j = j - 8 (low), k j + 8 = j (high)
+    chunk = row0 + bytes(15 * 8)  # padding rows 1..15 are zero bytes
+    expected = padded64(
+        le("16f", 8.0, *([0] * 15)),   # 0 - (-8 * 0.5) - (-8 * 0.5): each chunk's codes sum to -8
+        chunk, chunk,
+        le("16H", 0x3D00, *([0] * 15)),  # bf16 of 0.5 / 16 = 2^-5
+        le("16f", 3.0, *([0] * 15)),
+    )
+    assert got.tobytes() == expected and len(expected) == 448
+
+
+#: /proc/cpuinfo flags of the machines the suite has run on that decide XNNPACK's x86 GEMM
+#: kernels (other flags left out): AMD Zen 2 and Zen 3 (AVX2), AMD Zen 4 (AVX-512 VNNI).
+AVX2 = {"sse2", "ssse3", "sse4_1", "avx", "fma", "avx2"}
+AVX512 = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "gfni"}
+EXPECTED_KERNELS = {  # operator -> ISA branch per machine; None: no kernel (capture tests skip)
+    # Zen 2 (family 0x17, model 0x31) and Zen 3 are not XNNPACK's uarch "zen" (Zen 1 only)
+    "zen2, zen3": {"f32": "fma3 (other uarch)", "qd8_f32_qc8w": "avx2", "qdu8_f32_qc8w": None,
+                   "qd8_f32_qc4w": "sse2", "qdu8_f32_qc4w": "avx2", "qd8_f32_qb4w": "avx2",
+                   "qdu8_f32_qb4w": None},
+    "zen4": {"f32": "avx512f", "qd8_f32_qc8w": "avx512skx", "qdu8_f32_qc8w": "avx512vnni (x86-64 asm)",
+             "qd8_f32_qc4w": "sse2", "qdu8_f32_qc4w": "avx512vnni", "qd8_f32_qb4w": "avx2",
+             "qdu8_f32_qb4w": "avx512vnni"},
+}
+
+
+@pytest.mark.parametrize("machine", sorted(EXPECTED_KERNELS))
+def test_kernel_selection_per_machine(machine: str) -> None:
+    """Which capture tests run where: on AVX-512 VNNI every operator has a kernel, so the
+    qdu8 captures that AVX2 machines skip run there (and their tiles have golden bytes here)."""
+    from xnnquant.packing.gemm_configs import select_config
+
+    flags, uarch = {"zen2, zen3": (AVX2, ""), "zen4": (AVX512, "zen4")}[machine]
+    got = {}
+    for operator in EXPECTED_KERNELS[machine]:
+        selected = select_config(operator, flags, uarch)
+        got[operator] = None if selected is None else selected.isa
+    assert got == EXPECTED_KERNELS[machine]
+
+
 # --- f32 --------------------------------------------------------------------------------
 
 
