@@ -79,7 +79,7 @@ XNNPACK_F32: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "XNNSin": lambda y: mixed(y, 3 * EPS, 5 * EPS),
     "XNNCos": lambda y: mixed(y, 3 * EPS, 5 * EPS),
     "XNNGelu": lambda y: mixed(y, 10 * EPS, 5 * EPS),
-    **{kind: _exact for kind in ("XNNAbs", "XNNNegate", "XNNFloor", "XNNCeiling", "XNNClamp")},
+    **dict.fromkeys(("XNNAbs", "XNNNegate", "XNNFloor", "XNNCeiling", "XNNClamp"), _exact),
     # test/operators/softmax-operator-tester.h: |y - ref| <= |ref| * 1e-5 for f32
     "XNNSoftmax": lambda y: np.abs(y) * 1e-5,
 }

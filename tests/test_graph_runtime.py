@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from float_bounds import U16, XNNPACK_F32, U, assert_within, bound_of_kind, dynamic_gemm_bound, gamma, half_ulp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,11 +22,10 @@ from xnnquant import Datatype as D
 from xnnquant import QuantizedTensor
 from xnnquant.errors import PayloadError, UnsupportedConfigError, XnnquantError
 from xnnquant.graph import Graph, PerTensorQuant, interpret, load, run, to_pte
-from xnnquant.graph.layout import XN01_NODE_KINDS
 from xnnquant.graph.interpreter import HANDLERS, _constant
+from xnnquant.graph.layout import XN01_NODE_KINDS
 from xnnquant.rounding import to_bf16
 from xnnquant.schemes import quantize_per_token
-from float_bounds import U16, XNNPACK_F32, U, assert_within, bound_of_kind, dynamic_gemm_bound, gamma, half_ulp
 
 pytestmark = pytest.mark.xnnpack
 

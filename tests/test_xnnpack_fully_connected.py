@@ -15,11 +15,11 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 import pytest
+from float_bounds import assert_within, dynamic_gemm_bound, gamma, half_ulp
 
 from xnnquant import Datatype, QuantizedTensor
 from xnnquant.constants import XNN_INVALID_VALUE_ID, XNN_VALUE_FLAG_EXTERNAL_INPUT, XNN_VALUE_FLAG_EXTERNAL_OUTPUT
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
-from float_bounds import assert_within, dynamic_gemm_bound, gamma, half_ulp
 
 pytestmark = pytest.mark.xnnpack
 

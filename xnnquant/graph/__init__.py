@@ -6,6 +6,7 @@ schema_generated.py) and a constant segment; see header.py for the byte layout.
 
 from .builder import Graph
 from .header import XNNHeader
+from .interpreter import interpret
 from .model import (
     INVALID_ID,
     Node,
@@ -15,9 +16,8 @@ from .model import (
     PerTokenDynamicQuant,
     Value,
 )
-from .interpreter import interpret
-from .reader import load
 from .program import run, to_pte
+from .reader import load
 from .rules import validate
 
 __all__ = [

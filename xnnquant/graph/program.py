@@ -272,7 +272,7 @@ def _captured_stderr() -> Iterator[list[str]]:
         sink = open(_CALL_LOG, "a+b")  # noqa: SIM115 - closed below
         python_side: Any = open(_CALL_LOG, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     else:
-        sink, python_side = tempfile.TemporaryFile(), io.StringIO()
+        sink, python_side = tempfile.TemporaryFile(), io.StringIO()  # noqa: SIM115 - closed below
     with sink, python_side:
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)

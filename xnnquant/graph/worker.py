@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def _view(buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> 
     return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
-def _send(stream: BinaryIO, message: Any) -> None:
+def _send(stream: IO[bytes], message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
@@ -131,8 +131,8 @@ class Worker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log: BinaryIO | None = None
-        self._data: BinaryIO | None = None
+        self._log: IO[bytes] | None = None
+        self._data: IO[bytes] | None = None
         self._call_log = ""
         self.starts = 0  # how many processes this worker has started (for tests and benchmarks)
 
@@ -141,14 +141,15 @@ class Worker:
     def _start(self, timeout: float) -> None:
         import xnnquant
 
-        self._log = tempfile.TemporaryFile(prefix="xnnquant-worker-", suffix=".log")
-        self._data = tempfile.NamedTemporaryFile(prefix="xnnquant-worker-", suffix=".data", dir=_shm_dir())
-        self._call_log = self._data.name + ".call.log"
+        # both live as long as the worker process; stop() closes them
+        self._log = tempfile.TemporaryFile(prefix="xnnquant-worker-", suffix=".log")  # noqa: SIM115
+        data = tempfile.NamedTemporaryFile(prefix="xnnquant-worker-", suffix=".data", dir=_shm_dir())  # noqa: SIM115
+        self._data, self._call_log = data, data.name + ".call.log"
         package_root = str(Path(xnnquant.__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p))
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "xnnquant.graph.worker", self._data.name, self._call_log],
+            [sys.executable, "-m", "xnnquant.graph.worker", data.name, self._call_log],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
         )
         self.starts += 1
@@ -158,6 +159,7 @@ class Worker:
         """End the worker process (it is started again on the next call)."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            assert proc.stdin is not None and proc.stdout is not None
             if proc.poll() is None:
                 try:
                     proc.stdin.close()  # the worker exits at end of input
@@ -190,6 +192,7 @@ class Worker:
     def _exchange(self, request: Any, timeout: float | None, doing: str) -> Any:
         """Send ``request`` (``None``: only wait for the start-up message), return the reply."""
         assert self._proc is not None and self._log is not None
+        assert self._proc.stdin is not None and self._proc.stdout is not None
         log_start = self._log.seek(0, os.SEEK_END)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -321,7 +324,7 @@ def _serve(data_path: str, call_log: str) -> None:
             reply: Any = ("ok", None)
         except XnnquantError as exc:
             reply = ("error", (type(exc).__name__, str(exc)))
-        except Exception as exc:  # noqa: BLE001 - reported to the caller, the worker lives on
+        except Exception as exc:
             reply = ("error", ("XnnquantError", f"the isolated runtime failed: {type(exc).__name__}: {exc}"))
         _send(channel, reply)
 
