@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xnnquant import QuantizedTensor, quantize_per_token
+
 #: Unit roundoff of float32 (round to nearest): half of ``EPS``.
 U = 2.0**-24
 #: Unit roundoff of float16.
@@ -59,12 +61,15 @@ def _exact(ref: np.ndarray) -> np.ndarray:
     return np.zeros(np.shape(ref))
 
 
-#: XNNPACK's acceptance bound for f32 results of each node kind, as a function of the
-#: (double-precision) reference result: any kernel XNNPACK runs on any CPU meets it.
+#: XNNPACK's bound for f32 results of each node kind on x86-64, as a function of the
+#: (double-precision) reference result: any kernel XNNPACK runs on any x86-64 CPU meets it.
 XNNPACK_F32: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    # test/vbinary-microkernel-tester.cc: |y - ref| <= (|ref| + 1) * 1e-6 for f32 ops
-    **{kind: (lambda y: (np.abs(y) + 1.0) * 1e-6) for kind in (
-        "XNNAdd", "XNNSubtract", "XNNMultiply", "XNNDiv", "XNNMinimum", "XNNMaximum", "XNNPReLU")},
+    # test/vbinary-microkernel-tester.cc allows (|ref| + 1) * 1e-6 for f32 ops, for other
+    # architectures' reciprocal-based division; every x86 kernel (SSE, AVX, AVX-512) is one
+    # IEEE vaddps / vsubps / vmulps / vdivps / vminps / vmaxps per element: correctly
+    # rounded, so the same bits as the float64 reference rounded once (53 >= 2 * 24 + 2
+    # makes that double rounding innocuous, division included)
+    **dict.fromkeys(("XNNAdd", "XNNSubtract", "XNNMultiply", "XNNDiv", "XNNMinimum", "XNNMaximum", "XNNPReLU"), _exact),
     # test/unary-ops.h
     "XNNSigmoid": lambda y: mixed(y, EPS, EPS),
     "XNNELU": lambda y: mixed(y, 5e-6, 1e-5),
@@ -120,10 +125,12 @@ def dynamic_gemm_bound(codes: np.ndarray, zero_point: np.ndarray, x_scale: np.nd
 
     Blockwise (qb4w): each block's integer sum uses the codes *before* the zero point is
     taken off (``|q|`` or ``|q + 128|``, at most ``|q - zp| + z`` with
-    ``z = max(|zp|, |zp + 128|)``) and is scaled and added in float32 (2 roundings per
-    block); the packed correction ``-sum(chunk sums * s)`` was accumulated in float32 over
-    the ``K / kr`` chunks (kr >= 4 in every x86 kernel) and is multiplied by the zero
-    point; then the same 4 roundings: ``gamma(2 B + K / 4 + 4) * (sum_k (|q - zp| + z) |w| s xs + |b|)``.
+    ``z = max(|zp|, |zp + 128|)``); the float32 accumulator starts at the packed
+    correction times the zero point (that correction was itself accumulated in float32
+    over the ``K / 16`` chunks of 16 values: kr = 8 in every x86 qb4w kernel), adds each
+    block's sum times its scale with one FMA (``B`` roundings), is reduced across lanes
+    (at most 3 additions) and scaled and biased (2): ``gamma(B + K / 16 + 8) *
+    (sum_k (|q - zp| + z) |w| s xs + |b|)``.
     """
     centered = np.abs(codes.astype(np.float64) - zero_point[:, None])
     w_abs = np.abs(w_codes.astype(np.float64))
@@ -134,4 +141,62 @@ def dynamic_gemm_bound(codes: np.ndarray, zero_point: np.ndarray, x_scale: np.nd
     k = codes.shape[1]
     z = np.maximum(np.abs(zero_point), np.abs(zero_point + 128)).astype(np.float64)[:, None]
     w_real = w_abs * np.repeat(w_scale.astype(np.float64), group_size, axis=1)
-    return gamma(2 * (k // group_size) + k // 4 + 4) * (((centered + z) @ w_real.T) * xs + b_abs)
+    return gamma(k // group_size + k // 16 + 8) * (((centered + z) @ w_real.T) * xs + b_abs)
+
+
+def uncertain_codes(x: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """Which per-token codes of ``x`` a runtime holding ``y`` instead, ``y >= 0`` and
+    ``|y - x| <= delta``, may round the other way: bool, shape of ``x`` (float32 rows of
+    non-negative values, as after a ReLU, so the zero point is -128 whatever the row).
+
+    A code is ``round_half_even(x * s) - 128`` with ``s = 255 / max(row)``; perturbing the
+    row moves ``x * s`` by at most ``delta * s + |x * s| * ds / s`` (``ds``: the change of
+    ``s`` when the maximum moves by ``delta``) plus two float32 roundings.  A code is
+    certain when that is below the value's distance to the nearest half integer; an
+    uncertain one differs by at most one step.
+    """
+    x64, d = x.astype(np.float64), np.broadcast_to(delta, x.shape).astype(np.float64)
+    assert (x64 >= 0).all()  # so the row minimum XNNPACK uses, min(0, min(row)), is 0
+    top = x64.max(axis=1, keepdims=True)
+    worst = d.max(axis=1, keepdims=True)
+    s = 255 / np.where(top > 0, top, 1)
+    ds_over_s = worst / np.maximum(top - worst, 1e-30)
+    t = x64 * s
+    moves = d * s + np.abs(t) * ds_over_s + 2 * U * np.abs(t)
+    return np.abs(t - np.floor(t) - 0.5) <= moves
+
+
+def dynamic_chain_bound(x: np.ndarray, layers: list[tuple[QuantizedTensor, np.ndarray | None, bool]],
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Reference output and bound of fully-connected layers each fed through a qdint8
+    Convert: ``layers`` = ``(filter, bias or None, relu)`` in order, ``x`` float32 ``(M, K)``.
+
+    Each layer after the first quantizes what the previous one computed, on the runtime
+    from its own (slightly different) floats.  A layer's error is its own
+    (``dynamic_gemm_bound``), plus the change of its input scale (1/s moves with the row
+    maximum by at most the previous error), plus one input step times the filter column
+    for every input code the previous error may have rounded the other way
+    (``uncertain_codes``; hidden layers must end in a ReLU).  Returns the float32
+    reference (float64 arithmetic rounded once, as the interpreter computes it), the
+    bound, and nothing depends on the CPU.
+    """
+    h, d = x, np.zeros(x.shape)
+    for i, (w, b, relu) in enumerate(layers):
+        q = quantize_per_token(h)
+        w_abs = np.abs(w.dequantize()).astype(np.float64)
+        flips = np.zeros((h.shape[0], w.shape[0]))
+        if i:
+            assert layers[i - 1][2], "a hidden layer's codes are bounded only after a ReLU"
+            step = np.asarray(q.scale, np.float64).reshape(-1, 1)
+            flips = (uncertain_codes(h, d) * step) @ w_abs.T
+        real = q.dequantize().astype(np.float64)
+        y = real @ w.dequantize().astype(np.float64).T + (0 if b is None else b.astype(np.float64))
+        y = np.maximum(y, 0) if relu else y  # a ReLU does not increase the error
+        size = np.abs(real) @ w_abs.T
+        top = np.abs(h).max(axis=1, keepdims=True).astype(np.float64)
+        scale_moved = d.max() / np.maximum(top - d.max(), 1e-30)  # relative change of 1/s
+        group = w.group_size if w.datatype.name == "qbint4" else None
+        own = dynamic_gemm_bound(q.codes, q.zero_point, q.scale, w.codes, w.scale, group, b)
+        h = y.astype(np.float32)
+        d = own + scale_moved * size + flips + half_ulp(h)
+    return h, d

@@ -14,7 +14,17 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from float_bounds import U16, XNNPACK_F32, U, assert_within, bound_of_kind, dynamic_gemm_bound, gamma, half_ulp
+from float_bounds import (
+    U16,
+    XNNPACK_F32,
+    U,
+    assert_within,
+    bound_of_kind,
+    dynamic_chain_bound,
+    dynamic_gemm_bound,
+    gamma,
+    half_ulp,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -547,36 +557,15 @@ def test_weight_only_fully_connected_scales_the_bias(datatype: D, monkeypatch: p
     assert_within(without_bias, want, gamma(17) * size + half_ulp(want), "no bias")
 
 
-def per_token_codes_are_stable(x: np.ndarray, delta: np.ndarray) -> bool:
-    """Whether XNNPACK's per-token quantization gives ``x``'s codes and zero points for
-    every ``y`` with ``|y - x| <= delta`` (``x`` float32 rows whose minimum is 0, as after
-    a ReLU: then the zero point is -128 whatever the row's maximum).
-
-    A code is ``round_half_even(x * s) - 128`` with ``s = 255 / max(row)``; perturbing the
-    row moves ``x * s`` by at most ``delta * s + |x * s| * ds / s`` (``ds``: the change of
-    ``s`` when the maximum moves by ``delta``) plus two float32 roundings.  Stable when
-    that is below every value's distance to a rounding boundary (a half integer).
-    """
-    x64, d = x.astype(np.float64), np.broadcast_to(delta, x.shape).astype(np.float64)
-    assert (x64.min(axis=1) == 0).all()
-    top = x64.max(axis=1, keepdims=True)
-    s = 255 / top
-    ds_over_s = d.max(axis=1, keepdims=True) / (top - d.max(axis=1, keepdims=True))
-    t = x64 * s
-    moves = d * s + np.abs(t) * ds_over_s + 2 * U * np.abs(t)
-    return bool((np.abs(t - np.floor(t) - 0.5) > moves).all())
-
-
 def test_small_mlp() -> None:
     """fp32 -> [qd8 x qc8w, relu] -> [qd8 x qc4w, relu] -> [qd8 x qb4w] -> [fp32 FC] -> softmax.
 
-    The runtime quantizes what its own layers computed: the comparison is independent of
-    the CPU only if every per-token code the runtime takes from a hidden layer is the one
-    the interpreter takes, i.e. if no hidden value lies within the layer's float error of
-    a rounding boundary.  The test asserts that first (``per_token_codes_are_stable``),
-    then bounds each layer: its own roundings (``float_roundings``), the input scale it
-    got (the row maximum moved by at most the previous layer's error), and for the fp32
-    layer and the softmax what the previous layer's error becomes through them.
+    The runtime quantizes what its own layers computed, so the three dynamic layers are
+    bounded by ``float_bounds.dynamic_chain_bound`` (which allows a one-step difference
+    for any hidden code close enough to a rounding boundary for the CPU to matter); the
+    fp32 layer adds its own sum's roundings to the third
+    layer's error through its weights, and the softmax XNNPACK's bound to what its
+    logits' error does to it.
     """
     rng = np.random.default_rng(7)
     w1, b1 = random_weight(rng, D.qcint8, 96, 64), f32(rng, 96)
@@ -599,23 +588,8 @@ def test_small_mlp() -> None:
             g.output(h)
         return g
 
-    _, _, h1, h2, h3 = interpret(build(True), [x])
-
-    def layer(h_in: np.ndarray, w: QuantizedTensor, b: np.ndarray | None, d_in: np.ndarray | float) -> np.ndarray:
-        """Bound on one dynamically quantized layer's output given its input's bound."""
-        q = quantize_per_token(h_in)
-        size = np.abs(q.dequantize()).astype(np.float64) @ np.abs(w.dequantize()).astype(np.float64).T
-        top = np.abs(h_in).max(axis=1, keepdims=True).astype(np.float64)
-        scale_moved = np.max(d_in) / np.maximum(top - np.max(d_in), 1e-30)  # relative change of 1/s
-        own = dynamic_gemm_bound(q.codes, q.zero_point, q.scale, w.codes, w.scale,
-                                 w.group_size if w.datatype is D.qbint4 else None, b)
-        return own + scale_moved * size + half_ulp(size)
-
-    d1 = layer(x, w1, b1, 0.0)
-    assert per_token_codes_are_stable(h1, d1)
-    d2 = layer(h1, w2, b2, d1)
-    assert per_token_codes_are_stable(h2, d2)
-    d3 = layer(h2, w3, None, d2)
+    h3, d3 = dynamic_chain_bound(x, [(w1, b1, True), (w2, b2, True), (w3, None, False)])
+    np.testing.assert_array_equal(h3, interpret(build(True), [x])[4])  # the chain is the interpreter's
     h3_64 = h3.astype(np.float64)
     w4_abs = np.abs(w4.T).astype(np.float64)
     d4 = gamma(33) * (np.abs(h3_64) @ w4_abs + np.abs(b4)) + d3 @ w4_abs  # own roundings + d3 through w4
