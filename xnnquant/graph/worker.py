@@ -47,13 +47,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..constants import XNN_ALLOCATION_ALIGNMENT
 from ..errors import RuntimeCrashError, RuntimeTimeoutError, XnnquantError
 
 #: Seconds a call may take (building the program, XNNPACK's weight packing, execution)
 #: before the worker is stopped; also the limit for a worker to start.
 DEFAULT_TIMEOUT = 300.0
-#: Data-file offsets are multiples of this (XNNPACK's own allocation alignment).
-SLOT_ALIGNMENT = 64
 #: Runtime log lines kept in a crash report.
 LOG_LINES = 12
 
@@ -65,13 +64,14 @@ def _shm_dir() -> str | None:
 
 
 def _slots(specs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[list[int], int]:
-    """Offsets of consecutive arrays, each aligned to ``SLOT_ALIGNMENT``, and the total size."""
+    """Offsets of consecutive arrays, each aligned to XNNPACK's allocation alignment (64),
+    and the total size."""
     offsets, end = [], 0
     for shape, dtype in specs:
         offsets.append(end)
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        end += -(-max(nbytes, 1) // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
-    return offsets, max(end, SLOT_ALIGNMENT)
+        end += -(-max(nbytes, 1) // XNN_ALLOCATION_ALIGNMENT) * XNN_ALLOCATION_ALIGNMENT
+    return offsets, max(end, XNN_ALLOCATION_ALIGNMENT)
 
 
 def _view(buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
