@@ -54,16 +54,24 @@ def as_float32(x: Any, name: str = "x", *, finite: bool = True) -> np.ndarray:
     other inputs raise, since a caller quantizing an int tensor has mixed something up.
     With ``finite``, NaN or Inf raise and the message says where the first one is.
     """
+    out = np.asarray(float_array(x, name), dtype=np.float32, order="C")  # keeps rank 0, unlike ascontiguousarray
+    if finite:
+        check_finite(out, name)
+    return out
+
+
+def float_array(x: Any, name: str = "x") -> np.ndarray:
+    """``x`` as a numpy array of its own float dtype (fp32, fp16, bf16 or float64), unconverted.
+
+    Integer or other inputs raise, as in ``as_float32``; values are not checked.
+    """
     arr = to_numpy(x, name)
     if arr.dtype not in _FLOAT_KINDS:
         raise XnnquantError(
             f"{name} must be a floating-point array: got dtype {arr.dtype}, "
             "expected float32, float16 or bfloat16"
         )
-    out = np.asarray(arr, dtype=np.float32, order="C")  # keeps rank 0, unlike ascontiguousarray
-    if finite:
-        check_finite(out, name)
-    return out
+    return arr
 
 
 def check_finite(x: np.ndarray, name: str = "x") -> None:

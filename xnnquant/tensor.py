@@ -127,7 +127,7 @@ class QuantizedTensor:
             )
         if self.bits == 4:
             return pack_int4(self.codes).tobytes()
-        return np.ascontiguousarray(self.codes).astype(self.codes.dtype.newbyteorder("<")).tobytes()
+        return np.ascontiguousarray(self.codes, self.codes.dtype.newbyteorder("<")).tobytes()
 
     def __repr__(self) -> str:
         extra = "".join(

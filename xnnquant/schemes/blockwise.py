@@ -25,14 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import is_int
+from ..arrays import as_float32, is_int
 from ..constants import XNN_MIN_BLOCKSIZE
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
-from .checks import Method, check_method, float_input, user_scales
+from . import kernels
+from .checks import Method, check_method, float_source, user_scales
 from .granularity import PerGroup
-from .search import choose_scales, quantize_blocks
+from .search import finish_scales, half_range, mse_scales
 
 _FACTS = storage(Datatype.qbint4)
 
@@ -43,7 +44,7 @@ def valid_group_sizes(in_features: int) -> list[int]:
 
 
 def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup, Method]:
-    arr = float_input(w, "w", min_rank=2, max_rank=2)
+    arr = float_source(w, "w", min_rank=2, max_rank=2)
     in_features = arr.shape[1]
     valid = valid_group_sizes(in_features)
     ok = is_int(group_size) and int(group_size) in valid
@@ -61,9 +62,16 @@ def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup
 def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax") -> np.ndarray:
     """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value."""
     arr, granularity, method = _prepare(w, group_size, method)
-    blocks = granularity.blocks(arr)
-    scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
-    return scale.reshape(granularity.scale_shape(arr.shape))
+    return _scales(arr, granularity, method).reshape(granularity.scale_shape(arr.shape))
+
+
+def _scales(arr: np.ndarray, granularity: PerGroup, method: str) -> np.ndarray:
+    """Flat float32 scales ``(C * K // group_size,)`` of ``arr`` by ``method``."""
+    qmin, qmax = _FACTS.code_min, _FACTS.code_max
+    if method == "mse":
+        return mse_scales(granularity.blocks(as_float32(arr, "w")), qmin, qmax, bf16=True)
+    absmax = kernels.block_absmax(arr, granularity.group_size, (arr, "w"))
+    return finish_scales(absmax / half_range(qmin, qmax), absmax == 0, bf16=True)
 
 
 def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
@@ -77,15 +85,18 @@ def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
     values), zero point 0, ``channel_dim = 0``, ``group_size``.
     """
     arr, granularity, method = _prepare(w, group_size, method)
-    blocks = granularity.blocks(arr)
-    if scale is None:
-        flat_scale = choose_scales(blocks, _FACTS.code_min, _FACTS.code_max, method, bf16=True)
-    else:
-        flat_scale = user_scales(scale, granularity.scale_shape(arr.shape), bf16=True).reshape(-1)
-    codes = quantize_blocks(blocks, flat_scale, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype)
+    g, qmin, qmax, dtype = granularity.group_size, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype
     scale_shape = granularity.scale_shape(arr.shape)
+    if scale is not None:
+        flat_scale = user_scales(scale, scale_shape, bf16=True).reshape(-1)
+        codes = kernels.quantize(arr, g, flat_scale, 0, qmin, qmax, dtype, (arr, "w"))
+    elif method == "minmax":
+        codes, flat_scale = kernels.minmax_quantize(arr, g, qmin, qmax, dtype, (arr, "w"), bf16=True)
+    else:
+        flat_scale = _scales(arr, granularity, method)
+        codes = kernels.quantize(arr, g, flat_scale, 0, qmin, qmax, dtype)
     return QuantizedTensor(
-        Datatype.qbint4, granularity.unblocks(codes, arr.shape), flat_scale.reshape(scale_shape), 0,
+        Datatype.qbint4, codes, flat_scale.reshape(scale_shape), 0,
         channel_dim=0, group_size=granularity.group_size, meta={"method": method if scale is None else "given"},
     )
 

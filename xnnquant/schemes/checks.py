@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from ..arrays import as_float32, is_int, to_numpy
+from ..arrays import as_float32, float_array, is_int, to_numpy
 from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
 from ..errors import XnnquantError
 from ..rounding import check_bf16_exact
@@ -32,6 +32,20 @@ def float_input(x: Any, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR
     """
     given = to_numpy(x, name)
     arr = as_float32(given, name).reshape(given.shape)  # as_float32 widens 0-d arrays to (1,)
+    return _check_shape(arr, name, min_rank, max_rank)
+
+
+def float_source(x: Any, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
+    """``x`` as a non-empty, C-contiguous array of its own float dtype, for the kernels.
+
+    The same checks as ``float_input`` except finiteness, which the kernels check as they
+    read the values (``kernels`` raises ``float_input``'s error); nothing is widened here.
+    """
+    arr = np.asarray(float_array(x, name), order="C")  # keeps rank 0, unlike ascontiguousarray
+    return _check_shape(arr, name, min_rank, max_rank)
+
+
+def _check_shape(arr: np.ndarray, name: str, min_rank: int, max_rank: int) -> np.ndarray:
     if not min_rank <= arr.ndim <= max_rank:
         expected = f"{min_rank}" if min_rank == max_rank else f"{min_rank} to {max_rank}"
         raise XnnquantError(

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import is_int
+from ..arrays import as_float32, is_int
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
-from .checks import Method, check_method, float_input, normalize_axis, user_scales
+from . import kernels
+from .checks import Method, check_method, float_source, normalize_axis, user_scales
 from .granularity import PerChannel
-from .search import choose_scales, quantize_blocks
+from .search import finish_scales, half_range, mse_scales
 
 DATATYPE_BY_BITS: dict[int, Datatype] = {8: Datatype.qcint8, 4: Datatype.qcint4}
 
@@ -34,15 +35,24 @@ def _datatype(bits: Any) -> Datatype:
 
 
 def _prepare(w: Any, bits: Any, axis: Any, method: Any) -> tuple[np.ndarray, Datatype, PerChannel, Method]:
-    arr = float_input(w, "w", min_rank=1)
+    arr = float_source(w, "w", min_rank=1)
     return arr, _datatype(bits), PerChannel(normalize_axis(axis, arr.ndim)), check_method(method)
 
 
 def choose_qparams(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax") -> np.ndarray:
     """Per-channel scales of ``w``: float32 ``(w.shape[axis],)``, each a positive normal float."""
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
+    return _scales(arr, np.ascontiguousarray(granularity.blocks(arr)), datatype, method)
+
+
+def _scales(arr: np.ndarray, blocks: np.ndarray, datatype: Datatype, method: str) -> np.ndarray:
+    """float32 ``(C,)`` scales of ``blocks`` ``(C, rest)`` (``arr`` regrouped) by ``method``."""
     facts = storage(datatype)
-    return choose_scales(granularity.blocks(arr), facts.code_min, facts.code_max, method)
+    if method == "mse":
+        as_float32(arr, "w")  # raises for a non-finite value, naming its index in arr
+        return mse_scales(as_float32(blocks, "w", finite=False), facts.code_min, facts.code_max)
+    absmax = kernels.block_absmax(blocks, blocks.shape[1], (arr, "w"))
+    return finish_scales(absmax / half_range(facts.code_min, facts.code_max), absmax == 0, bf16=False)
 
 
 def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
@@ -57,12 +67,16 @@ def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
     """
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
     facts = storage(datatype)
-    blocks = granularity.blocks(arr)
-    if scale is None:
-        scales = choose_scales(blocks, facts.code_min, facts.code_max, method)
-    else:
+    blocks = np.ascontiguousarray(granularity.blocks(arr))
+    qmin, qmax, dtype, row = facts.code_min, facts.code_max, facts.numpy_dtype, blocks.shape[1]
+    if scale is not None:
         scales = user_scales(scale, granularity.scale_shape(arr.shape))
-    codes = quantize_blocks(blocks, scales, facts.code_min, facts.code_max, facts.numpy_dtype)
+        codes = kernels.quantize(blocks, row, scales, 0, qmin, qmax, dtype, (arr, "w"))
+    elif method == "minmax":
+        codes, scales = kernels.minmax_quantize(blocks, row, qmin, qmax, dtype, (arr, "w"))
+    else:
+        scales = _scales(arr, blocks, datatype, method)
+        codes = kernels.quantize(blocks, row, scales, 0, qmin, qmax, dtype)
     return QuantizedTensor(
         datatype, granularity.unblocks(codes, arr.shape), scales, 0,
         channel_dim=granularity.axis, meta={"method": method if scale is None else "given"},

@@ -21,11 +21,11 @@ import numpy as np
 
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
-from ..rounding import quantize_values, round_half_even
+from ..rounding import round_half_even
 from ..tensor import QuantizedTensor
-from .checks import float_input, positive_normal, reciprocal, user_scale, user_zero_point
-from .granularity import PerTensor
-from .search import minmax_scales
+from . import kernels
+from .checks import float_source, positive_normal, user_scale, user_zero_point
+from .search import finish_scales, half_range
 
 DATATYPES = (Datatype.qint8, Datatype.quint8)
 
@@ -44,17 +44,21 @@ def _datatype(dtype: Any) -> Datatype:
 
 def choose_qparams(x: Any, dtype: Datatype = Datatype.qint8, symmetric: bool = False) -> tuple[np.ndarray, int]:
     """(scale float32 ``()``, zero point int) of ``x`` for ``dtype``."""
-    arr = float_input(x, "x", min_rank=0)
+    arr = float_source(x, "x", min_rank=0)
     return _choose(arr, _datatype(dtype), symmetric)
 
 
 def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.ndarray, int]:
+    """``arr``: any float dtype, C-contiguous, not yet checked for finiteness."""
     facts = storage(datatype)
     qmin, qmax = facts.code_min, facts.code_max
     if symmetric:
-        return minmax_scales(PerTensor().blocks(arr), qmin, qmax).reshape(()), (qmin + qmax + 1) // 2
-    lo = np.minimum(arr.min(), np.float32(0))
-    hi = np.maximum(arr.max(), np.float32(0))
+        absmax = kernels.block_absmax(arr, arr.size, (arr, "x"))
+        scale = finish_scales(absmax / half_range(qmin, qmax), absmax == 0, bf16=False)
+        return scale.reshape(()), (qmin + qmax + 1) // 2
+    low, high = kernels.value_range(arr, (arr, "x"))
+    lo = np.minimum(low, np.float32(0))
+    hi = np.maximum(high, np.float32(0))
     with np.errstate(over="ignore"):
         raw = (hi - lo) / np.float32(qmax - qmin)
     if not np.isfinite(raw):
@@ -73,7 +77,7 @@ def quantize(x: Any, dtype: Datatype = Datatype.qint8, scale: Any = None, zero_p
     Returns a qint8 (int8 codes) or quint8 (uint8 codes) ``QuantizedTensor`` shaped like
     ``x``, scale float32 ``()``, zero point an int in the codes' range.
     """
-    arr = float_input(x, "x", min_rank=0)
+    arr = float_source(x, "x", min_rank=0)
     datatype = _datatype(dtype)
     facts = storage(datatype)
     if (scale is None) != (zero_point is None):
@@ -87,7 +91,8 @@ def quantize(x: Any, dtype: Datatype = Datatype.qint8, scale: Any = None, zero_p
         if scale_arr.shape != ():
             raise XnnquantError(f"a per-tensor scale must be one number: got shape {scale_arr.shape}")
         zp = user_zero_point(zero_point, facts.code_min, facts.code_max, datatype.name)
-    codes = quantize_values(arr, reciprocal(scale_arr), zp, facts.code_min, facts.code_max, facts.numpy_dtype)
+    codes = kernels.quantize(arr, max(arr.size, 1), scale_arr.reshape(1), zp, facts.code_min, facts.code_max,
+                             facts.numpy_dtype, None if scale is None else (arr, "x"))
     return QuantizedTensor(datatype, codes, scale_arr, zp)
 
 
