@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 import xnnquant as xq
+from xnnquant.parallel import num_threads
 
 SECTIONS = ("quantize", "mse")
 
@@ -40,7 +41,7 @@ def load_note() -> str:
 def interleaved(variants: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Median wall seconds of each variant, the variants run in turn ``repeat`` times."""
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for name, fn in variants.items():  # warm-up: imports, first-touch of the inputs
+    for fn in variants.values():  # warm-up: imports, first-touch of the inputs
         fn()
     for _ in range(repeat):
         for name, fn in variants.items():
@@ -92,7 +93,6 @@ def bench_quantize(repeat: int) -> None:
             print(f"{name:9} {'x'.join(map(str, shape)):>12} {1e3 * med['copy']:6.1f}ms {1e3 * med['ours']:6.1f}ms "
                   f"{med['ours'] / med['copy']:8.2f}x {1e3 * med['torchao']:6.1f}ms "
                   f"{med['torchao'] / med['ours']:7.1f}x", flush=True)
-        del w
     print(f"goal (qb4w g32): ours within 4x the copy, torchao at least 8x slower; {load_note()}")
 
 
@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timed rounds per case")
     args = parser.parse_args()
     print(f"xnnquant {xq.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, "
-          f"{xq.parallel.num_threads()} kernel threads; {load_note()}")
+          f"{num_threads()} kernel threads; {load_note()}")
     for section in SECTIONS:
         if section in args.only:
             globals()[f"bench_{section}"](args.repeat)

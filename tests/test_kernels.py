@@ -223,3 +223,37 @@ def test_hypothesis_blockwise_and_per_channel_match_reference(data: st.DataObjec
     assert_same(xq.quantize_blockwise(w, 32), *reference_blockwise(w, 32))
     assert_same(xq.quantize_per_channel(w, 4), *reference_per_channel(w, 4))
     assert_same(xq.quantize_per_channel(w, 8), *reference_per_channel(w, 8))
+
+
+def reference_mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
+    """The search as it was before threading: one chunk after the other, in one thread."""
+    n_blocks, block_len = blocks.shape
+    out = np.empty(n_blocks, np.float32)
+    step = max(1, (1 << 20) // (block_len * (len(search.COARSE_RATIOS) + 1)))
+    for start in range(0, n_blocks, step):
+        chunk = blocks[start : start + step]
+        cols = np.arange(len(chunk))
+        _, exponent = np.frexp(np.abs(chunk).max(axis=-1))
+        x = np.ldexp(chunk, -exponent[:, None])
+        maxpos = np.maximum(x.max(axis=-1), 0)
+        maxneg = np.maximum(-x.min(axis=-1), 0)
+        base = np.maximum(maxpos, maxneg) / search.half_range(qmin, qmax)
+        all_zero = base == 0
+        no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
+        raw = np.concatenate([search.COARSE_RATIOS[:, None] * base[None], no_clip[None]])
+        best, cand = search._best(x, raw, exponent, all_zero, qmin, qmax, bf16)
+        kept = np.ldexp(cand[best, cols], -exponent)
+        fine_raw = np.concatenate([kept[None], search.FINE_FACTORS[:, None] * raw[best, cols][None]])
+        best, cand = search._best(x, fine_raw, exponent, all_zero, qmin, qmax, bf16)
+        out[start : start + step] = cand[best, cols]
+    return out
+
+
+@pytest.mark.parametrize(("bits", "g"), [(4, 32), (4, None), (8, None)])
+def test_threaded_mse_search_matches_the_single_threaded_one(threads: int, bits: int, g: int | None) -> None:
+    """Blocks are searched independently, so cutting them over threads changes no scale."""
+    qmin, qmax = (-8, 7) if bits == 4 else (-128, 127)
+    w = adversarial(np.random.default_rng(bits), 210, 1536, qmax + 0.5)
+    blocks = w.reshape(-1, g) if g else w
+    found = search.mse_scales(blocks, qmin, qmax, bf16=g is not None)
+    assert found.tobytes() == reference_mse_scales(blocks, qmin, qmax, g is not None).tobytes()

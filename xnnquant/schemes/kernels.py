@@ -60,7 +60,7 @@ class _Cut(NamedTuple):
         return cls(size, block, -(-block // parts), parts)
 
     @property
-    def count(self) -> int:
+    def pieces(self) -> int:
         if self.parts == 1:
             return -(-self.size // self.piece)
         return (self.size // self.block) * self.parts
@@ -103,7 +103,7 @@ def _run(cut: _Cut, dtype: np.dtype, piece_kernel: Callable[[int, int, _Scratch]
             if not piece_kernel(start, stop, scratch):
                 finite[0] = False
 
-    for_ranges(kernel, cut.count, 1)
+    for_ranges(kernel, cut.pieces, 1)
     return finite[0]
 
 
@@ -234,8 +234,8 @@ def value_range(x: np.ndarray, origin: Origin) -> tuple[np.float32, np.float32]:
     """``(min(x), max(x))`` as float32 of a C-contiguous float array; non-finite raises."""
     flat = _flat(x)
     cut = _Cut.of(x.size, x.size)
-    lows = np.empty(cut.count, np.float32)
-    highs = np.empty(cut.count, np.float32)
+    lows = np.empty(cut.pieces, np.float32)
+    highs = np.empty(cut.pieces, np.float32)
 
     def piece(start: int, stop: int, scratch: _Scratch) -> bool:
         xf = scratch.float32(flat[start:stop])

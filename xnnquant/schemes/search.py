@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import for_ranges
 from ..rounding import bf16_bits_to_float32, quantize_values, to_bf16
 from .checks import positive_normal, reciprocal
 
@@ -119,25 +120,33 @@ def mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool = False) -> 
     """
     n_blocks, block_len = blocks.shape
     out = np.empty(n_blocks, np.float32)
-    n_cand = len(COARSE_RATIOS) + 1
-    step = max(1, _CHUNK_ELEMENTS // (block_len * n_cand))
-    for start in range(0, n_blocks, step):
-        chunk = blocks[start : start + step]
-        cols = np.arange(len(chunk))
-        _, exponent = np.frexp(np.abs(chunk).max(axis=-1))
-        x = np.ldexp(chunk, -exponent[:, None])
-        maxpos = np.maximum(x.max(axis=-1), 0)
-        maxneg = np.maximum(-x.min(axis=-1), 0)
-        base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
-        all_zero = base == 0
-        no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
-        raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip[None]])
-        best, cand = _best(x, raw, exponent, all_zero, qmin, qmax, bf16)
-        kept = np.ldexp(cand[best, cols], -exponent)
-        fine_raw = np.concatenate([kept[None], FINE_FACTORS[:, None] * raw[best, cols][None]])
-        best, cand = _best(x, fine_raw, exponent, all_zero, qmin, qmax, bf16)
-        out[start : start + step] = cand[best, cols]
+    step = max(1, _CHUNK_ELEMENTS // (block_len * (len(COARSE_RATIOS) + 1)))
+
+    def kernel(lo: int, hi: int) -> None:
+        for start in range(lo, hi, step):
+            stop = min(hi, start + step)
+            out[start:stop] = _search(blocks[start:stop], qmin, qmax, bf16)
+
+    for_ranges(kernel, n_blocks, step)  # blocks are searched independently: any cut gives the same scales
     return out
+
+
+def _search(chunk: np.ndarray, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
+    """``mse_scales`` of a few blocks ``(n, B)`` -> ``(n,)``."""
+    cols = np.arange(len(chunk))
+    _, exponent = np.frexp(np.abs(chunk).max(axis=-1))
+    x = np.ldexp(chunk, -exponent[:, None])
+    maxpos = np.maximum(x.max(axis=-1), 0)
+    maxneg = np.maximum(-x.min(axis=-1), 0)
+    base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
+    all_zero = base == 0
+    no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
+    raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip[None]])
+    best, cand = _best(x, raw, exponent, all_zero, qmin, qmax, bf16)
+    kept = np.ldexp(cand[best, cols], -exponent)
+    fine_raw = np.concatenate([kept[None], FINE_FACTORS[:, None] * raw[best, cols][None]])
+    best, cand = _best(x, fine_raw, exponent, all_zero, qmin, qmax, bf16)
+    return cand[best, cols]
 
 
 def exhaustive_bf16_scales(blocks: np.ndarray, qmin: int, qmax: int, low: float = 1 / 32,
