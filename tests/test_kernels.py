@@ -4,8 +4,8 @@ The reference is the unfused implementation the library had before the kernels:
 ``search.minmax_scales`` / ``search.quantize_blocks`` / ``rounding.quantize_values`` on
 the whole tensor at once, and nibble packing written here element by element.  The
 fast paths (``schemes.kernels``, ``packing.int4``) cut the input into cache-sized
-pieces spread over threads; every test runs on arrays larger than one piece, with 1, 2
-and 3 threads, and on inputs built to catch a changed rounding: exact ties at .5,
+pieces spread over threads; every test runs on arrays larger than one piece, with 1 and 3
+threads, and on inputs built to catch a changed rounding: exact ties at .5,
 subnormals, zeros and all-zero blocks, values near the float32 maximum, fp16 / bf16 /
 float64 inputs and torch tensors.
 """
@@ -25,11 +25,17 @@ from xnnquant.rounding import quantize_values
 from xnnquant.schemes import kernels, search
 from xnnquant.schemes.checks import reciprocal
 
-PIECE = kernels.CHUNK_ELEMENTS
+PIECE = 1 << 14  # small pieces, so arrays of a few hundred thousand values make many
 FLOAT32_MAX = np.finfo(np.float32).max
 
 
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}threads")
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "CHUNK_ELEMENTS", PIECE)
+    monkeypatch.setattr(xq.packing.int4, "PACK_CHUNK", PIECE)
+
+
+@pytest.fixture(params=[1, 3], ids=lambda n: f"{n}threads")
 def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setenv("XNNQUANT_NUM_THREADS", str(request.param))
     return int(request.param)
@@ -93,7 +99,7 @@ def assert_same(qt: xq.QuantizedTensor, codes: np.ndarray, scale: np.ndarray) ->
 
 @pytest.mark.parametrize("g", [32, 64, 4096])
 def test_blockwise_matches_reference(threads: int, g: int) -> None:
-    w = adversarial(np.random.default_rng(g), 70, 4096, 7.5)  # 4.4 pieces of 65536 values
+    w = adversarial(np.random.default_rng(g), 70, 4096, 7.5)  # 17.5 pieces
     assert_same(xq.quantize_blockwise(w, g), *reference_blockwise(w, g))
 
 
@@ -119,7 +125,7 @@ def test_per_channel_other_axes_match_reference(threads: int, axis: int) -> None
 @pytest.mark.parametrize("datatype", [xq.Datatype.qint8, xq.Datatype.quint8])
 def test_per_tensor_matches_reference(threads: int, symmetric: bool, datatype: xq.Datatype) -> None:
     rng = np.random.default_rng(int(datatype) + 2 * symmetric)
-    x = (rng.standard_normal((3, 41, 1999)) * 3 + 0.5).astype(np.float32)  # 3.7 pieces
+    x = (rng.standard_normal((3, 41, 1999)) * 3 + 0.5).astype(np.float32)  # 15 pieces
     x[1, 7, 3] = 0.0
     qt = xq.quantize_per_tensor(x, datatype, symmetric=symmetric)
     qmin, qmax = (-128, 127) if datatype is xq.Datatype.qint8 else (0, 255)
@@ -204,7 +210,7 @@ def test_codes_out_of_range_are_refused_by_the_fast_pack(threads: int) -> None:
 
 def test_pack_matches_reference_on_every_pair(threads: int) -> None:
     pairs = np.array([(a, b) for a in range(-8, 8) for b in range(-8, 8)], np.int8).reshape(1, -1)
-    codes = np.tile(pairs, (300, 1))  # 300 rows of all 256 pairs: 2.3 pieces
+    codes = np.tile(pairs, (300, 1))  # 300 rows of all 256 pairs: 4.7 pieces
     assert xq.packing.pack_int4(codes).tobytes() == reference_pack(codes)
     odd = codes[:, :-1]
     assert xq.packing.pack_int4(odd).tobytes() == reference_pack(odd)
