@@ -249,7 +249,7 @@ def test_builder_refuses_bad_shapes_early() -> None:
         g.add(x, g.input((3,)))
     with pytest.raises(XnnquantError, match="a float constant must be float32 or float16: got dtype float64"):
         g.constant(np.zeros(3))
-    with pytest.raises(UnsupportedConfigError, match="concatenates 2, 3 or 4 values: got 5"):
+    with pytest.raises(UnsupportedConfigError, match="target xn01 concatenates 2 to 4 values in one node: got 5"):
         g.concatenate([x] * 5, 0)
     with pytest.raises(XnnquantError, match="value 0 is already an external input"):
         g.output(x)

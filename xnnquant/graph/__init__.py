@@ -19,6 +19,7 @@ from .model import (
 from .program import run, to_pte
 from .reader import load
 from .rules import validate
+from .targets import Target
 
 __all__ = [
     "INVALID_ID",
@@ -28,6 +29,7 @@ __all__ = [
     "PerChannelQuant",
     "PerTensorQuant",
     "PerTokenDynamicQuant",
+    "Target",
     "Value",
     "XNNHeader",
     "interpret",

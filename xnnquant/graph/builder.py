@@ -47,6 +47,7 @@ from .model import (
     QuantParams,
     Value,
 )
+from .targets import Target
 
 DEFAULT_DEBUG_HANDLE = 0
 
@@ -86,9 +87,15 @@ class Graph:
 
     ``write_scale_bf16``: also store blockwise scales as bf16 bit patterns in
     ``PerChannelGroupQuant.scale_bf16`` (seed-era runtimes read those; 1.4.1 reads ``scale``).
+
+    ``target``: ``"xn01"`` (default) allows the XN01 schema's node kinds only, so the payload
+    runs on every runtime generation; ``"1.4.1"`` also allows the kinds ExecuTorch 1.4.1
+    appended (``gelu``, ``tanh``, ``exp``, ``log``, ``reciprocal_square_root``, ``sin``,
+    ``cos``, ``copy``, ``conv_transpose2d``, five-way ``concatenate``).  See targets.py.
     """
 
-    def __init__(self, *, write_scale_bf16: bool = True) -> None:
+    def __init__(self, *, write_scale_bf16: bool = True, target: Target | str = Target.XN01) -> None:
+        self.target = Target.parse(target)
         self.values: list[Value] = []
         self.nodes: list[Node] = []
         self.write_scale_bf16 = write_scale_bf16
@@ -251,7 +258,11 @@ class Graph:
               *, flags: int = 0, output: int | None = None, output_min: float | None = None,
               output_max: float | None = None, debug_handle: int | None = None,
               **unknown: Any) -> tuple[int, ...]:
-        assert kind in NODE_KINDS and NODE_KINDS[kind].xn01
+        assert kind in NODE_KINDS
+        if kind not in self.target.node_kinds:
+            raise UnsupportedConfigError(
+                f"{kind} is a node kind of ExecuTorch 1.4.1's schema, not of XN01: build the graph with "
+                f"Graph(target='1.4.1') to write it (such payloads need an ExecuTorch 1.4.1 runtime)")
         if unknown:
             raise XnnquantError(
                 f"{kind}: unknown keyword argument(s) {', '.join(sorted(unknown))}: node methods take "
@@ -448,6 +459,76 @@ class Graph:
     def elu(self, x: int, alpha: float = 1.0, **kw: Any) -> int:
         return self._unary("XNNELU", x, {"alpha": _f32(alpha)}, **kw)
 
+    # ---------------------------------------------- ExecuTorch 1.4.1 node kinds
+
+    def gelu(self, x: int, **kw: Any) -> int:
+        """Exact GELU ``x / 2 * (1 + erf(x / sqrt(2)))`` (XNNGelu; target 1.4.1)."""
+        return self._unary("XNNGelu", x, **kw)
+
+    def tanh(self, x: int, **kw: Any) -> int:
+        """XNNTanh (target 1.4.1)."""
+        return self._unary("XNNTanh", x, **kw)
+
+    def exp(self, x: int, **kw: Any) -> int:
+        """XNNExp (target 1.4.1)."""
+        return self._unary("XNNExp", x, **kw)
+
+    def log(self, x: int, **kw: Any) -> int:
+        """Natural logarithm, XNNLog (target 1.4.1)."""
+        return self._unary("XNNLog", x, **kw)
+
+    def reciprocal_square_root(self, x: int, **kw: Any) -> int:
+        """``1 / sqrt(x)``, XNNReciprocalSquareRoot (target 1.4.1)."""
+        return self._unary("XNNReciprocalSquareRoot", x, **kw)
+
+    def sin(self, x: int, **kw: Any) -> int:
+        """XNNSin (target 1.4.1)."""
+        return self._unary("XNNSin", x, **kw)
+
+    def cos(self, x: int, **kw: Any) -> int:
+        """XNNCos (target 1.4.1)."""
+        return self._unary("XNNCos", x, **kw)
+
+    def copy(self, x: int, **kw: Any) -> int:
+        """A copy of ``x``, XNNCopy (target 1.4.1)."""
+        return self._unary("XNNCopy", x, **kw)
+
+    def conv_transpose2d(self, x: int, w: int, bias: int | None = None, *, padding: Any = 0, stride: Any = 1,
+                         dilation: Any = 1, groups: int = 1, adjustment: Any = 0, **kw: Any) -> int:
+        """Transposed 2-D convolution (XNNConvTranspose2d; target 1.4.1).
+
+        x NHWC ``[N, H, W, groups * Cg]``, w ``[OC, KH, KW, Cg]`` (OC = groups * OCg).  Output
+        ``[N, OH, OW, OC]`` with ``OH = (H - 1) * stride_h + adjustment_h + (KH - 1) * dilation_h + 1
+        - top - bottom`` (likewise OW): each input pixel spreads its taps over the output,
+        and ``padding`` crops the result.
+        """
+        xd, wd = self.value(x).dims, self.value(w).dims
+        pads, st, dil, adj = _padding(padding), _pair(stride, "stride"), _pair(dilation, "dilation"), \
+            _pair(adjustment, "adjustment")
+        if len(wd) != 4:
+            raise XnnquantError(f"XNNConvTranspose2d: filter must be 4-D: got dims {wd}")
+        oc, kh, kwid, gic = wd
+        n, h, wdt, channels = shapes._nhwc("XNNConvTranspose2d", xd)
+        if groups < 1 or oc % groups or channels != groups * gic:
+            raise XnnquantError(
+                f"XNNConvTranspose2d: channels do not match: got input {xd}, filter [OC, KH, KW, IC/g] = {wd}, "
+                f"groups={groups}; expected C == groups * IC/g and OC % groups == 0")
+        if not (0 <= adj[0] < st[0] and 0 <= adj[1] < st[1]):
+            raise XnnquantError(f"XNNConvTranspose2d: adjustment must be in [0, stride): got {adj}, stride {st}")
+        oh = (h - 1) * st[0] + adj[0] + (kh - 1) * dil[0] + 1 - pads[0] - pads[2]
+        ow = (wdt - 1) * st[1] + adj[1] + (kwid - 1) * dil[1] + 1 - pads[1] - pads[3]
+        if oh < 1 or ow < 1:
+            raise XnnquantError(f"XNNConvTranspose2d: padding {pads} leaves no output for input {xd}, filter {wd}")
+        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
+        params.update(kernel_height=kh, kernel_width=kwid, subsampling_height=st[0], subsampling_width=st[1],
+                      dilation_height=dil[0], dilation_width=dil[1], group_input_channels=gic,
+                      group_output_channels=oc // groups, groups=groups, adjustment_height=adj[0],
+                      adjustment_width=adj[1])
+        inputs = (x, w) if bias is None else (x, w, bias)
+        return self._node("XNNConvTranspose2d", inputs, [(n, oh, ow, oc)], [self._like(x)], params, **kw)[0]
+
+    # ------------------------------------------------------------ conversions
+
     def convert(self, x: int, datatype: Datatype, *, num_nonbatch_dims: int = 1, scale: float | None = None,
                 zero_point: int | None = None, **kw: Any) -> int:
         """Convert ``x`` to ``datatype`` (XNNConvert).
@@ -508,10 +589,12 @@ class Graph:
                           {"new_height": int(new_height), "new_width": int(new_width)}, **kw)[0]
 
     def concatenate(self, inputs: Sequence[int], axis: int, **kw: Any) -> int:
-        """Concatenate 2, 3 or 4 values along ``axis``."""
+        """Concatenate 2, 3 or 4 values along ``axis`` (5 with ``target="1.4.1"``)."""
         inputs = tuple(inputs)
-        if not 2 <= len(inputs) <= 4:
-            raise UnsupportedConfigError(f"the XN01 schema concatenates 2, 3 or 4 values: got {len(inputs)}")
+        most = 5 if "XNNConcatenate5" in self.target.node_kinds else 4
+        if not 2 <= len(inputs) <= most:
+            raise UnsupportedConfigError(
+                f"target {self.target} concatenates 2 to {most} values in one node: got {len(inputs)}")
         kind = f"XNNConcatenate{len(inputs)}"
         dims = shapes.concatenate(kind, [self.value(i).dims for i in inputs], int(axis))
         return self._node(kind, inputs, [dims], [self._like(inputs[0])], {"axis": int(axis)}, **kw)[0]

@@ -1,8 +1,10 @@
-"""Regenerate ``schema_generated.py`` from ``schema.fbs`` with the pinned ``flatc``.
+"""Regenerate the flatbuffers code from the project's schemas with the pinned ``flatc``.
 
-``python -m xnnquant.graph.codegen`` (what ``make flatbuffers`` runs) writes the file in
-place; ``python -m xnnquant.graph.codegen --check`` only reports whether the committed
-file is what the schema generates.  The compiler is flatc 24.3.25 as shipped in the
+Two schemas, each with its generated module: ``schema.fbs`` (XN01, node kinds 1..37) ->
+``schema_generated.py``, and ``schema_141.fbs`` (ExecuTorch 1.4.1's additions on top) ->
+``schema_141_generated.py``.  ``python -m xnnquant.graph.codegen`` (what ``make
+flatbuffers`` runs) writes the files in place; ``python -m xnnquant.graph.codegen --check``
+only reports whether the committed files are what the schemas generate.  The compiler is flatc 24.3.25 as shipped in the
 ``executorch`` wheel (``executorch/data/bin/flatc``, also exposed as ``.venv/bin/flatc``),
 matching the pinned ``flatbuffers`` Python runtime.  Options: ``--python --gen-onefile``,
 which gives one self-contained module that imports nothing but ``flatbuffers``.
@@ -25,6 +27,10 @@ FLATC_OPTIONS = ("--python", "--gen-onefile")
 HERE = Path(__file__).resolve().parent
 SCHEMA = HERE / "schema.fbs"
 GENERATED = HERE / "schema_generated.py"
+SCHEMA_141 = HERE / "schema_141.fbs"
+GENERATED_141 = HERE / "schema_141_generated.py"
+#: (schema, its generated module), every pair ``make flatbuffers`` keeps in step.
+SCHEMAS: tuple[tuple[Path, Path], ...] = ((SCHEMA, GENERATED), (SCHEMA_141, GENERATED_141))
 
 
 def find_flatc() -> Path:
@@ -48,36 +54,39 @@ def flatc_version(flatc: Path) -> str:
     return out.stdout.strip().rsplit(" ", 1)[-1]
 
 
-def generate(out_dir: Path, flatc: Path | None = None) -> Path:
-    """Run flatc on ``schema.fbs`` into ``out_dir``; returns the generated module's path."""
+def generate(out_dir: Path, flatc: Path | None = None, schema: Path = SCHEMA) -> Path:
+    """Run flatc on ``schema`` into ``out_dir``; returns the generated module's path."""
     flatc = flatc or find_flatc()
     version = flatc_version(flatc)
     if version != FLATC_VERSION:
         raise MissingExtraError(f"flatc version mismatch: got {version} at {flatc}, expected {FLATC_VERSION}")
-    subprocess.run([str(flatc), *FLATC_OPTIONS, "-o", str(out_dir), str(SCHEMA)], check=True)
-    return out_dir / "schema_generated.py"
+    subprocess.run([str(flatc), *FLATC_OPTIONS, "-o", str(out_dir), str(schema)], check=True)
+    return out_dir / f"{schema.stem}_generated.py"
 
 
-def regenerated_text() -> str:
-    """What the schema generates now, as text (the committed file is not touched)."""
+def regenerated_text(schema: Path = SCHEMA) -> str:
+    """What ``schema`` generates now, as text (the committed file is not touched)."""
     with tempfile.TemporaryDirectory() as tmp:
-        return generate(Path(tmp)).read_text()
+        return generate(Path(tmp), schema=schema).read_text()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare, exit 1 on a difference")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        fresh = generate(Path(tmp))
-        same = GENERATED.is_file() and fresh.read_bytes() == GENERATED.read_bytes()
-        if args.check:
-            print(f"{GENERATED.name}: {'up to date' if same else 'differs from what schema.fbs generates'}")
-            return 0 if same else 1
-        if not same:
-            shutil.copyfile(fresh, GENERATED)
-        print(f"{GENERATED.name}: {'unchanged' if same else 'regenerated'}")
-    return 0
+    status = 0
+    for schema, generated in SCHEMAS:
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh = generate(Path(tmp), schema=schema)
+            same = generated.is_file() and fresh.read_bytes() == generated.read_bytes()
+            if args.check:
+                print(f"{generated.name}: {'up to date' if same else f'differs from what {schema.name} generates'}")
+                status |= 0 if same else 1
+                continue
+            if not same:
+                shutil.copyfile(fresh, generated)
+            print(f"{generated.name}: {'unchanged' if same else 'regenerated'}")
+    return status
 
 
 if __name__ == "__main__":

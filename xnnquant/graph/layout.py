@@ -100,7 +100,7 @@ class NodeKind:
     tag: int
     table: str
     n_required: int  # leading input fields that must name a value
-    xn01: bool = True  # False: one of the 1.4.1 kinds (readable, never written)
+    xn01: bool = True  # False: one of the 1.4.1 kinds (written only by Graph(target='1.4.1'))
 
     @property
     def input_fields(self) -> tuple[str, ...]:
@@ -151,9 +151,10 @@ NODE_KINDS: dict[str, NodeKind] = {
     for i, (name, table, req) in enumerate(_XN01_KINDS + _ET141_KINDS)
 }
 KIND_BY_TAG: dict[int, NodeKind] = {k.tag: k for k in NODE_KINDS.values()}
-#: The 37 node kinds of the XN01 schema (schema.fbs), in union order: what ``Graph`` writes.
+#: The 37 node kinds of the XN01 schema (schema.fbs), in union order: what ``Graph()`` writes.
 XN01_NODE_KINDS: tuple[str, ...] = tuple(name for name, _, _ in _XN01_KINDS)
-#: The 10 node kinds ExecuTorch 1.4.1's schema appended (tags 38..47): ``load`` reads them.
+#: The 10 node kinds ExecuTorch 1.4.1's schema appended (tags 38..47): ``load`` reads them,
+#: ``Graph(target="1.4.1")`` writes them (schema_141.fbs).
 ET141_NODE_KINDS: tuple[str, ...] = tuple(name for name, _, _ in _ET141_KINDS)
 
 #: Union members by tag (index 0 is NONE).

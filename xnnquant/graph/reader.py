@@ -47,6 +47,7 @@ from .model import (
     QuantParams,
     Value,
 )
+from .targets import Target
 from .writer import _camel
 
 IDENTIFIERS = (b"XN00", b"XN01")
@@ -271,6 +272,8 @@ class _Reader:
         g.declared_num_externs = int(self.root.NumExterns())
         g.legacy_inline_constants = self.segment is None
         g.identifier = self.fb[4:8].decode("ascii")
+        if any(n.kind not in g.target.node_kinds for n in g.nodes):
+            g.target = Target.ET_1_4_1  # written again with the schema it was read with
         if self.root.XvaluesIsNone() or self.root.XnodesIsNone():
             raise PayloadError("XNNGraph has no xvalues or no xnodes vector (the runtime requires both)")
         return g

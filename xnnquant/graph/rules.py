@@ -37,6 +37,7 @@ from .model import (
     PerTokenDynamicQuant,
     Value,
 )
+from .targets import Target
 
 D = Datatype
 #: The flags a convolution node may carry.
@@ -258,6 +259,10 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
         if key not in allowed:
             raise _fail(what, "unsupported datatypes (input, filter, bias, output): got "
                               f"{tuple(d.name if d else None for d in key)}")
+        if isinstance(x.quant, PerTokenDynamicQuant) and x.quant.num_nonbatch_dims != 3:
+            raise _fail(what, f"a qdint8 convolution input must be quantized per image (num_nonbatch_dims 3): "
+                              f"got {x.quant.num_nonbatch_dims}; XNNPACK 1adaa7c7 computes it wrongly otherwise "
+                              "(measured relative error 0.6 with one scale per pixel)", UnsupportedConfigError)
         if isinstance(w.quant, PerChannelQuant):
             want = len(w.dims) - 1 if depthwise else 0
             if w.quant.channel_dim != want:
@@ -277,6 +282,7 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
 
 
 def check_nodes(graph: Any, *, writing: bool) -> None:
+    target = getattr(graph, "target", Target.XN01)
     vals = {v.id: v for v in graph.values}
     produced = {v.id for v in graph.values if v.is_input or v.is_constant}
     written: set[int] = set()
@@ -285,9 +291,9 @@ def check_nodes(graph: Any, *, writing: bool) -> None:
         kind = NODE_KINDS.get(n.kind)
         if kind is None:
             raise _fail(what, "unknown node kind")
-        if writing and not kind.xn01:
-            raise _fail(what, "this node kind is not part of the XN01 schema (it is one of the 1.4.1 kinds)",
-                        UnsupportedConfigError)
+        if writing and n.kind not in target.node_kinds:
+            raise _fail(what, f"this node kind is not part of the schema of target {target} (it needs "
+                              "Graph(target='1.4.1'))", UnsupportedConfigError)
         if len(n.inputs) < kind.n_required or len(n.inputs) > len(kind.input_fields):
             raise _fail(what, f"needs {kind.n_required}..{len(kind.input_fields)} inputs: got {len(n.inputs)}")
         if len(n.outputs) != len(kind.output_fields):

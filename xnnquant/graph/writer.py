@@ -6,6 +6,10 @@
 
 The flatbuffer is built back to front by the flatbuffers runtime in a fixed order
 (constants, values, nodes, graph), so the same graph always gives the same bytes.
+The builders are those generated from ``schema.fbs`` (XN01); a graph that uses one of
+the node kinds ExecuTorch 1.4.1 appended is written with those of ``schema_141.fbs``,
+whose tables extend XN01's without moving a slot (a graph of XN01 kinds gives the same
+bytes with either, as the vtables of both end at the last field present).
 Fields equal to their schema default are omitted, as flatc itself does.  The tables::
 
     XNNGraph  version "0", num_externs, input_ids / output_ids (id_out of the externals,
@@ -21,15 +25,17 @@ test_graph_header.py spells out a whole minimal payload byte by byte.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import flatbuffers
 import numpy as np
 
 from ..constants import XNN_INVALID_VALUE_ID
-from . import schema_generated as fb
+from . import schema_141_generated, schema_generated
 from .header import XNNHeader, align
 from .layout import NODE_KINDS, TABLES, UNIONS
+from .layout import fields as table_fields
 from .model import (
     Node,
     PerChannelGroupQuant,
@@ -39,6 +45,7 @@ from .model import (
     Value,
 )
 from .segment import ConstantSegment
+from .targets import Target
 
 FILE_IDENTIFIER = b"XN01"
 _VECTOR_DTYPES = {"[u8]": "<u1", "[u16]": "<u2", "[u32]": "<u4", "[f32]": "<f4"}
@@ -49,27 +56,51 @@ def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
-def _vector(b: flatbuffers.Builder, ftype: str, items: Any) -> int:
+def _vector(b: _Builder, ftype: str, items: Any) -> int:
     return b.CreateNumpyVector(np.ascontiguousarray(items, dtype=_VECTOR_DTYPES[ftype]))
 
 
-def _table_vector(b: flatbuffers.Builder, offsets: list[int]) -> int:
+def _table_vector(b: _Builder, offsets: list[int]) -> int:
     b.StartVector(4, len(offsets), 4)
     for off in reversed(offsets):
         b.PrependUOffsetTRelative(off)
     return b.EndVector()
 
 
-def _table(b: flatbuffers.Builder, table: str, values: dict[str, Any]) -> int:
-    """One table of ``table`` from ``{field: value}`` (scalars, or offsets already built)."""
+def generated_code(graph: Any) -> ModuleType:
+    """The generated module to write ``graph`` with: XN01's unless a node needs 1.4.1's."""
+    xn01 = Target.XN01.node_kinds
+    return schema_generated if all(n.kind in xn01 for n in graph.nodes) else schema_141_generated
+
+
+class _Builder(flatbuffers.Builder):
+    """A flatbuffers builder that knows which generated module's builders to call."""
+
+    def __init__(self, code: ModuleType, size: int = 1024) -> None:
+        super().__init__(size)
+        self.code = code
+
+
+def _table(b: _Builder, table: str, values: dict[str, Any]) -> int:
+    """One table of ``table`` from ``{field: value}`` (scalars, or offsets already built).
+
+    A field the generated code has no adder for (``scale_bf16``, deprecated in 1.4.1's
+    schema) is written into its slot directly, as flatc's adder would.
+    """
+    fb = getattr(b, "code", schema_generated)  # a plain flatbuffers.Builder writes XN01
     getattr(fb, f"{table}Start")(b)
-    for name, _ in TABLES[table]:
+    for index, (name, ftype) in enumerate(table_fields(table)):
         if name in values:
-            getattr(fb, f"{table}Add{_camel(name)}")(b, values[name])
+            adder = getattr(fb, f"{table}Add{_camel(name)}", None)
+            if adder is not None:
+                adder(b, values[name])
+            else:
+                assert ftype.startswith("["), (table, name)  # only offsets are written by slot
+                b.PrependUOffsetTRelativeSlot(index, values[name], 0)
     return getattr(fb, f"{table}End")(b)
 
 
-def _quant_table(b: flatbuffers.Builder, q: Any) -> tuple[int, int]:
+def _quant_table(b: _Builder, q: Any) -> tuple[int, int]:
     """(union tag, offset) of a quant-params table."""
     if isinstance(q, PerTensorQuant):
         fields = {"scale": q.scale, "zero_point": q.zero_point}
@@ -87,7 +118,7 @@ def _quant_table(b: flatbuffers.Builder, q: Any) -> tuple[int, int]:
     return UNIONS["XNNQuantParams"].index(table), _table(b, table, fields)
 
 
-def _value(b: flatbuffers.Builder, v: Value, constant_idx: int) -> int:
+def _value(b: _Builder, v: Value, constant_idx: int) -> int:
     """An ``XValue`` wrapping an ``XNNTensorValue`` or ``XNNQuantizedTensorValue``."""
     quant = None if v.quant is None else _quant_table(b, v.quant)
     dims = _vector(b, "[u32]", v.dims)  # always present: the seed runtime reads it unconditionally
@@ -124,10 +155,10 @@ def node_fields(n: Node) -> dict[str, Any]:
     return fields
 
 
-def _node(b: flatbuffers.Builder, n: Node) -> int:
+def _node(b: _Builder, n: Node) -> int:
     """An ``XNode``: the kind's own table, its output bounds, its debug handle."""
     kind = NODE_KINDS[n.kind]
-    types = dict(TABLES[kind.table])
+    types = dict(table_fields(kind.table))
     fields = {name: _vector(b, types[name], value) if types[name].startswith("[") else value
               for name, value in node_fields(n).items()}
     inner = _table(b, kind.table, fields)
@@ -137,7 +168,7 @@ def _node(b: flatbuffers.Builder, n: Node) -> int:
     return _table(b, "XNode", node)
 
 
-def _inline_buffers(b: flatbuffers.Builder, blobs: list[bytes]) -> int:
+def _inline_buffers(b: _Builder, blobs: list[bytes]) -> int:
     """The deprecated ``constant_buffer`` vector: one ``Buffer`` table per blob.
 
     ``Buffer.storage`` (slot 0, ``[ubyte]``, 16-aligned) is deprecated in the schema, so
@@ -149,9 +180,9 @@ def _inline_buffers(b: flatbuffers.Builder, blobs: list[bytes]) -> int:
         b.head -= len(blob)
         b.Bytes[b.head:b.head + len(blob)] = blob
         storage = b.EndVector()
-        fb.BufferStart(b)
+        b.code.BufferStart(b)
         b.PrependUOffsetTRelativeSlot(0, storage, 0)
-        tables.append(fb.BufferEnd(b))
+        tables.append(b.code.BufferEnd(b))
     return _table_vector(b, tables)
 
 
@@ -164,7 +195,7 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
     reserved ``Buffer``), no ``constant_data``.  ``identifier``: ``XN01`` (what we write)
     or ``XN00`` (the runtime schema's, for tests of old payloads).
     """
-    b = flatbuffers.Builder(1024)
+    b = _Builder(generated_code(graph))
     indices = [segment.add(v.constant) if v.constant is not None else 0 for v in graph.values]
     values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
     nodes = [_node(b, n) for n in graph.nodes]
@@ -184,12 +215,12 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
     }
     if not inline_constants:
         root["constant_data"] = _table_vector(b, entries)
-    fb.XNNGraphStart(b)
+    b.code.XNNGraphStart(b)
     for name, value in root.items():
-        getattr(fb, f"XNNGraphAdd{_camel(name)}")(b, value)
+        getattr(b.code, f"XNNGraphAdd{_camel(name)}")(b, value)
     if inline_constants:
         b.PrependUOffsetTRelativeSlot(TABLES["XNNGraph"].index(("constant_buffer", "[Buffer]")), constants, 0)
-    b.Finish(fb.XNNGraphEnd(b), file_identifier=identifier)
+    b.Finish(b.code.XNNGraphEnd(b), file_identifier=identifier)
     return bytes(b.Output())
 
 
