@@ -259,9 +259,15 @@ def sentence_embeddings(sentences: Sequence[str], weights: Weights | None = None
     quantized-then-dequantized linear weights swapped in.
     """
     ids, mask = tokenize_batch(sentences)
-    hidden = forward(ids, mask, NUM_LAYERS, weights)[-1].output
-    m = mask[..., None].astype(np.float32)
-    mean = (hidden * m).sum(axis=1) / m.sum(axis=1)
+    return mean_pooled(forward(ids, mask, NUM_LAYERS, weights)[-1].output, mask)
+
+
+def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Sentence embeddings from the last hidden states: the mean of ``hidden`` float
+    ``(B, T, 384)`` over the real tokens of ``mask`` ``(B, T)`` (bool or 1.0 / 0.0), then L2
+    normalization; float32 ``(B, 384)``."""
+    m = np.asarray(mask).astype(np.float32)[..., None]
+    mean = (np.asarray(hidden, np.float32) * m).sum(axis=1) / m.sum(axis=1)
     return (mean / np.linalg.norm(mean, axis=1, keepdims=True)).astype(np.float32)
 
 
@@ -291,3 +297,20 @@ def short_name(weight_name: str) -> str:
     label = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
              "attention.output.dense": "attn_out", "intermediate.dense": "ffn_up", "output.dense": "ffn_down"}
     return f"L{parts[2]} {label.get(rest, rest)}"
+
+
+
+# --------------------------------------------------------------------------- torch module
+
+#: Names defined in ``minilm_torch`` (which imports torch), reachable from here on first use.
+TORCH_NAMES = ("MiniLMEncoder", "encoder", "encoder_inputs", "example")
+
+
+def __getattr__(name: str) -> object:
+    """``minilm.MiniLMEncoder``, ``minilm.encoder()``, ...: imported from ``minilm_torch`` on
+    first use, so that ``import xnnquant.models.minilm`` never imports torch."""
+    if name in TORCH_NAMES:
+        from . import minilm_torch
+
+        return getattr(minilm_torch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
