@@ -86,10 +86,10 @@ def test_structure_is_dynamic_quantization_into_three_linears(payload: bytes, na
 
 def test_constants_live_in_named_data(payload: bytes, named_data) -> None:
     graph = load(payload)
-    assert sorted(graph.named_keys) == sorted(named_data)
-    assert sorted(graph.missing_named_keys) == sorted(named_data)
-    assert any(k.startswith("scale_") for k in graph.named_keys)
-    assert load(payload, named_data=named_data).missing_named_keys == []
+    assert sorted(graph.load_info.named_keys) == sorted(named_data)
+    assert sorted(graph.load_info.missing_named_keys) == sorted(named_data)
+    assert any(k.startswith("scale_") for k in graph.load_info.named_keys)
+    assert load(payload, named_data=named_data).load_info.missing_named_keys == ()
 
 
 @pytest.mark.parametrize("index, name", list(enumerate(LAYERS)))

@@ -59,7 +59,7 @@ def test_external_ids_inputs_first_whatever_the_call_order() -> None:
     z = g.output(g.negate(b))
     assert [g.value(i).external_id for i in (a, b, y, z)] == [0, 1, 2, 3]
     back = load(g.to_bytes())
-    assert back.inputs == [a, b] and back.outputs == [y, z] and back.declared_num_externs == 4
+    assert back.inputs == [a, b] and back.outputs == [y, z] and back.load_info.num_externs == 4
 
 
 def test_save_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch) -> None:

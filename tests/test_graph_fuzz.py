@@ -141,8 +141,8 @@ def test_every_truncation(which: int) -> None:
 
 def test_executorch_payload_reads_without_named_data() -> None:
     g = load(ET_PAYLOAD)
-    assert len(g.named_keys) == 8 and g.missing_named_keys == g.named_keys
-    assert sum(k.startswith("scale_") for k in g.named_keys) == 3
+    assert len(g.load_info.named_keys) == 8 and g.load_info.missing_named_keys == g.load_info.named_keys
+    assert sum(k.startswith("scale_") for k in g.load_info.named_keys) == 3
     assert [n.kind for n in g.nodes] == ["XNNConvert", "XNNFullyConnected"] * 3
     assert [g.value(n.inputs[1]).datatype.name for n in g.nodes[1::2]] == ["qbint4", "qbint4", "qcint8"]
 

@@ -12,7 +12,7 @@ from graph_examples import random_graph
 
 import xnnquant as xq
 from xnnquant.errors import PayloadError, XnnquantError
-from xnnquant.graph import Graph, load, writer
+from xnnquant.graph import Graph, LoadInfo, load, writer
 from xnnquant.graph import schema_generated as fb
 from xnnquant.graph.header import XNNHeader, align
 from xnnquant.graph.layout import slot
@@ -28,8 +28,10 @@ def test_bare_flatbuffer_with_inline_constants(identifier: bytes) -> None:
     data = flatbuffer(g, ConstantSegment(), inline_constants=True, identifier=identifier)
     assert data[4:8] == identifier
     back = load(data)
-    assert back == g and back.legacy_inline_constants and back.identifier == identifier.decode()
-    assert load(g.to_bytes()).identifier == "XN01"
+    assert back == g and back.load_info is not None
+    assert back.load_info.inline_constants and back.load_info.identifier == identifier.decode()
+    info = load(g.to_bytes()).load_info
+    assert info == LoadInfo("XN01", "0", g.num_externs, inline_constants=False)
 
 
 def test_identifier_xn00_with_header() -> None:
@@ -114,12 +116,12 @@ def test_named_keys_reported_and_resolved() -> None:
     fbytes = bytes(b.Output())
     payload = XNNHeader.for_sizes(len(fbytes), 0).to_bytes() + fbytes + bytes(align(len(fbytes)) - len(fbytes))
     bare = load(payload)
-    assert bare.named_keys == ["abc123"] and bare.missing_named_keys == ["abc123"]
+    assert bare.load_info.named_keys == ("abc123",) and bare.load_info.missing_named_keys == ("abc123",)
     assert bare.values[1].constant is None and bare.values[1].named_key == "abc123"
     with pytest.raises(XnnquantError, match="pass named_data= to load"):
         bare.values[1].array()
     full = load(payload, named_data={"abc123": w.tobytes()})
-    assert full.missing_named_keys == []
+    assert full.load_info.missing_named_keys == ()
     np.testing.assert_array_equal(full.values[1].array(), w)
     with pytest.raises(XnnquantError, match="constant data size does not match dims"):
         load(payload, named_data={"abc123": w.tobytes()[:-4]})

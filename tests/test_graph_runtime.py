@@ -685,7 +685,7 @@ def test_constants_in_the_payload_segment_are_read() -> None:
     w = np.arange(4, dtype=np.float32) - np.float32(1.5)
     g.output(g.multiply(x, g.constant(w)))
     graph = load(g.to_bytes())
-    assert graph.named_keys == [] and any(v.constant is not None for v in graph.values)
+    assert graph.load_info.named_keys == () and any(v.constant is not None for v in graph.values)
     x_in = np.ones((2, 4), np.float32)
     np.testing.assert_array_equal(run(g.to_bytes(), [x_in])[0], x_in * w)
 

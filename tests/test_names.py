@@ -48,3 +48,23 @@ def test_seed_node_kinds_is_a_deprecated_alias() -> None:
     assert not set(layout.XN01_NODE_KINDS) & set(layout.ET141_NODE_KINDS)
     assert all(layout.NODE_KINDS[k].xn01 for k in layout.XN01_NODE_KINDS)
     assert not any(layout.NODE_KINDS[k].xn01 for k in layout.ET141_NODE_KINDS)
+
+
+def test_graph_reader_fields_moved_to_load_info() -> None:
+    from xnnquant.graph import Graph, load
+
+    built = Graph()
+    x = built.input((1, 4))
+    built.output(built.abs(x))
+    assert built.load_info is None
+    back = load(built.to_bytes())
+    assert back.load_info is not None and back.load_info.num_externs == 2
+    for old, built_value, loaded_value in [("declared_num_externs", None, 2), ("identifier", "XN01", "XN01"),
+                                           ("legacy_inline_constants", False, False), ("named_keys", [], []),
+                                           ("missing_named_keys", [], []), ("version", "0", "0")]:
+        for graph, want in ((built, built_value), (back, loaded_value)):
+            with pytest.warns(DeprecationWarning, match=f"Graph.{old} is deprecated: use Graph.load_info"):
+                assert getattr(graph, old) == want
+    with pytest.raises(AttributeError):
+        built.no_such_attribute  # noqa: B018
+    assert not hasattr(built, "summary")  # describe() in xnnquant.summary does its job

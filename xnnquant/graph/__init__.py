@@ -9,6 +9,7 @@ from .header import XNNHeader
 from .interpreter import interpret
 from .model import (
     INVALID_ID,
+    LoadInfo,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -24,6 +25,7 @@ from .targets import Target
 __all__ = [
     "INVALID_ID",
     "Graph",
+    "LoadInfo",
     "Node",
     "PerChannelGroupQuant",
     "PerChannelQuant",

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import operator
 import os
-import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,11 +34,13 @@ from ..constants import (
 )
 from ..datatypes import Datatype, ScaleKind, storage
 from ..errors import UnsupportedConfigError, XnnquantError
+from ..files import write_atomic
 from ..rounding import check_bf16_exact
 from ..tensor import QuantizedTensor
 from . import shapes
 from .layout import NODE_KINDS
 from .model import (
+    LoadInfo,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -50,6 +52,14 @@ from .model import (
 from .targets import Target
 
 DEFAULT_DEBUG_HANDLE = 0
+#: Graph attributes that moved to ``Graph.load_info`` (old name -> LoadInfo field), and
+#: what the old attributes held for a graph built here.
+_MOVED_TO_LOAD_INFO = {"version": "version", "named_keys": "named_keys", "missing_named_keys": "missing_named_keys",
+                       "declared_num_externs": "num_externs", "legacy_inline_constants": "inline_constants",
+                       "identifier": "identifier"}
+_BUILT_DEFAULTS: dict[str, Any] = {"version": "0", "named_keys": [], "missing_named_keys": [],
+                                   "declared_num_externs": None, "legacy_inline_constants": False,
+                                   "identifier": "XN01"}
 
 
 def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -99,13 +109,20 @@ class Graph:
         self.values: list[Value] = []
         self.nodes: list[Node] = []
         self.write_scale_bf16 = write_scale_bf16
-        self.version = "0"
-        # set by load(): named-data keys referred to (ExecuTorch 1.4.1) and those not resolved
-        self.named_keys: list[str] = []
-        self.missing_named_keys: list[str] = []
-        self.declared_num_externs: int | None = None  # XNNGraph.num_externs as read
-        self.legacy_inline_constants = False  # read from a bare flatbuffer (constant_buffer)
-        self.identifier = "XN01"
+        self.load_info: LoadInfo | None = None  # what load() read; None for a graph built here
+
+    if not TYPE_CHECKING:  # hidden from mypy, so the library itself cannot use the old names
+
+        def __getattr__(self, name: str) -> Any:
+            # only reached for names the instance lacks: the reader's former Graph attributes
+            if name in _MOVED_TO_LOAD_INFO:
+                new = _MOVED_TO_LOAD_INFO[name]
+                warnings.warn(f"Graph.{name} is deprecated: use Graph.load_info.{new} (None for a graph built here)",
+                              DeprecationWarning, stacklevel=2)
+                info = self.__dict__.get("load_info")
+                value = _BUILT_DEFAULTS[name] if info is None else getattr(info, new)
+                return list(value) if isinstance(value, (list, tuple)) else value
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ values
 
@@ -634,24 +651,8 @@ class Graph:
         return to_bytes(self)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``to_bytes()`` to ``path`` atomically (temp file in the same dir, then rename)."""
-        payload = self.to_bytes()
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # what open() would give; mkstemp makes 0600
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        """Write ``to_bytes()`` to ``path`` atomically (``files.write_atomic``)."""
+        return write_atomic(path, self.to_bytes())
 
     # ------------------------------------------------------------- comparing
 
@@ -662,14 +663,3 @@ class Graph:
         return (f"Graph({len(self.values)} values, {len(self.nodes)} nodes, inputs={self.inputs}, "
                 f"outputs={self.outputs})")
 
-    def summary(self) -> str:
-        """One line per value and per node, for reading a payload."""
-        lines = []
-        for v in self.values:
-            role = "input" if v.is_input else "output" if v.is_output else "const" if v.is_constant else ""
-            q = "" if v.quant is None else f" {type(v.quant).__name__}"
-            lines.append(f"%{v.id:<4} {v.datatype.name:7} {list(v.dims)} {role}{q}")
-        for i, n in enumerate(self.nodes):
-            lines.append(f"#{i:<4} {n.kind}({', '.join(f'%{x}' for x in n.inputs)}) -> "
-                         f"{', '.join(f'%{x}' for x in n.outputs)} {n.params or ''}")
-        return "\n".join(lines)

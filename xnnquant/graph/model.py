@@ -217,3 +217,18 @@ class Node:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Node) and self._key() == other._key()
 
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    """What ``load`` read about a payload besides its values and nodes.
+
+    ``Graph.load_info`` holds one for a graph read back, None for a graph built here.
+    """
+
+    identifier: str  # file identifier of the flatbuffer: "XN01" or "XN00"
+    version: str  # XNNGraph.version (written back when the graph is written again)
+    num_externs: int  # XNNGraph.num_externs as declared (validation checks it)
+    inline_constants: bool  # a bare flatbuffer: constants inline in the legacy constant_buffer
+    named_keys: tuple[str, ...] = ()  # named-data keys the constants refer to (ExecuTorch 1.4.1)
+    missing_named_keys: tuple[str, ...] = ()  # those not given in named_data: their values have no bytes

@@ -115,11 +115,12 @@ def _load_checked(payload: bytes, named_data: Mapping[str, bytes] | None, valida
     from . import load  # the package exports it; imported here to avoid a cycle
 
     graph = load(payload, named_data=named_data, validate=validate)
-    if graph.missing_named_keys:
-        keys = graph.missing_named_keys
+    info = graph.load_info
+    if info is not None and info.missing_named_keys:
+        keys = info.missing_named_keys
         raise PayloadError(
             f"the payload's constants live in named data: got no bytes for {len(keys)} of its "
-            f"{len(graph.named_keys)} keys (first {keys[0]!r}), expected named_data={{key: bytes}} "
+            f"{len(info.named_keys)} keys (first {keys[0]!r}), expected named_data={{key: bytes}} "
             "holding all of them"
         )
     return graph

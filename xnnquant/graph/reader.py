@@ -9,7 +9,7 @@ Constants come from one of three places, as in ExecuTorch's runtime:
 * with a header: ``constant_data[idx]`` = (offset, size) into the constant segment;
 * with a header and a ``named_key`` in that entry (ExecuTorch 1.4.1): the program's
   named data, passed as ``named_data={key: bytes}``; without it the key is reported in
-  ``graph.named_keys`` / ``graph.missing_named_keys`` and the value has no bytes;
+  ``graph.load_info.named_keys`` / ``.missing_named_keys`` and the value has no bytes;
 * without a header (legacy): inline ``constant_buffer[idx].storage``.
 
 Fields that later ExecuTorch schemas append (``named_key``, ``scale_buffer_idx``,
@@ -39,6 +39,7 @@ from .builder import Graph
 from .header import XNNHeader
 from .layout import KIND_BY_TAG, UNIONS, slot
 from .model import (
+    LoadInfo,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -267,11 +268,14 @@ class _Reader:
         g.values = [self._value(i) for i in range(self.root.XvaluesLength())]
         g.nodes = [self._node(i) for i in range(self.root.XnodesLength())]
         version = self.root.Version()
-        g.version = "" if version is None else version.decode("utf-8")
-        g.named_keys, g.missing_named_keys = self.keys, self.missing
-        g.declared_num_externs = int(self.root.NumExterns())
-        g.legacy_inline_constants = self.segment is None
-        g.identifier = self.fb[4:8].decode("ascii")
+        g.load_info = LoadInfo(
+            identifier=self.fb[4:8].decode("ascii"),
+            version="" if version is None else version.decode("utf-8"),
+            num_externs=int(self.root.NumExterns()),
+            inline_constants=self.segment is None,
+            named_keys=tuple(self.keys),
+            missing_named_keys=tuple(self.missing),
+        )
         if any(n.kind not in g.target.node_kinds for n in g.nodes):
             g.target = Target.ET_1_4_1  # written again with the schema it was read with
         if self.root.XvaluesIsNone() or self.root.XnodesIsNone():

@@ -174,7 +174,7 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
 
 def _check_externals(graph: Any) -> None:
     externals = [v for v in graph.values if v.flags or v.external_id is not None]
-    declared = graph.declared_num_externs
+    declared = None if graph.load_info is None else graph.load_info.num_externs
     n = len(externals) if declared is None else declared
     if n > MAX_NUM_EXTERNS:
         raise XnnquantError(f"graph: num_externs {n} exceeds the runtime's limit of {MAX_NUM_EXTERNS}")

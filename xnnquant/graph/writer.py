@@ -206,7 +206,7 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
     else:
         entries = [_table(b, "ConstantDataOffset", {"offset": off, "size": size}) for off, size in segment.entries]
     root = {
-        "version": b.CreateString(graph.version),
+        "version": b.CreateString("0" if graph.load_info is None else graph.load_info.version),
         "xnodes": _table_vector(b, nodes),
         "xvalues": _table_vector(b, values),
         "num_externs": graph.num_externs,

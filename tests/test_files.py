@@ -1,0 +1,48 @@
+"""files.write_atomic: whole files or none, from bytes or from chunks."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from xnnquant.files import write_atomic
+
+
+def test_bytes_and_chunks(tmp_path: Path) -> None:
+    path = write_atomic(tmp_path / "a.bin", b"\x00\x01")
+    assert path == tmp_path / "a.bin" and path.read_bytes() == b"\x00\x01"
+    write_atomic(str(path), (bytes([i]) * 3 for i in range(4)))  # a generator, consumed once
+    assert path.read_bytes() == b"\x00\x00\x00\x01\x01\x01\x02\x02\x02\x03\x03\x03"
+    write_atomic(path, [memoryview(b"ab"), bytearray(b"c")])
+    assert path.read_bytes() == b"abc" and list(tmp_path.iterdir()) == [path]
+
+
+def test_mode_is_what_open_gives(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        path = write_atomic(tmp_path / "m.bin", b"x")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_a_failing_producer_leaves_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.pte"
+    path.write_bytes(b"old")
+
+    def chunks() -> Iterator[bytes]:
+        yield b"new, first half"
+        raise RuntimeError("the exporter failed half way")
+
+    with pytest.raises(RuntimeError, match="half way"):
+        write_atomic(path, chunks())
+    assert path.read_bytes() == b"old" and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_missing_directory_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        write_atomic(tmp_path / "no" / "such" / "dir.bin", b"x")
