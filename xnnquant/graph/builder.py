@@ -62,27 +62,6 @@ _BUILT_DEFAULTS: dict[str, Any] = {"version": "0", "named_keys": [], "missing_na
                                    "identifier": "XN01"}
 
 
-def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
-    if isinstance(v, (int, np.integer)):
-        return int(v), int(v)
-    t = tuple(int(x) for x in v)
-    if len(t) != 2:
-        raise XnnquantError(f"{name} must be an int or a pair (h, w): got {v!r}")
-    return t[0], t[1]
-
-
-def _padding(v: int | Sequence[int]) -> tuple[int, int, int, int]:
-    """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left)."""
-    if isinstance(v, (int, np.integer)):
-        return int(v), int(v), int(v), int(v)
-    t = tuple(int(x) for x in v)
-    if len(t) == 2:
-        return (t[0], t[1], t[0], t[1])
-    if len(t) != 4 or min(t) < 0:
-        raise XnnquantError(f"padding must be an int, (h, w) or (top, right, bottom, left) >= 0: got {v!r}")
-    return t[0], t[1], t[2], t[3]
-
-
 def _f32(x: float) -> float:
     """``x`` rounded to float32 (what the schema stores); -0.0 becomes 0.0.
 
@@ -358,12 +337,11 @@ class Graph:
     def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: Any, stride: Any, dilation: Any,
               groups: int, kw: dict[str, Any]) -> int:
         xd, wd = self.value(x).dims, self.value(w).dims
-        pads, st, dil = _padding(padding), _pair(stride, "stride"), _pair(dilation, "dilation")
         if len(wd) != 4:
             raise XnnquantError(f"{kind}: filter must be 4-D: got dims {wd}")
         if kind == "XNNDepthwiseConv2d":
             one, kh, kwid, oc = wd
-            channels = shapes._nhwc(kind, xd)[3]
+            channels = shapes.nhwc(kind, xd)[3]
             if one != 1 or oc % channels:
                 raise XnnquantError(
                     f"XNNDepthwiseConv2d: filter must be [1, KH, KW, OC] with OC a multiple of the input "
@@ -372,18 +350,18 @@ class Graph:
             groups, gic, goc = channels, 1, oc // channels
         else:
             oc, kh, kwid, gic = wd
-            channels = shapes._nhwc(kind, xd)[3]
+            channels = shapes.nhwc(kind, xd)[3]
             if groups < 1 or oc % groups or channels != groups * gic:
                 raise XnnquantError(
                     f"XNNConv2d: channels do not match: got input {xd}, filter [OC, KH, KW, IC/g] = {wd}, "
                     f"groups={groups}; expected C == groups * IC/g and OC % groups == 0"
                 )
             goc = oc // groups
-        oh, ow = shapes.conv_hw(kind, xd, (kh, kwid), pads, st, dil)
-        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
-        params.update(kernel_height=kh, kernel_width=kwid, subsampling_height=st[0], subsampling_width=st[1],
-                      dilation_height=dil[0], dilation_width=dil[1], group_input_channels=gic,
-                      group_output_channels=goc, groups=groups, adjustment_height=0, adjustment_width=0)
+        window = shapes.Window((kh, kwid), shapes.as_pair(stride, "stride"), shapes.as_pair(dilation, "dilation"),
+                               shapes.as_padding(padding))
+        oh, ow = window.output_hw(kind, xd)
+        params = {**window.conv_params(), "group_input_channels": gic, "group_output_channels": goc,
+                  "groups": groups, "adjustment_height": 0, "adjustment_width": 0}
         inputs = (x, w) if bias is None else (x, w, bias)
         return self._node(kind, inputs, [(xd[0], oh, ow, oc)], [self._like(x)], params, **kw)[0]
 
@@ -400,13 +378,10 @@ class Graph:
     def _pool(self, kind: str, x: int, kernel: Any, stride: Any, padding: Any, dilation: Any,
               kw: dict[str, Any]) -> int:
         xd = self.value(x).dims
-        k, st, dil = _pair(kernel, "kernel"), _pair(stride, "stride"), _pair(dilation, "dilation")
-        pads = _padding(padding)
-        oh, ow = shapes.conv_hw(kind, xd, k, pads, st, dil)
-        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
-        params.update(pooling_height=k[0], pooling_width=k[1], stride_height=st[0], stride_width=st[1],
-                      dilation_height=dil[0], dilation_width=dil[1])
-        return self._node(kind, (x,), [(xd[0], oh, ow, xd[3])], [self._like(x)], params, **kw)[0]
+        window = shapes.Window(shapes.as_pair(kernel, "kernel"), shapes.as_pair(stride, "stride"),
+                               shapes.as_pair(dilation, "dilation"), shapes.as_padding(padding))
+        oh, ow = window.output_hw(kind, xd)
+        return self._node(kind, (x,), [(xd[0], oh, ow, xd[3])], [self._like(x)], window.pool_params(), **kw)[0]
 
     def avg_pooling_2d(self, x: int, *, kernel: Any, stride: Any = None, padding: Any = 0, **kw: Any) -> int:
         """Average pooling over NHWC windows (stride defaults to the kernel)."""
@@ -419,7 +394,7 @@ class Graph:
 
     def global_avg_pooling_2d(self, x: int, **kw: Any) -> int:
         """Mean over H and W of NHWC ``[N, H, W, C]`` -> ``[N, 1, 1, C]`` (flag KEEP_DIMS)."""
-        n, _, _, c = shapes._nhwc("XNNGlobalAvgPooling2d", self.value(x).dims)
+        n, _, _, c = shapes.nhwc("XNNGlobalAvgPooling2d", self.value(x).dims)
         kw.setdefault("flags", XNN_FLAG_KEEP_DIMS)
         return self._node("XNNGlobalAvgPooling2d", (x,), [(n, 1, 1, c)], [self._like(x)], **kw)[0]
 
@@ -429,13 +404,12 @@ class Graph:
         The index output is labelled fp32 (as ExecuTorch does); XNNPACK writes uint32 indices.
         """
         xd = self.value(x).dims
-        k, pads = _pair(kernel, "kernel"), _padding(padding)
-        oh, ow = shapes.conv_hw("XNNArgMaxPooling2d", xd, k, pads, k, (1, 1))
-        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
-        params.update(pooling_height=k[0], pooling_width=k[1])
+        k = shapes.as_pair(kernel, "kernel")
+        window = shapes.Window(k, k, (1, 1), shapes.as_padding(padding))
+        oh, ow = window.output_hw("XNNArgMaxPooling2d", xd)
         out = (xd[0], oh, ow, xd[3])
         values, indices = self._node("XNNArgMaxPooling2d", (x,), [out, out], [self._like(x), (Datatype.fp32, None)],
-                                     params, **kw)
+                                     window.pool_params(strided=False), **kw)
         return values, indices
 
     def softmax(self, x: int, **kw: Any) -> int:
@@ -598,7 +572,7 @@ class Graph:
     def static_resize_bilinear_2d(self, x: int, new_height: int, new_width: int, *, align_corners: bool = False,
                                   **kw: Any) -> int:
         """Bilinear resize of NHWC ``[N, H, W, C]`` -> ``[N, new_height, new_width, C]``."""
-        n, _, _, c = shapes._nhwc("XNNStaticResizeBilinear2D", self.value(x).dims)
+        n, _, _, c = shapes.nhwc("XNNStaticResizeBilinear2D", self.value(x).dims)
         if new_height < 1 or new_width < 1:
             raise XnnquantError(f"new_height and new_width must be >= 1: got {new_height}, {new_width}")
         kw.setdefault("flags", XNN_FLAG_ALIGN_CORNERS if align_corners else 0)

@@ -40,7 +40,6 @@ from ..arrays import to_numpy
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
     XNN_FLAG_TENSORFLOW_LEGACY_MODE,
-    XNN_FLAG_TENSORFLOW_SAME_PADDING,
     XNN_FLAG_TRANSPOSE_B,
     XNN_FLAG_TRANSPOSE_WEIGHTS,
 )
@@ -49,6 +48,7 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import quantize_values
 from ..special import gelu
 from .model import PerTensorQuant, PerTokenDynamicQuant
+from .shapes import Window
 
 #: Node kinds whose ``output_min`` / ``output_max`` the 1.4.1 runtime passes to XNNPACK.
 CLAMPED_KINDS = frozenset({
@@ -66,46 +66,20 @@ Handler = Callable[[Any, list[np.ndarray]], list[np.ndarray]]
 # ----------------------------------------------------------------- windows
 
 
-def _pads(node: Any, x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
-          dilation: tuple[int, int]) -> tuple[int, int, int, int]:
-    """(top, right, bottom, left) padding: the node's, or TensorFlow SAME when flagged."""
-    p = node.params
-    if not node.flags & XNN_FLAG_TENSORFLOW_SAME_PADDING:
-        return (p.get("padding_top", 0), p.get("padding_right", 0), p.get("padding_bottom", 0),
-                p.get("padding_left", 0))
-    total = []
-    for size, k, s, d in zip(x.shape[1:3], kernel, stride, dilation):
-        out = -(-size // s)
-        total.append(max((out - 1) * s + (k - 1) * d + 1 - size, 0))
-    return (total[0] // 2, total[1] - total[1] // 2, total[0] - total[0] // 2, total[1] // 2)
-
-
-def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
-             pads: tuple[int, int, int, int], fill: float) -> np.ndarray:
+def _windows(x: np.ndarray, window: Window, fill: float, kind: str) -> np.ndarray:
     """Sliding windows of NHWC ``x`` ``[N, H, W, C]`` -> ``[N, OH, OW, KH, KW, C]``.
 
-    ``x`` is first padded with ``fill``: ``pads`` = (top, right, bottom, left).
+    ``x`` is first padded with ``fill`` (``window.padding``: top, right, bottom, left).
     Window ``(oy, ox)`` tap ``(i, j)`` reads padded row ``oy * sh + i * dh`` and column
     ``ox * sw + j * dw``.
     """
-    top, right, bottom, left = pads
+    top, right, bottom, left = window.padding
+    oh, ow = window.output_hw(kind, x.shape)
     xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    oh = (xp.shape[1] - (kh - 1) * dh - 1) // sh + 1
-    ow = (xp.shape[2] - (kw - 1) * dw - 1) // sw + 1
-    if oh < 1 or ow < 1:
-        raise XnnquantError(
-            f"window does not fit: got padded input {xp.shape}, kernel {kernel}, dilation {dilation}"
-        )
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
     rows = (np.arange(oh) * sh)[:, None] + (np.arange(kh) * dh)[None, :]  # [OH, KH]
     cols = (np.arange(ow) * sw)[:, None] + (np.arange(kw) * dw)[None, :]  # [OW, KW]
     return xp[:, rows[:, None, :, None], cols[None, :, None, :], :]
-
-
-def _conv_geometry(node: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    p = node.params
-    return ((p["kernel_height"], p["kernel_width"]), (p["subsampling_height"], p["subsampling_width"]),
-            (max(p.get("dilation_height", 1), 1), max(p.get("dilation_width", 1), 1)))
 
 
 def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: Any, groups: int) -> np.ndarray:
@@ -113,8 +87,8 @@ def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: A
 
     ``y[n, oy, ox, g * OCg + o] = sum_{i, j, c} win[n, oy, ox, i, j, g * Cg + c] * w[g * OCg + o, i, j, c]``.
     """
-    kernel, stride, dilation = _conv_geometry(node)
-    win = _windows(x, kernel, stride, dilation, _pads(node, x, kernel, stride, dilation), 0.0)
+    window = Window.of_conv(node.params).with_padding_for(node.flags, x.shape)
+    win = _windows(x, window, 0.0, node.kind)
     n, oh, ow, kh, kw, c = win.shape
     oc = w.shape[0]
     win = win.reshape(n, oh, ow, kh, kw, groups, c // groups).astype(np.float64)
@@ -147,9 +121,9 @@ def _conv_transpose2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     """
     x, w, *bias = args
     p = node.params
-    (kh, kw), (sh, sw), (dh, dw) = _conv_geometry(node)
-    top, right, bottom, left = (p.get("padding_top", 0), p.get("padding_right", 0),
-                                p.get("padding_bottom", 0), p.get("padding_left", 0))
+    window = Window.of_conv(p)
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    top, right, bottom, left = window.padding
     groups = p["groups"]
     n, h, wd, c = x.shape
     oc = w.shape[0]
@@ -168,29 +142,20 @@ def _conv_transpose2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [out.astype(np.float32)]
 
 
-def _pool_geometry(node: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    p = node.params
-    kernel = (p["pooling_height"], p["pooling_width"])
-    stride = (p.get("stride_height", kernel[0]), p.get("stride_width", kernel[1]))
-    dilation = (max(p.get("dilation_height", 1), 1), max(p.get("dilation_width", 1), 1))
-    return kernel, stride, dilation
-
-
 def _max_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     """Max over each window; padding never wins (padded with -inf)."""
-    kernel, stride, dilation = _pool_geometry(node)
     x = args[0]
-    win = _windows(x, kernel, stride, dilation, _pads(node, x, kernel, stride, dilation), -np.inf)
-    return [win.max(axis=(3, 4))]
+    window = Window.of_pool(node.params).with_padding_for(node.flags, x.shape)
+    return [_windows(x, window, -np.inf, node.kind).max(axis=(3, 4))]
 
 
 def _avg_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     """Mean over the window's pixels that lie inside the input (padding not counted)."""
-    kernel, stride, _ = _pool_geometry(node)
     x = args[0]
-    pads = _pads(node, x, kernel, stride, (1, 1))
-    total = _windows(x.astype(np.float64), kernel, stride, (1, 1), pads, 0.0).sum(axis=(3, 4))
-    count = _windows(np.ones(x.shape[:3] + (1,)), kernel, stride, (1, 1), pads, 0.0).sum(axis=(3, 4))
+    stored = Window.of_pool(node.params)  # average pooling has no dilation
+    window = Window(stored.kernel, stored.stride, (1, 1), stored.padding).with_padding_for(node.flags, x.shape)
+    total = _windows(x.astype(np.float64), window, 0.0, node.kind).sum(axis=(3, 4))
+    count = _windows(np.ones(x.shape[:3] + (1,)), window, 0.0, node.kind).sum(axis=(3, 4))
     return [(total / count).astype(np.float32)]
 
 
@@ -202,9 +167,11 @@ def _argmax_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     (stride = kernel).  Indices come back as float64 holding integers; the output value
     gets them as int64 (see ``interpret``).
     """
-    kernel, _, _ = _pool_geometry(node)
     x = args[0]
-    win = _windows(x, kernel, kernel, (1, 1), _pads(node, x, kernel, kernel, (1, 1)), -np.inf)
+    stored = Window.of_pool(node.params)
+    kernel = stored.kernel
+    window = Window(kernel, kernel, (1, 1), stored.padding).with_padding_for(node.flags, x.shape)
+    win = _windows(x, window, -np.inf, node.kind)
     flat = win.swapaxes(3, 4).reshape(win.shape[:3] + (kernel[0] * kernel[1], win.shape[5]))
     return [flat.max(axis=3), flat.argmax(axis=3).astype(np.float64)]
 

@@ -1,16 +1,23 @@
-"""Output shapes of the node kinds, as XNNPACK computes them.
+"""Output shapes of the node kinds, as XNNPACK computes them, and 2-D window geometry.
 
 Activations of the 2-D convolutions and poolings are NHWC ``[N, H, W, C]``.  Each
 function takes the input dims and the node's parameters and returns the output dims, or
 raises ``XnnquantError`` naming the node kind and the mismatch.
+
+``Window`` is the geometry of a convolution or pooling node (kernel, stride, dilation,
+padding): the builder turns it into the node's schema fields, the interpreter reads it
+back from them, and both compute the output size with ``Window.output_hw``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..constants import XNN_FLAG_TENSORFLOW_SAME_PADDING
 from ..errors import XnnquantError
 
 Dims = tuple[int, ...]
@@ -38,7 +45,7 @@ def fully_connected(x: Dims, w: Dims, transpose_weights: bool) -> Dims:
     return x[:-1] + (n,)
 
 
-def _nhwc(kind: str, x: Dims) -> Dims:
+def nhwc(kind: str, x: Dims) -> Dims:
     if len(x) != 4:
         raise XnnquantError(f"{kind}: input must be 4-D NHWC [N, H, W, C]: got {x}")
     return x
@@ -56,13 +63,106 @@ def window(kind: str, size: int, padding: tuple[int, int], kernel: int, stride: 
     return (padded - span) // stride + 1
 
 
-def conv_hw(kind: str, x: Dims, kernel: tuple[int, int], padding: tuple[int, int, int, int],
-            stride: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
-    """Output ``(H, W)``; padding is ``(top, right, bottom, left)``."""
-    _, h, w, _ = _nhwc(kind, x)
-    top, right, bottom, left = padding
-    return (window(kind, h, (top, bottom), kernel[0], stride[0], dilation[0]),
-            window(kind, w, (left, right), kernel[1], stride[1], dilation[1]))
+Pair = tuple[int, int]
+Padding = tuple[int, int, int, int]  # (top, right, bottom, left)
+_PADDING_FIELDS = ("padding_top", "padding_right", "padding_bottom", "padding_left")
+
+
+def as_pair(v: int | Sequence[int], name: str) -> Pair:
+    """``int`` or ``(h, w)`` -> ``(h, w)``."""
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    t = tuple(int(x) for x in v)
+    if len(t) != 2:
+        raise XnnquantError(f"{name} must be an int or a pair (h, w): got {v!r}")
+    return t[0], t[1]
+
+
+def as_padding(v: int | Sequence[int]) -> Padding:
+    """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left)."""
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v), int(v), int(v)
+    t = tuple(int(x) for x in v)
+    if len(t) == 2:
+        return (t[0], t[1], t[0], t[1])
+    if len(t) != 4 or min(t) < 0:
+        raise XnnquantError(f"padding must be an int, (h, w) or (top, right, bottom, left) >= 0: got {v!r}")
+    return t[0], t[1], t[2], t[3]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where a 2-D convolution or pooling window reads an NHWC input.
+
+    Window ``(oy, ox)``, tap ``(i, j)`` reads row ``oy * stride[0] + i * dilation[0] - top``
+    and column ``ox * stride[1] + j * dilation[1] - left`` of the input; rows and columns
+    outside it are padding.
+    """
+
+    kernel: Pair
+    stride: Pair
+    dilation: Pair = (1, 1)
+    padding: Padding = (0, 0, 0, 0)
+
+    def output_hw(self, kind: str, x: Dims) -> Pair:
+        """Output ``(H, W)`` for NHWC input dims ``x``."""
+        _, h, w, _ = nhwc(kind, x)
+        top, right, bottom, left = self.padding
+        return (window(kind, h, (top, bottom), self.kernel[0], self.stride[0], self.dilation[0]),
+                window(kind, w, (left, right), self.kernel[1], self.stride[1], self.dilation[1]))
+
+    def conv_params(self) -> dict[str, int]:
+        """The window's fields of a convolution node (``_XNNNodeConv``)."""
+        return {**dict(zip(_PADDING_FIELDS, self.padding)),
+                "kernel_height": self.kernel[0], "kernel_width": self.kernel[1],
+                "subsampling_height": self.stride[0], "subsampling_width": self.stride[1],
+                "dilation_height": self.dilation[0], "dilation_width": self.dilation[1]}
+
+    def pool_params(self, *, strided: bool = True) -> dict[str, int]:
+        """The window's fields of a pooling node (``_XNNPooling2D``; ``strided=False``: the
+        argmax pooling table, which has padding and kernel only)."""
+        params = {**dict(zip(_PADDING_FIELDS, self.padding)),
+                  "pooling_height": self.kernel[0], "pooling_width": self.kernel[1]}
+        if strided:
+            params.update(stride_height=self.stride[0], stride_width=self.stride[1],
+                          dilation_height=self.dilation[0], dilation_width=self.dilation[1])
+        return params
+
+    @classmethod
+    def of_conv(cls, params: Mapping[str, Any]) -> Window:
+        """The window of a convolution node's params (a dilation stored as 0 reads as 1)."""
+        return cls((params["kernel_height"], params["kernel_width"]),
+                   (params["subsampling_height"], params["subsampling_width"]),
+                   _dilation(params), _stored_padding(params))
+
+    @classmethod
+    def of_pool(cls, params: Mapping[str, Any]) -> Window:
+        """The window of a pooling node's params (no stride fields: stride = kernel)."""
+        kernel = (params["pooling_height"], params["pooling_width"])
+        stride = (params.get("stride_height", kernel[0]), params.get("stride_width", kernel[1]))
+        return cls(kernel, stride, _dilation(params), _stored_padding(params))
+
+    def with_padding_for(self, flags: int, x: Dims) -> Window:
+        """This window, its padding replaced by TensorFlow's SAME padding when ``flags`` has
+        ``XNN_FLAG_TENSORFLOW_SAME_PADDING`` (output ``ceil(size / stride)``, the odd pixel
+        of padding at the bottom / right)."""
+        if not flags & XNN_FLAG_TENSORFLOW_SAME_PADDING:
+            return self
+        total = []
+        for size, k, s, d in zip(x[1:3], self.kernel, self.stride, self.dilation):
+            out = -(-size // s)
+            total.append(max((out - 1) * s + (k - 1) * d + 1 - size, 0))
+        padding = (total[0] // 2, total[1] - total[1] // 2, total[0] - total[0] // 2, total[1] // 2)
+        return Window(self.kernel, self.stride, self.dilation, padding)
+
+
+def _dilation(params: Mapping[str, Any]) -> Pair:
+    return max(params.get("dilation_height", 1), 1), max(params.get("dilation_width", 1), 1)
+
+
+def _stored_padding(params: Mapping[str, Any]) -> Padding:
+    top, right, bottom, left = (params.get(f, 0) for f in _PADDING_FIELDS)
+    return top, right, bottom, left
 
 
 def concatenate(kind: str, shapes: Sequence[Dims], axis: int) -> Dims:
