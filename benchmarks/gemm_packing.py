@@ -42,7 +42,7 @@ def weights(n: int, k: int, rng: np.random.Generator) -> list[tuple[str, str, ob
     """(label, operator, weight) for every weight type."""
     scale = rng.uniform(1e-3, 1e-1, n).astype(np.float32)
     q8 = xq.QuantizedTensor(xq.Datatype.qcint8, rng.integers(-128, 128, (n, k)).astype(np.int8), scale, channel_dim=0)
-    q4 = xq.QuantizedTensor(xq.Datatype.qcint4, rng.integers(-8, 8, (n, k)).astype(np.int8), scale, zero_point=8,
+    q4 = xq.QuantizedTensor(xq.Datatype.qcint4, rng.integers(-8, 8, (n, k)).astype(np.int8), scale,
                             channel_dim=0)
     out: list[tuple[str, str, object]] = [("f32", "f32", rng.standard_normal((n, k)).astype(np.float32)),
                                           ("qc8w (qd8 input)", "qd8_f32_qc8w", q8),
@@ -51,7 +51,7 @@ def weights(n: int, k: int, rng: np.random.Generator) -> list[tuple[str, str, ob
                                           ("qc4w (qdu8 input)", "qdu8_f32_qc4w", q4)]
     for group in (32, 128):
         s = rng.uniform(1e-3, 1e-1, (n, k // group)).astype(ml_dtypes.bfloat16).astype(np.float32)
-        qb = xq.QuantizedTensor(xq.Datatype.qbint4, rng.integers(-8, 8, (n, k)).astype(np.int8), s, zero_point=8,
+        qb = xq.QuantizedTensor(xq.Datatype.qbint4, rng.integers(-8, 8, (n, k)).astype(np.int8), s,
                                 group_size=group)
         out += [(f"qb4w g{group} (qd8 input)", "qd8_f32_qb4w", qb),
                 (f"qb4w g{group} (qdu8 input)", "qdu8_f32_qb4w", qb)]

@@ -36,13 +36,13 @@ def qc8(n: int, k: int, rng: np.random.Generator = RNG) -> xq.QuantizedTensor:
 def qc4(n: int, k: int, rng: np.random.Generator = RNG) -> xq.QuantizedTensor:
     codes = rng.integers(-8, 8, (n, k)).astype(np.int8)
     scale = rng.uniform(1e-3, 1, n).astype(np.float32)
-    return xq.QuantizedTensor(xq.Datatype.qcint4, codes, scale, zero_point=8, channel_dim=0)
+    return xq.QuantizedTensor(xq.Datatype.qcint4, codes, scale, channel_dim=0)
 
 
 def qb4(n: int, k: int, group: int, rng: np.random.Generator = RNG) -> xq.QuantizedTensor:
     codes = rng.integers(-8, 8, (n, k)).astype(np.int8)
     scale = rng.uniform(1e-3, 1, (n, k // group)).astype(ml_dtypes.bfloat16).astype(np.float32)
-    return xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, zero_point=8, group_size=group)
+    return xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, group_size=group)
 
 
 def bias_or_none(n: int, with_bias: bool) -> np.ndarray | None:

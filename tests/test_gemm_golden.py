@@ -39,7 +39,7 @@ def qc8(codes: list[list[int]], scale: list[float]) -> xq.QuantizedTensor:
 
 def qc4(codes: list[list[int]], scale: list[float]) -> xq.QuantizedTensor:
     return xq.QuantizedTensor(xq.Datatype.qcint4, np.array(codes, np.int8), np.array(scale, np.float32),
-                              zero_point=8, channel_dim=0)
+                              channel_dim=0)
 
 
 # --- qc8w -------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_qb4w_avx_branch_planes1() -> None:
     """qd8 x qb4w on AVX (nr 4, kr 8, planes 1), K = 64 in two blocks of 32, N = 3."""
     codes = np.array([[1] * 64, [-1] * 64, [k % 16 - 8 for k in range(64)]], np.int8)
     scale = np.array([[1, 2], [2, 4], [4, 8]], np.float32)  # 2^(r + b), exact in bf16
-    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, zero_point=8, group_size=32)
+    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, group_size=32)
     got = pack_gemm(w, np.array([0.5, -0.5, 1.5], np.float32), config=config("qd8_f32_qb4w", "avx"))
     row2 = bytes(((j - 8) & 0xF) | (j << 4) for j in range(8))
     chunk = bytes([0x11] * 8) + bytes([0xFF] * 8) + row2 + bytes(8)   # rows 0..2, padding row 3
@@ -180,7 +180,7 @@ def test_qb4w_correction_accumulates_in_float32_chunk_by_chunk() -> None:
     codes[0, :16] = -8  # chunk 0 sum -128
     codes[0, 16:32] = [-1] + [0] * 15  # chunk 1 sum -1
     scale = np.array([[2.0**17, 2.0**17]], np.float32)  # chunk terms: -2^24, -2^17
-    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, zero_point=8, group_size=32)
+    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, scale, group_size=32)
     got = pack_gemm(w, nr=1, kr=8)
     expected = np.float32(0) - np.float32(-128 * 2.0**17) - np.float32(-1 * 2.0**17)
     assert got[:4].view(np.float32)[0] == expected
@@ -190,7 +190,7 @@ def test_qb4w_unsigned_input_vnni_tile() -> None:
     """qdu8 x qb4w on AVX-512 VNNI (nr 16, kr 8, two planes), the kernel an AVX2 machine
     cannot capture: one row in a 16-row tile, K = 32 in one block, chunks of 16 values."""
     codes = np.array([[k % 16 - 8 for k in range(32)]], np.int8)
-    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, np.array([[0.5]], np.float32), zero_point=8, group_size=32)
+    w = xq.QuantizedTensor(xq.Datatype.qbint4, codes, np.array([[0.5]], np.float32), group_size=32)
     got = pack_gemm(w, np.array([3.0], np.float32), config=config("qdu8_f32_qb4w", "avx512vnni"))
     row0 = bytes(((j - 8) & 0xF) | (j << 4) for j in range(8))  # k j = j - 8 (low), k j + 8 = j (high)
     chunk = row0 + bytes(15 * 8)  # padding rows 1..15 are zero bytes
@@ -300,11 +300,11 @@ def test_bad_inputs_say_what_was_wrong() -> None:
     with pytest.raises(XnnquantError, match="layout 'qc4uw' does not fit qcint8"):
         pack_gemm(qc8([[1, 2]], [1.0]), nr=4, kr=8, layout="qc4uw")
     not_bf16 = np.full((1, 1), 0.1, np.float32)
-    w = xq.QuantizedTensor(xq.Datatype.qbint4, np.zeros((1, 32), np.int8), not_bf16, zero_point=8, group_size=32)
+    w = xq.QuantizedTensor(xq.Datatype.qbint4, np.zeros((1, 32), np.int8), not_bf16, group_size=32)
     with pytest.raises(XnnquantError, match=r"qbint4 scales must hold bf16 values: got 0.100000001 at index \(0, 0\)"):
         pack_gemm(w, nr=8, kr=8)
     exact = not_bf16.astype(ml_dtypes.bfloat16).astype(np.float32)
-    w16 = xq.QuantizedTensor(xq.Datatype.qbint4, np.zeros((1, 16), np.int8), exact, zero_point=8, group_size=16)
+    w16 = xq.QuantizedTensor(xq.Datatype.qbint4, np.zeros((1, 16), np.int8), exact, group_size=16)
     with pytest.raises(UnsupportedConfigError, match="multiple of 32: got group_size=16"):
         pack_gemm(w16, nr=8, kr=8)
     per_tensor = xq.QuantizedTensor(xq.Datatype.qint8, np.zeros((2, 2), np.int8), np.float32(1))

@@ -60,10 +60,10 @@ def weights():
     yield "qc8w", xq.QuantizedTensor(D.qcint8, RNG.integers(-128, 128, (n, k)).astype(np.int8),
                                      RNG.uniform(1e-3, 1e-2, n).astype(np.float32), channel_dim=0)
     yield "qc4w", xq.QuantizedTensor(D.qcint4, RNG.integers(-8, 8, (n, k)).astype(np.int8),
-                                     RNG.uniform(1e-2, 1e-1, n).astype(np.float32), zero_point=8, channel_dim=0)
+                                     RNG.uniform(1e-2, 1e-1, n).astype(np.float32), channel_dim=0)
     scale = RNG.uniform(1e-2, 1e-1, (n, k // 64)).astype(ml_dtypes.bfloat16).astype(np.float32)
     yield "qb4w", xq.QuantizedTensor(D.qbint4, RNG.integers(-8, 8, (n, k)).astype(np.int8), scale,
-                                     zero_point=8, group_size=64)
+                                     group_size=64)
 
 
 @pytest.mark.parametrize("kind,weight", list(weights()))

@@ -178,7 +178,7 @@ def test_qc4w_matches_the_model(n, k, seed, with_bias, unsigned, nr, kr, sr) -> 
     q = rng.integers(-8, 8, (n, k)).astype(np.int8)
     scale = rng.uniform(1e-3, 1, n).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
-    w = xq.QuantizedTensor(xq.Datatype.qcint4, q, scale, zero_point=8, channel_dim=0)
+    w = xq.QuantizedTensor(xq.Datatype.qcint4, q, scale, channel_dim=0)
     got = pack_gemm(w, bias, nr=nr, kr=kr, sr=sr, layout="qc4uw" if unsigned else "qc4w")
     assert got.tobytes() == model_qc4w(q, scale, bias, nr, kr, sr, unsigned)
 
@@ -195,7 +195,7 @@ def test_qb4w_matches_the_model(n, blocks, group, seed, with_bias, nr, kr, sr, p
     q = rng.integers(-8, 8, (n, k)).astype(np.int8)
     scale = rng.uniform(1e-3, 10, (n, blocks)).astype(ml_dtypes.bfloat16).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
-    w = xq.QuantizedTensor(xq.Datatype.qbint4, q, scale, zero_point=8, group_size=group)
+    w = xq.QuantizedTensor(xq.Datatype.qbint4, q, scale, group_size=group)
     got = pack_gemm(w, bias, nr=nr, kr=kr, sr=sr, planes=planes)
     assert got.tobytes() == model_qb4w(q, scale, bias, group, nr, kr, sr)
 
@@ -218,10 +218,10 @@ def test_every_table_row_matches_the_model() -> None:
             weight = xq.QuantizedTensor(xq.Datatype.qcint8, q8, scale, channel_dim=0)
         elif c.weights in ("qc4w", "qc4uw"):
             expected = model_qc4w(q4, scale, bias, c.nr, c.kr, c.sr, c.weights == "qc4uw")
-            weight = xq.QuantizedTensor(xq.Datatype.qcint4, q4, scale, zero_point=8, channel_dim=0)
+            weight = xq.QuantizedTensor(xq.Datatype.qcint4, q4, scale, channel_dim=0)
         else:
             expected = model_qb4w(q4, block_scale, bias, 32, c.nr, c.kr, c.sr)
-            weight = xq.QuantizedTensor(xq.Datatype.qbint4, q4, block_scale, zero_point=8, group_size=32)
+            weight = xq.QuantizedTensor(xq.Datatype.qbint4, q4, block_scale, group_size=32)
         assert pack_gemm(weight, bias, config=c).tobytes() == expected, c
 
 
@@ -247,8 +247,8 @@ def test_row_blocks_give_the_same_bytes(monkeypatch) -> None:
             weight = xq.QuantizedTensor(xq.Datatype.qcint8, q8, scale, channel_dim=0)
         elif c.weights in ("qc4w", "qc4uw"):
             expected = model_qc4w(q4, scale, bias, c.nr, c.kr, c.sr, c.weights == "qc4uw")
-            weight = xq.QuantizedTensor(xq.Datatype.qcint4, q4, scale, zero_point=8, channel_dim=0)
+            weight = xq.QuantizedTensor(xq.Datatype.qcint4, q4, scale, channel_dim=0)
         elif c.weights == "qb4w":
             expected = model_qb4w(q4, block_scale, bias, 32, c.nr, c.kr, c.sr)
-            weight = xq.QuantizedTensor(xq.Datatype.qbint4, q4, block_scale, zero_point=8, group_size=32)
+            weight = xq.QuantizedTensor(xq.Datatype.qbint4, q4, block_scale, group_size=32)
         assert pack_gemm(weight, bias, config=c).tobytes() == expected, c

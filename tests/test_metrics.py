@@ -65,10 +65,10 @@ def test_bits_per_weight_golden() -> None:
     qc8 = _qt(Datatype.qcint8, np.zeros((384, 384), np.int8), np.ones(384), channel_dim=0)
     assert bits_per_weight(qc8) == pytest.approx(8 + 32 / 384)
     # qbint4 group 32: 4 bits per code plus one bf16 scale per 32 codes -> 4.5
-    qb4 = _qt(Datatype.qbint4, np.zeros((4, 64), np.int8), np.ones((4, 2)), group_size=32, zero_point=8)
+    qb4 = _qt(Datatype.qbint4, np.zeros((4, 64), np.int8), np.ones((4, 2)), group_size=32)
     assert bits_per_weight(qb4) == 4.5
     # qcint4 with odd K=5: 3 bytes per row (one padding nibble) + one fp32 scale -> (24 + 32) / 5
-    qc4 = _qt(Datatype.qcint4, np.zeros((2, 5), np.int8), np.ones(2), channel_dim=0, zero_point=8)
+    qc4 = _qt(Datatype.qcint4, np.zeros((2, 5), np.int8), np.ones(2), channel_dim=0)
     assert bits_per_weight(qc4) == pytest.approx((24 + 32) / 5)
     # per-tensor qint8, 10 codes: 80 bits + fp32 scale + int32 zero point -> 14.4
     q8 = _qt(Datatype.qint8, np.zeros(10, np.int8), np.float32(0.5), zero_point=3)
@@ -80,7 +80,7 @@ def test_bits_per_weight_golden() -> None:
 
 @pytest.mark.parametrize("k", [1, 2, 7, 64])
 def test_bits_per_weight_counts_the_bytes_to_bytes_writes(k: int) -> None:
-    qc4 = _qt(Datatype.qcint4, np.zeros((3, k), np.int8), np.ones(3), channel_dim=0, zero_point=8)
+    qc4 = _qt(Datatype.qcint4, np.zeros((3, k), np.int8), np.ones(3), channel_dim=0)
     stored_bits = 8 * len(qc4.to_bytes()) + 32 * 3
     assert bits_per_weight(qc4) * 3 * k == pytest.approx(stored_bits)
 

@@ -54,3 +54,43 @@ def test_qdint8_is_never_constant():
 def test_inconsistent_fields_are_refused(kwargs, message):
     with pytest.raises(xq.XnnquantError, match=message):
         QuantizedTensor(**kwargs)
+
+
+_4BIT_ZP = r"zero_point must be 0 \(signed codes in \[-8, 7\]; storage adds 8 to each nibble\): got 8"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    # 4-bit codes are signed with zero point 0; 8 is the runtime's zero point of the stored nibbles
+    (dict(datatype=Datatype.qcint4, codes=np.zeros((2, 4), np.int8), scale=np.ones(2), channel_dim=0, zero_point=8),
+     "qcint4 " + _4BIT_ZP),
+    (dict(datatype=Datatype.qbint4, codes=np.zeros((2, 32), np.int8), scale=np.ones((2, 1)), group_size=32,
+          zero_point=8), "qbint4 " + _4BIT_ZP),
+    (dict(datatype=Datatype.qcint8, codes=np.zeros((3, 4), np.int8), scale=np.ones(3), channel_dim=0,
+          zero_point=np.array([0, 0, -1])), r"qcint8 zero_point must be 0: got -1 at index \(2,\)"),
+    (dict(datatype=Datatype.qint32, codes=np.zeros(3, np.int32), scale=np.float32(1), zero_point=1),
+     "qint32 zero_point must be 0: got 1"),
+    (dict(datatype=Datatype.qint8, codes=np.zeros(3, np.int8), scale=np.float32(1), zero_point=128),
+     r"qint8 zero_point must be in \[-128, 127\]: got 128"),
+    (dict(datatype=Datatype.quint8, codes=np.zeros(3, np.uint8), scale=np.float32(1), zero_point=-1),
+     r"quint8 zero_point must be in \[0, 255\]: got -1"),
+    (dict(datatype=Datatype.qdint8, codes=np.zeros((2, 3), np.int8), scale=np.ones(2),
+          zero_point=np.array([0, 300])), r"qdint8 zero_point must be in \[-128, 127\]: got 300 at index \(1,\)"),
+    (dict(datatype=Datatype.qdint8, codes=np.zeros((2, 3), np.int8), scale=np.ones(2), zero_point=np.zeros(3)),
+     r"qdint8 zero_point has the wrong shape: got \(3,\), expected \(\) or the scale's \(2,\)"),
+    (dict(datatype=Datatype.qint8, codes=np.zeros(3, np.int8), scale=np.float32(1), zero_point=0.5),
+     "zero_point must be integers: got 0.5"),
+])
+def test_zero_point_follows_the_datatype(kwargs, message):
+    with pytest.raises(xq.XnnquantError, match=message):
+        QuantizedTensor(**kwargs)
+
+
+def test_zero_points_every_type_accepts():
+    """Every value of each type's range is accepted (a test that each check can also pass)."""
+    for zp in range(-128, 128):
+        QuantizedTensor(Datatype.qint8, np.zeros(1, np.int8), np.float32(1), zero_point=zp)
+    for zp in range(256):
+        QuantizedTensor(Datatype.quint8, np.zeros(1, np.uint8), np.float32(1), zero_point=np.uint8(zp))
+    QuantizedTensor(Datatype.qdint8, np.zeros((256, 1), np.int8), np.ones(256),
+                    zero_point=np.arange(-128, 128, dtype=np.int32))
+    QuantizedTensor(Datatype.qcint4, np.zeros((2, 4), np.int8), np.ones(2), channel_dim=0, zero_point=np.zeros(2))

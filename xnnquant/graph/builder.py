@@ -222,20 +222,12 @@ class Graph:
         facts = storage(qt.datatype)
         name = qt.datatype.name
         quant: QuantParams
-        zp = np.asarray(qt.zero_point)
+        # QuantizedTensor has checked the zero point: 0 for every type but qint8 / quint8
         if facts.scale is ScaleKind.TENSOR:
-            quant = PerTensorQuant(_f32(float(qt.scale)), int(zp))
+            quant = PerTensorQuant(_f32(float(qt.scale)), int(np.asarray(qt.zero_point)))
         elif facts.scale is ScaleKind.CHANNEL:
-            if np.any(zp != 0):
-                raise UnsupportedConfigError(
-                    f"{name} constants need zero point 0 (4-bit: 0 in signed codes, the stored nibble 8): "
-                    f"got {zp.ravel()[:4]}"
-                )
             quant = PerChannelQuant(np.ascontiguousarray(qt.scale, np.float32).ravel(), int(qt.channel_dim or 0))
         elif facts.scale is ScaleKind.GROUP_BF16:
-            if np.any(zp != 0):
-                raise UnsupportedConfigError(
-                    f"qbint4 constants need zero point 0 (stored nibble 8): got {zp.ravel()[:4]}")
             scale = np.ascontiguousarray(qt.scale, np.float32).ravel()
             bf16 = check_bf16_exact(qt.scale, "qbint4 scales")
             quant = PerChannelGroupQuant(scale, int(qt.channel_dim or 0), int(qt.group_size),  # type: ignore[arg-type]
