@@ -47,3 +47,12 @@ def test_parsing() -> None:
         as_pair((1, 2, 3), "stride")
     with pytest.raises(XnnquantError, match="padding must be an int"):
         as_padding((1, -1, 0, 0))
+
+
+def test_transposed_output_size() -> None:
+    # (H - 1) * s + adj + (K - 1) * d + 1 - top - bottom: H (3 - 1) * 2 + 1 + 2 + 1 - 2 = 6,
+    # W (4 - 1) * 2 + 0 + 2 + 1 - 0 = 9
+    w = Window((3, 3), (2, 2), (1, 1), (1, 0, 1, 0))
+    assert w.transposed_output_hw("XNNConvTranspose2d", (1, 3, 4, 1), (1, 0)) == (6, 9)
+    with pytest.raises(XnnquantError, match=r"adjustment must be in \[0, stride\): got \(2, 0\)"):
+        w.transposed_output_hw("XNNConvTranspose2d", (1, 3, 4, 1), (2, 0))

@@ -486,27 +486,20 @@ class Graph:
         and ``padding`` crops the result.
         """
         xd, wd = self.value(x).dims, self.value(w).dims
-        pads, st, dil, adj = _padding(padding), _pair(stride, "stride"), _pair(dilation, "dilation"), \
-            _pair(adjustment, "adjustment")
+        adj = shapes.as_pair(adjustment, "adjustment")
         if len(wd) != 4:
             raise XnnquantError(f"XNNConvTranspose2d: filter must be 4-D: got dims {wd}")
         oc, kh, kwid, gic = wd
-        n, h, wdt, channels = shapes._nhwc("XNNConvTranspose2d", xd)
+        n, _, _, channels = shapes.nhwc("XNNConvTranspose2d", xd)
         if groups < 1 or oc % groups or channels != groups * gic:
             raise XnnquantError(
                 f"XNNConvTranspose2d: channels do not match: got input {xd}, filter [OC, KH, KW, IC/g] = {wd}, "
                 f"groups={groups}; expected C == groups * IC/g and OC % groups == 0")
-        if not (0 <= adj[0] < st[0] and 0 <= adj[1] < st[1]):
-            raise XnnquantError(f"XNNConvTranspose2d: adjustment must be in [0, stride): got {adj}, stride {st}")
-        oh = (h - 1) * st[0] + adj[0] + (kh - 1) * dil[0] + 1 - pads[0] - pads[2]
-        ow = (wdt - 1) * st[1] + adj[1] + (kwid - 1) * dil[1] + 1 - pads[1] - pads[3]
-        if oh < 1 or ow < 1:
-            raise XnnquantError(f"XNNConvTranspose2d: padding {pads} leaves no output for input {xd}, filter {wd}")
-        params = dict(zip(("padding_top", "padding_right", "padding_bottom", "padding_left"), pads))
-        params.update(kernel_height=kh, kernel_width=kwid, subsampling_height=st[0], subsampling_width=st[1],
-                      dilation_height=dil[0], dilation_width=dil[1], group_input_channels=gic,
-                      group_output_channels=oc // groups, groups=groups, adjustment_height=adj[0],
-                      adjustment_width=adj[1])
+        window = shapes.Window((kh, kwid), shapes.as_pair(stride, "stride"), shapes.as_pair(dilation, "dilation"),
+                               shapes.as_padding(padding))
+        oh, ow = window.transposed_output_hw("XNNConvTranspose2d", xd, adj)
+        params = {**window.conv_params(), "group_input_channels": gic, "group_output_channels": oc // groups,
+                  "groups": groups, "adjustment_height": adj[0], "adjustment_width": adj[1]}
         inputs = (x, w) if bias is None else (x, w, bias)
         return self._node("XNNConvTranspose2d", inputs, [(n, oh, ow, oc)], [self._like(x)], params, **kw)[0]
 

@@ -111,6 +111,19 @@ class Window:
         return (window(kind, h, (top, bottom), self.kernel[0], self.stride[0], self.dilation[0]),
                 window(kind, w, (left, right), self.kernel[1], self.stride[1], self.dilation[1]))
 
+    def transposed_output_hw(self, kind: str, x: Dims, adjustment: Pair = (0, 0)) -> Pair:
+        """Output ``(H, W)`` of a transposed convolution for NHWC input dims ``x``:
+        ``(H - 1) * stride + adjustment + (K - 1) * dilation + 1 - top - bottom`` (likewise W)."""
+        _, h, w, _ = nhwc(kind, x)
+        top, right, bottom, left = self.padding
+        if not (0 <= adjustment[0] < self.stride[0] and 0 <= adjustment[1] < self.stride[1]):
+            raise XnnquantError(f"{kind}: adjustment must be in [0, stride): got {adjustment}, stride {self.stride}")
+        oh = (h - 1) * self.stride[0] + adjustment[0] + (self.kernel[0] - 1) * self.dilation[0] + 1 - top - bottom
+        ow = (w - 1) * self.stride[1] + adjustment[1] + (self.kernel[1] - 1) * self.dilation[1] + 1 - left - right
+        if oh < 1 or ow < 1:
+            raise XnnquantError(f"{kind}: padding {self.padding} leaves no output for input {x}, kernel {self.kernel}")
+        return oh, ow
+
     def conv_params(self) -> dict[str, int]:
         """The window's fields of a convolution node (``_XNNNodeConv``)."""
         return {**dict(zip(_PADDING_FIELDS, self.padding)),
