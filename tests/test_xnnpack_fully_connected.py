@@ -443,7 +443,7 @@ BAD = [
      "channel_dim must be the output-channel axis: got 1, expected 0"),
     ("zero point", lambda: xx.fully_connected(np.ones((2, 4), np.float32), QuantizedTensor(
         Datatype.qcint8, np.ones((3, 4), np.int8), np.full(3, 0.5, np.float32), zero_point=np.array([0, 1, 0]),
-        channel_dim=0)), r"qcint8 zero_point must be 0: got 1 at index \(1,\)"),
+        channel_dim=0)), r"zero_point is out of range for qcint8: got 1 at index \(1,\), expected 0"),
     ("zero scale", lambda: xx.fully_connected(np.ones((2, 4), np.float32), QuantizedTensor(
         Datatype.qcint8, np.ones((3, 4), np.int8), np.array([0.5, 0.0, 0.5], np.float32), channel_dim=0)),
      r"weight scale must be positive normal floats: got 0.0 at index \(1,\)"),
@@ -464,7 +464,7 @@ BAD = [
      r"output_zero_point must be in \[-128, 127\]: got 200"),
     ("static x zero point", lambda: xx.static_fully_connected(QuantizedTensor(
         Datatype.qint8, np.ones((2, 4), np.int8), 0.5, 300), _W8, output_scale=1.0),
-     r"qint8 zero_point must be in \[-128, 127\]: got 300"),
+     "zero_point is out of range for qint8: got 300, expected -128 to 127"),
     ("static output scale", lambda: xx.static_fully_connected(_X8, _W8, output_scale=-1.0),
      "output_scale must be positive normal floats"),
 ]

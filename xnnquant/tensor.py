@@ -17,6 +17,34 @@ from .errors import XnnquantError
 from .packing.int4 import pack_int4
 
 
+def check_zero_point(datatype: Datatype, zero_point: object, scale_shape: tuple[int, ...] = ()) -> np.ndarray:
+    """``zero_point`` as int64 (shape ``()`` or ``scale_shape``), checked against the
+    datatype's convention (``StorageFacts.zero_point``); ``XnnquantError`` otherwise.
+
+    Free (qint8, quint8) and per-row (qdint8) zero points lie in the code range; every
+    other type is symmetric: zero point 0.  For the 4-bit types that is 0 in the signed
+    codes [-8, 7] a ``QuantizedTensor`` holds; the stored nibble is code + 8, which XNNPACK
+    reads with its zero point 8, so 8 is never a zero point of these codes.
+    """
+    datatype = Datatype(datatype)
+    facts = storage(datatype)
+    zp = as_int_codes(zero_point, "zero_point")
+    if zp.shape not in ((), scale_shape):
+        raise XnnquantError(f"{datatype.name} zero_point has the wrong shape: got {zp.shape}, "
+                            f"expected () or the scale's {scale_shape}")
+    if facts.zero_point in (ZeroPoint.FREE, ZeroPoint.RUNTIME):
+        bad = (zp < facts.code_min) | (zp > facts.code_max)
+        expected = f"{facts.code_min} to {facts.code_max}"
+    else:
+        bad = zp != 0
+        expected = "0 (signed codes in [-8, 7]; storage adds 8 to each nibble)" if facts.bits == 4 else "0"
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0]) if zp.ndim else ()
+        at = f" at index {where}" if where else ""
+        raise XnnquantError(f"zero_point is out of range for {datatype.name}: got {zp[where]}{at}, expected {expected}")
+    return zp
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedTensor:
     """Codes, scales and zero points of one quantized tensor.
@@ -60,33 +88,7 @@ class QuantizedTensor:
             raise XnnquantError(
                 f"{self.datatype.name} scale has the wrong shape: got {self.scale.shape}, expected {expected}"
             )
-        self._check_zero_point()
-
-    def _check_zero_point(self) -> None:
-        """The zero point follows the datatype's convention (``StorageFacts.zero_point``).
-
-        Free (qint8, quint8) and per-row (qdint8) zero points lie in the code range; every
-        other type is symmetric: zero point 0.  For the 4-bit types that is 0 in the signed
-        codes [-8, 7] held here; the stored nibble is code + 8, which XNNPACK reads with its
-        zero point 8, so 8 is never a zero point of these codes.
-        """
-        facts = storage(self.datatype)
-        name = self.datatype.name
-        zp = as_int_codes(self.zero_point, "zero_point")
-        if zp.shape not in ((), self.scale.shape):
-            raise XnnquantError(
-                f"{name} zero_point has the wrong shape: got {zp.shape}, expected () or the scale's {self.scale.shape}"
-            )
-        if facts.zero_point in (ZeroPoint.FREE, ZeroPoint.RUNTIME):
-            bad = (zp < facts.code_min) | (zp > facts.code_max)
-            expected = f"in [{facts.code_min}, {facts.code_max}]"
-        else:
-            bad = zp != 0
-            expected = "0 (signed codes in [-8, 7]; storage adds 8 to each nibble)" if facts.bits == 4 else "0"
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0]) if zp.ndim else ()
-            at = f" at index {where}" if where else ""
-            raise XnnquantError(f"{name} zero_point must be {expected}: got {zp[where]}{at}")
+        check_zero_point(self.datatype, self.zero_point, self.scale.shape)
 
     def _expected_scale_shape(self) -> tuple[int, ...]:
         kind = storage(self.datatype).scale

@@ -18,8 +18,10 @@ import numpy as np
 
 from ..arrays import as_float32, float_array, is_int, to_numpy
 from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
+from ..datatypes import Datatype
 from ..errors import XnnquantError
 from ..rounding import check_bf16_exact
+from ..tensor import check_zero_point
 
 Method = Literal["minmax", "mse"]
 METHODS: tuple[str, ...] = ("minmax", "mse")
@@ -117,12 +119,11 @@ def user_scales(scale: Any, shape: tuple[int, ...], bf16: bool = False) -> np.nd
     return arr
 
 
-def user_zero_point(zero_point: Any, qmin: int, qmax: int, dtype_name: str) -> int:
-    """A caller-given zero point as an int in ``[qmin, qmax]``."""
+def user_zero_point(zero_point: Any, datatype: Datatype) -> int:
+    """A caller-given per-tensor zero point as an int, in range for ``datatype``."""
     value = zero_point.item() if isinstance(zero_point, np.ndarray) and zero_point.size == 1 else zero_point
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         value = int(value)
     zp = check_int(value, "zero_point")
-    if not qmin <= zp <= qmax:
-        raise XnnquantError(f"zero_point is out of range for {dtype_name}: got {zp}, expected {qmin} to {qmax}")
+    check_zero_point(datatype, zp)
     return zp

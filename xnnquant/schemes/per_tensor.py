@@ -90,7 +90,7 @@ def quantize(x: Any, dtype: Datatype = Datatype.qint8, scale: Any = None, zero_p
         scale_arr = user_scale(scale)
         if scale_arr.shape != ():
             raise XnnquantError(f"a per-tensor scale must be one number: got shape {scale_arr.shape}")
-        zp = user_zero_point(zero_point, facts.code_min, facts.code_max, datatype.name)
+        zp = user_zero_point(zero_point, datatype)
     codes = kernels.quantize(arr, max(arr.size, 1), scale_arr.reshape(1), zp, facts.code_min, facts.code_max,
                              facts.numpy_dtype, None if scale is None else (arr, "x"))
     return QuantizedTensor(datatype, codes, scale_arr, zp)
