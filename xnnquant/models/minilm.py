@@ -10,23 +10,27 @@ FFN 1536 with exact GELU, LayerNorm eps 1e-12)::
                 h'  = LayerNorm(h + attention.output.dense(a))
                 out = LayerNorm(h' + output.dense(GELU(intermediate.dense(h'))))
 
-Weights come from ``xnnquant.weights.minilm_tensors()``; the vocabulary from the
-``vocab.txt`` beside them.  Everything is float32 except the GELU's erf (float64).
+Weights come from ``xnnquant.weights.minilm_tensors()``; the tokenizer is the model's own
+``tokenizer.json`` beside them, read by the ``tokenizers`` library.  Everything is
+float32 except the GELU's erf (float64).
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import XnnquantError
+from ..errors import MissingExtraError, XnnquantError
 from ..special import erf, gelu  # noqa: F401  (erf re-exported: models.minilm.erf)
 from ..weights import minilm_path, minilm_tensors
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 HIDDEN = 384
 HEADS = 12
@@ -35,7 +39,6 @@ NUM_LAYERS = 6
 LAYER_NORM_EPS = 1e-12
 MAX_POSITIONS = 512
 CLS, SEP, PAD, UNK = "[CLS]", "[SEP]", "[PAD]", "[UNK]"
-MAX_WORD_CHARS = 100  # longer words become [UNK], as in BERT's WordPiece
 
 #: The six linears of one encoder layer, in the order data flows through them.
 LINEARS = (
@@ -74,67 +77,29 @@ SAMPLE_SENTENCES = (
 
 
 @lru_cache(maxsize=1)
+def tokenizer() -> Tokenizer:
+    """The model's own tokenizer (its ``tokenizer.json``, BERT's uncased WordPiece), read by
+    the ``tokenizers`` library, with padding and truncation off."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise MissingExtraError(
+            "tokenizing for all-MiniLM-L6-v2 needs the 'tokenizers' package: pip install 'xnnquant[models]'"
+        ) from None
+    tok = Tokenizer.from_file(str(Path(minilm_path()).parent / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
 def vocabulary() -> dict[str, int]:
     """WordPiece vocabulary of the model: token -> id (30,522 entries)."""
-    path = Path(minilm_path()).parent / "vocab.txt"
-    tokens = path.read_text(encoding="utf-8").split("\n")
-    if tokens and tokens[-1] == "":
-        tokens = tokens[:-1]
-    return {token: i for i, token in enumerate(tokens)}
-
-
-def _is_punctuation(ch: str) -> bool:
-    code = ord(ch)
-    ascii_punct = 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126
-    return ascii_punct or unicodedata.category(ch).startswith("P")
-
-
-def _is_cjk(code: int) -> bool:
-    ranges = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-              (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-    return any(lo <= code <= hi for lo, hi in ranges)
-
-
-def _basic_words(text: str) -> list[str]:
-    """Lower-case, strip accents, drop control characters, split on spaces and punctuation."""
-    kept = []
-    for ch in unicodedata.normalize("NFD", text.lower()):
-        cat = unicodedata.category(ch)
-        if ch == "\ufffd" or ord(ch) == 0 or cat == "Mn" or (cat.startswith("C") and ch not in "\t\n\r"):
-            continue
-        if ch.isspace():
-            kept.append(" ")
-        elif _is_punctuation(ch) or _is_cjk(ord(ch)):
-            kept.append(f" {ch} ")
-        else:
-            kept.append(ch)
-    return "".join(kept).split()
-
-
-def _wordpiece(word: str, vocab: dict[str, int]) -> list[str]:
-    """Greedy longest-match-first split of one word; [UNK] when a piece is missing."""
-    if len(word) > MAX_WORD_CHARS:
-        return [UNK]
-    pieces, start = [], 0
-    while start < len(word):
-        end = len(word)
-        while end > start:
-            piece = word[start:end] if start == 0 else "##" + word[start:end]
-            if piece in vocab:
-                break
-            end -= 1
-        if end == start:
-            return [UNK]
-        pieces.append(piece)
-        start = end
-    return pieces
+    return tokenizer().get_vocab()
 
 
 def tokenize(text: str) -> list[int]:
-    """Token ids of one sentence, ``[CLS] ... [SEP]``, as BERT's uncased tokenizer gives them."""
-    vocab = vocabulary()
-    pieces = [piece for word in _basic_words(text) for piece in _wordpiece(word, vocab)]
-    return [vocab[CLS]] + [vocab[p] for p in pieces] + [vocab[SEP]]
+    """Token ids of one sentence, ``[CLS] ... [SEP]``."""
+    return list(tokenizer().encode(text).ids)
 
 
 def tokenize_batch(sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,11 +110,11 @@ def tokenize_batch(sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """
     if isinstance(sentences, str) or not sentences:
         raise XnnquantError(f"sentences must be a non-empty sequence of strings: got {sentences!r}")
-    rows = [tokenize(s) for s in sentences]
+    rows = [tokenize(s) for s in sentences]  # encode_batch's threads would warn in forked children
     longest = max(len(r) for r in rows)
     if longest > MAX_POSITIONS:
         raise XnnquantError(f"sentence too long: got {longest} tokens, expected at most {MAX_POSITIONS}")
-    ids = np.full((len(rows), longest), vocabulary()[PAD], np.int64)
+    ids = np.full((len(rows), longest), tokenizer().token_to_id(PAD), np.int64)
     mask = np.zeros((len(rows), longest), bool)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = row
