@@ -14,6 +14,7 @@ import numpy as np
 
 from ..constants import XNN_ALLOCATION_ALIGNMENT
 from ..errors import UnsupportedConfigError, XnnquantError
+from ..rounding import bf16_bits_to_float32
 from .gemm_configs import WEIGHT_LAYOUTS
 from .gemm_tiles import (
     chunk_view,
@@ -177,7 +178,7 @@ def pack_qb4w(codes: np.ndarray, scale_bits: np.ndarray, bias: np.ndarray | None
         ksum = int4_group_sums(codes, 2 * kr)
     else:
         ksum = (np.sum(lo, axis=3, dtype=np.int32) + np.sum(hi, axis=3, dtype=np.int32)).reshape(-1, n_chunks)[:n_rows]
-    scale_f32 = (scale_bits.astype(np.uint32) << 16).view(np.float32)  # (N, B)
+    scale_f32 = bf16_bits_to_float32(scale_bits)  # (N, B)
     terms = ksum.astype(np.float32) * np.repeat(scale_f32, group_size // (2 * kr), axis=1)  # (N, C), each rounded
     steps = np.concatenate([np.zeros((n_rows, 1), np.float32), -terms], axis=1)
     corr = np.add.accumulate(steps, axis=1, dtype=np.float32)[:, -1]  # sequential float32 sums

@@ -15,6 +15,7 @@ Codes: ``clamp(round_half_even(x * (1 / scale)) + zp, qmin, qmax)``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -70,13 +71,20 @@ def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.nd
     return scale, int(zp)
 
 
-def quantize(x: Any, dtype: Datatype = Datatype.qint8, scale: Any = None, zero_point: Any = None,
-             symmetric: bool = False) -> QuantizedTensor:
+def quantize(x: Any, dtype: Datatype = Datatype.qint8, *positional: Any, scale: Any = None,
+             zero_point: Any = None, symmetric: bool = False) -> QuantizedTensor:
     """Quantize ``x`` (any rank up to 6, fp32/fp16/bf16) with one scale and zero point.
+
+    ``scale`` and ``zero_point`` (both or neither), when given, are used as is;
+    ``symmetric`` chooses the scale otherwise.  They are keyword-only, as the other
+    schemes' options are; passing them positionally (the former signature) still works,
+    with a ``DeprecationWarning``.
 
     Returns a qint8 (int8 codes) or quint8 (uint8 codes) ``QuantizedTensor`` shaped like
     ``x``, scale float32 ``()``, zero point an int in the codes' range.
     """
+    if positional:
+        scale, zero_point, symmetric = _deprecated_positional(positional, scale, zero_point, symmetric)
     arr = float_source(x, "x", min_rank=0)
     datatype = _datatype(dtype)
     facts = storage(datatype)
@@ -94,6 +102,25 @@ def quantize(x: Any, dtype: Datatype = Datatype.qint8, scale: Any = None, zero_p
     codes = kernels.quantize(arr, max(arr.size, 1), scale_arr.reshape(1), zp, facts.code_min, facts.code_max,
                              facts.numpy_dtype, None if scale is None else (arr, "x"))
     return QuantizedTensor(datatype, codes, scale_arr, zp)
+
+
+_KEYWORDS = ("scale", "zero_point", "symmetric")
+
+
+def _deprecated_positional(given: tuple[Any, ...], scale: Any, zero_point: Any,
+                           symmetric: bool) -> tuple[Any, Any, bool]:
+    """``quantize(x, dtype, scale, zero_point, symmetric)``, the former signature."""
+    if len(given) > len(_KEYWORDS):
+        raise XnnquantError(f"quantize takes at most 5 positional arguments: got {2 + len(given)}")
+    names = _KEYWORDS[:len(given)]
+    warnings.warn(f"per-tensor quantize: pass {', '.join(names)} by keyword ({names[0]}=...); positional use "
+                  "is deprecated", DeprecationWarning, stacklevel=3)
+    keywords = dict(zip(_KEYWORDS, (scale, zero_point, symmetric)))
+    for name, value in zip(names, given):
+        if keywords[name] is not (None if name != "symmetric" else False):
+            raise XnnquantError(f"quantize got {name} both by position and by keyword")
+        keywords[name] = value
+    return keywords["scale"], keywords["zero_point"], bool(keywords["symmetric"])
 
 
 def dequantize(qt: QuantizedTensor) -> np.ndarray:
