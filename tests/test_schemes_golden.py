@@ -49,6 +49,22 @@ def test_blockwise_scale_rounds_to_bf16_ties_to_even_before_the_codes() -> None:
     assert not qt.codes[:, 2:].any()
 
 
+def test_blockwise_float32_scales_and_their_codes_for_experiments() -> None:
+    """The same two groups with the scales kept in float32 (bf16=False): 1 + 2**-8 and
+    1 + 3 * 2**-8 exactly; their codes: 7.5293 / 1.0039 = 7.5 -> 8 (even) -> clamped 7,
+    -3 / 1.0039 = -2.99 -> -3; -7.5879 / 1.0117 = -7.5 -> -8 (even); 2.03125 / 1.0117 =
+    2.0077 -> 2.  With bf16 scales quantize_codes gives quantize's codes."""
+    w = np.zeros((2, 32), np.float32)
+    w[0, 0], w[0, 1] = 7.5 * (1 + 2**-8), -3.0
+    w[1, 0], w[1, 1] = -7.5 * (1 + 3 * 2**-8), 2.03125
+    s32 = blockwise.choose_qparams(w, 32, "minmax", bf16=False)
+    assert s32.dtype == np.float32 and s32.tolist() == [[1 + 2**-8], [1 + 3 * 2**-8]]
+    assert blockwise.quantize_codes(w, s32, 32)[:, :2].tolist() == [[7, -3], [-8, 2]]
+    qt = xq.quantize_blockwise(w, group_size=32)
+    np.testing.assert_array_equal(blockwise.quantize_codes(w, qt.scale, 32), qt.codes)
+    np.testing.assert_array_equal(blockwise.choose_qparams(w, 32), qt.scale)
+
+
 def test_per_tensor_asymmetric_qint8_and_quint8() -> None:
     """lo = -51, hi = 204: scale = 255 / 255 = 1; qint8 zp = -128 - (-51) = -77;
     codes rint(x) - 77: -128, -77, 25.5 -> 26 -> -51, 24.5 -> 24 -> -53, 127.

@@ -49,12 +49,11 @@ import numpy as np
 
 from ..constants import XNN_ALLOCATION_ALIGNMENT
 from ..errors import RuntimeCrashError, RuntimeTimeoutError, XnnquantError
+from .program import _log_summary
 
 #: Seconds a call may take (building the program, XNNPACK's weight packing, execution)
 #: before the worker is stopped; also the limit for a worker to start.
 DEFAULT_TIMEOUT = 300.0
-#: Runtime log lines kept in a crash report.
-LOG_LINES = 12
 
 _HEADER = struct.Struct("<Q")  # length of each pickled message
 
@@ -110,12 +109,6 @@ def _receive(fd: int, deadline: float | None) -> tuple[bool, Any]:
     if body is None:
         return False, None
     return True, pickle.loads(body)
-
-
-def _log_tail(text: str) -> str:
-    """The last ``LOG_LINES`` lines of a runtime log, without CPU-probe chatter."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "cpuinfo" not in ln]
-    return " | ".join(lines[-LOG_LINES:]) if lines else "(empty)"
 
 
 def _signal_name(number: int) -> str:
@@ -205,7 +198,7 @@ class Worker:
             self.stop()
             raise RuntimeTimeoutError(
                 f"the isolated runtime did not finish {doing} within {timeout:g} s: stopped it "
-                f"(pass a larger timeout= if the payload is that slow); runtime log: {_log_tail(log)}"
+                f"(pass a larger timeout= if the payload is that slow); runtime log: {_log_summary(log)}"
             ) from None
         except (BrokenPipeError, ConnectionResetError):
             alive, reply = False, None
@@ -221,7 +214,7 @@ class Worker:
                    else f"exited with status {code}")
             raise RuntimeCrashError(
                 f"the runtime process {how} while {doing}: the payload crashes the real XNNPACK "
-                f"(the calling process is unharmed); runtime log: {_log_tail(log)}",
+                f"(the calling process is unharmed); runtime log: {_log_summary(log)}",
                 signal_number=-code if code < 0 else None, log=log,
             )
         status, value = reply

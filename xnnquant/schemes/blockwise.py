@@ -59,19 +59,38 @@ def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup
     return arr, PerGroup(int(group_size)), check_method(method)
 
 
-def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax") -> np.ndarray:
-    """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value."""
+def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax", *, bf16: bool = True) -> np.ndarray:
+    """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value.
+
+    ``bf16=False`` gives the scales ``method`` chooses when they are kept in float32
+    instead (the min-max scale unrounded; the search scoring float32 candidates): a
+    baseline for experiments, which qbint4 cannot store (pair it with
+    ``quantize_codes``).
+    """
     arr, granularity, method = _prepare(w, group_size, method)
-    return _scales(arr, granularity, method).reshape(granularity.scale_shape(arr.shape))
+    return _scales(arr, granularity, method, bf16).reshape(granularity.scale_shape(arr.shape))
 
 
-def _scales(arr: np.ndarray, granularity: PerGroup, method: str) -> np.ndarray:
+def _scales(arr: np.ndarray, granularity: PerGroup, method: str, bf16: bool = True) -> np.ndarray:
     """Flat float32 scales ``(C * K // group_size,)`` of ``arr`` by ``method``."""
     qmin, qmax = _FACTS.code_min, _FACTS.code_max
     if method == "mse":
-        return mse_scales(granularity.blocks(as_float32(arr, "w")), qmin, qmax, bf16=True)
+        return mse_scales(granularity.blocks(as_float32(arr, "w")), qmin, qmax, bf16=bf16)
     absmax = kernels.block_absmax(arr, granularity.group_size, (arr, "w"))
-    return finish_scales(absmax / half_range(qmin, qmax), absmax == 0, bf16=True)
+    return finish_scales(absmax / half_range(qmin, qmax), absmax == 0, bf16=bf16)
+
+
+def quantize_codes(w: Any, scale: Any, group_size: int = 32) -> np.ndarray:
+    """The int4 codes of ``w`` ``[C, K]`` for any positive scales float32 ``(C, K // group_size)``.
+
+    ``codes[r, k] = clip(round_half_even(w[r, k] / scale[r, k // group_size]), -8, 7)``,
+    the rule ``quantize`` applies, as int8 ``[C, K]``.  Unlike ``quantize(w, scale=...)``
+    the scales need not be bf16 values: for comparing scale roundings in experiments.
+    """
+    arr, granularity, _ = _prepare(w, group_size, "minmax")
+    flat_scale = user_scales(scale, granularity.scale_shape(arr.shape), bf16=False).reshape(-1)
+    return kernels.quantize(arr, granularity.group_size, flat_scale, 0, _FACTS.code_min, _FACTS.code_max,
+                            _FACTS.numpy_dtype, (arr, "w"))
 
 
 def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
