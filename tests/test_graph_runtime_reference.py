@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from float_bounds import assert_within, half_ulp
 
 import xnnquant as xq
 from xnnquant import Datatype as D
@@ -82,7 +83,8 @@ def test_dynamic_fully_connected_sees_the_per_token_codes() -> None:
     data = rng.standard_normal((3, 16)).astype(np.float32)
     want = (xq.quantize_per_token(data).dequantize().astype(np.float64)
             @ w.dequantize().astype(np.float64).T + bias)
-    np.testing.assert_allclose(interpret(g, [data])[0], want, rtol=1e-6, atol=1e-6)
+    # the interpreter computes the same float64 sum and rounds it once to float32
+    assert_within(interpret(g, [data])[0], want, half_ulp(want) * (1 + 1e-6), "dynamic fully connected")
 
 
 def test_output_min_max_only_where_the_runtime_applies_them() -> None:
@@ -108,10 +110,13 @@ def test_conv2d_equals_torch(groups: int, padding, stride, dilation) -> None:
     g.output(g.conv2d(xi, g.constant(xq.packing.conv_weight(w_oihw)), g.constant(bias), padding=padding,
                       stride=stride, dilation=dilation, groups=groups))
     top, right, bottom, left = padding if isinstance(padding, tuple) else (padding,) * 4
-    padded = torch.nn.functional.pad(torch.from_numpy(x).permute(0, 3, 1, 2), (left, right, top, bottom))
-    want = torch.nn.functional.conv2d(padded, torch.from_numpy(w_oihw), torch.from_numpy(bias),
+    f64 = torch.from_numpy  # float64 torch: the same on every CPU, unlike its float32 conv kernels
+    padded = torch.nn.functional.pad(f64(x.astype(np.float64)).permute(0, 3, 1, 2), (left, right, top, bottom))
+    want = torch.nn.functional.conv2d(padded, f64(w_oihw.astype(np.float64)), f64(bias.astype(np.float64)),
                                       stride=stride, dilation=dilation, groups=groups).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(interpret(g, [x])[0], want.numpy(), rtol=1e-5, atol=1e-5)
+    # the interpreter sums in float64 and rounds once to float32: half an ulp, plus the two
+    # float64 sums' own rounding (far below it)
+    assert_within(interpret(g, [x])[0], want.numpy(), half_ulp(want.numpy()) * (1 + 1e-6), "conv2d")
 
 
 def test_transposed_conv_equals_torch() -> None:
@@ -131,9 +136,11 @@ def test_transposed_conv_equals_torch() -> None:
     node = Node("XNNConvTranspose2d", (0, 1, 2), (3,), params)
     got = HANDLERS["XNNConvTranspose2d"](node, [x, xq.packing.transposed_conv_weight(w_iohw, groups=2), bias])[0]
     want = torch.nn.functional.conv_transpose2d(
-        torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(w_iohw), torch.from_numpy(bias),
+        torch.from_numpy(x.astype(np.float64)).permute(0, 3, 1, 2), torch.from_numpy(w_iohw.astype(np.float64)),
+        torch.from_numpy(bias.astype(np.float64)),
         stride=(2, 3), padding=(1, 0), output_padding=(1, 0), groups=2, dilation=(1, 2)).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+    # float64 on both sides, ours rounded once to float32 (see test_conv2d_equals_torch)
+    assert_within(got, want.numpy(), half_ulp(want.numpy()) * (1 + 1e-6), "transposed conv")
 
 
 def test_interpret_checks_inputs() -> None:

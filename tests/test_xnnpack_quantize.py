@@ -68,7 +68,9 @@ def test_shapes_and_dtypes() -> None:
     assert qt.codes.shape == (3, 2, 37) and qt.codes.dtype == np.int8
     assert qt.scale.shape == (6,) and qt.scale.dtype == np.float32
     assert qt.zero_point.shape == (6,) and qt.zero_point.dtype == np.int32
-    # every value within half a step of its dequantized code (x is inside each row's range)
+    # every value within half a step of its dequantized code (x is inside each row's range);
+    # the 1e-4 step is float32 rounding of x * s and of (code - zp) * scale: a few ulps of
+    # values of at most 255 steps, 255 * 2^-23 < 1e-4 (integer codes: no CPU dependence)
     err = np.abs(qt.dequantize() - x).reshape(6, 37)
     assert np.all(err <= qt.scale[:, None] * np.float32(0.5001))
     # fp16 input is widened exactly
