@@ -10,6 +10,18 @@ Sections (``--only`` picks some; all run by default):
 * ``mse``: ``method="mse"`` (qb4w g32) over all-MiniLM-L6-v2's 36 linears against
   torchao's ``hqq_scale_only``: wall time and pooled weight SQNR of each.  Goal: at
   least as fast, at least 0.25 dB more accurate.
+* ``export``: ``xq.export`` of the all-MiniLM-L6-v2 encoder to a ``.pte`` against
+  ExecuTorch's own flow (torchao ``Int8DynamicActivationIntxWeightConfig(int4,
+  PerGroup(32))``, ``to_edge_transform_and_lower`` with ``XnnpackPartitioner``,
+  ``to_executorch``), int4 group 32 weights with dynamic int8 activations in both: wall
+  time of each.  Goal: ours at least 10x faster.
+* ``stream``: streaming export of a 1.07-billion-parameter Llama-shaped decoder
+  (``xnnquant.models.llama``, 16 layers, hidden 2048, MLP 8192) from a float32
+  safetensors file of 4.3 GB that this script writes once into a cache directory
+  (``$XNNQUANT_BENCH_CACHE``, else ``$XDG_CACHE_HOME/xnnquant``, else
+  ``~/.cache/xnnquant``), in a child process: wall time, peak resident memory, and the
+  time of one read of the input file.  Goal: peak RSS under 1.5 GB, wall time within 3x
+  the read.
 
 Timing: the variants of one case run interleaved, ``--repeat`` rounds, and the median
 of each is printed (other processes share the cores; interleaving spreads their noise
@@ -19,18 +31,22 @@ over all variants alike).  The 1-minute load average is printed with each sectio
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 import xnnquant as xq
 from xnnquant.parallel import num_threads
 
-SECTIONS = ("quantize", "mse")
+SECTIONS = ("quantize", "mse", "export", "stream")
 
 
 def load_note() -> str:
@@ -148,11 +164,131 @@ def bench_mse(repeat: int) -> None:
           f"goal: >= 1x and >= +0.25 dB; {load_note()}")
 
 
+# ------------------------------------------------------------------ MiniLM export
+
+
+def bench_export(repeat: int) -> None:
+    import torch
+
+    from xnnquant.models.minilm import SAMPLE_SENTENCES
+    from xnnquant.models.minilm_torch import encoder, encoder_inputs
+
+    rounds = max(1, min(repeat, 3))  # ExecuTorch's flow takes tens of seconds a round
+    print(f"\n== export of the all-MiniLM-L6-v2 encoder to a .pte, int4 group 32 weights, dynamic int8 "
+          f"activations; medians of {rounds} interleaved runs; {load_note()}")
+    inputs = encoder_inputs(SAMPLE_SENTENCES[:4], tokens=32)
+
+    def ours(method: str) -> Callable[[], bytes]:
+        def run() -> bytes:
+            return xq.export(encoder(), inputs, weights="qb4w:32", method=method, progress=False).to_pte()
+        return run
+
+    def executorch_flow() -> bytes:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+
+        model = encoder()
+        quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+                                                               weight_granularity=PerGroup(32)))
+        program = torch.export.export(model, inputs, strict=False)
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        return bytes(edge.to_executorch().buffer)
+
+    med = interleaved({"xq.export minmax": ours("minmax"), "xq.export mse": ours("mse"),
+                       "ExecuTorch flow": executorch_flow}, rounds)
+    for name, seconds in med.items():
+        print(f"{name:18} {seconds:7.2f}s")
+    print(f"ExecuTorch's flow / xq.export: {med['ExecuTorch flow'] / med['xq.export minmax']:.1f}x (minmax), "
+          f"{med['ExecuTorch flow'] / med['xq.export mse']:.1f}x (mse); goal >= 10x; {load_note()}")
+
+
+# ------------------------------------------------------------------ streaming export
+
+
+def cache_dir() -> Path:
+    given = os.environ.get("XNNQUANT_BENCH_CACHE")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "xnnquant"
+
+
+def read_seconds(path: Path) -> float:
+    """Wall time of reading the whole file once, 16 MiB at a time."""
+    buffer = bytearray(16 << 20)
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+    return time.perf_counter() - start
+
+
+def stream_child(source: str, out: str, method: str) -> None:
+    """The export, in a process of its own so that its peak RSS is its own."""
+    import resource
+
+    from xnnquant.models.llama import LlamaConfig, decoder
+
+    config = LlamaConfig.large()
+    import torch
+
+    start = time.perf_counter()
+    exported = xq.export(decoder(config, "meta"), (torch.empty(1, config.seq, config.hidden, device="meta"),),
+                         weights="qb4w:32", method=method, state_dict=source, progress=False)
+    exported.save(out)
+    wall = time.perf_counter() - start
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"wall": wall, "peak_rss_bytes": peak_kib * 1024, "size": os.path.getsize(out)}))
+
+
+def bench_stream(repeat: int) -> None:
+    from xnnquant.models.llama import LlamaConfig, write_random_safetensors
+
+    config = LlamaConfig.large()
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / "llama-1b-f32.safetensors"
+    print(f"\n== streaming export of a {config.num_parameters / 1e9:.2f}e9-parameter Llama-shaped decoder "
+          f"({config.layers} layers, hidden {config.hidden}, MLP {config.intermediate}) from {source}; "
+          f"{load_note()}")
+    need = 4 * config.num_parameters + (1 << 30)
+    if not source.exists():
+        free = shutil.disk_usage(directory).free
+        if free < 2 * need:
+            print(f"skipped: {free / 1e9:.1f} GB free in {directory}, {2 * need / 1e9:.1f} GB needed")
+            return
+        start = time.perf_counter()
+        write_random_safetensors(source, config)
+        print(f"wrote the input once: {source.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - start:.1f}s")
+    out = directory / "llama-1b-qb4w32.pte"
+    for method in ("minmax", "mse")[: 1 if repeat < 3 else 2]:
+        read_before = read_seconds(source)
+        child = subprocess.run([sys.executable, __file__, "--stream-child", str(source), str(out), method],
+                               capture_output=True, text=True, check=False)
+        if child.returncode:
+            print(f"streaming export ({method}) failed:\n{child.stderr[-3000:]}")
+            return
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+        read_after = read_seconds(source)
+        read = statistics.median([read_before, read_after])
+        print(f"method {method}: wall {result['wall']:.1f}s, peak RSS {result['peak_rss_bytes'] / 2**30:.2f} GiB, "
+              f"output {result['size'] / 1e9:.2f} GB; one read of the input {read:.1f}s "
+              f"(before {read_before:.1f}s, after {read_after:.1f}s): wall / read = {result['wall'] / read:.1f}x")
+        out.unlink(missing_ok=True)
+    print(f"goal: peak RSS < 1.5 GB, wall <= 3x one read; {load_note()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--repeat", type=int, default=7, help="interleaved timed rounds per case")
+    parser.add_argument("--stream-child", nargs=3, metavar=("SOURCE", "OUT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stream_child:
+        stream_child(*args.stream_child)
+        return
     print(f"xnnquant {xq.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, "
           f"{num_threads()} kernel threads; {load_note()}")
     for section in SECTIONS:

@@ -232,7 +232,8 @@ def test_hypothesis_blockwise_and_per_channel_match_reference(data: st.DataObjec
 
 
 def reference_mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
-    """The search as it was before threading: one chunk after the other, in one thread."""
+    """The search as it was before threading and pruning: one chunk after the other, in one
+    thread, every candidate scored."""
     n_blocks, block_len = blocks.shape
     out = np.empty(n_blocks, np.float32)
     step = max(1, (1 << 20) // (block_len * (len(search.COARSE_RATIOS) + 1)))
@@ -247,17 +248,26 @@ def reference_mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool) -
         all_zero = base == 0
         no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
         raw = np.concatenate([search.COARSE_RATIOS[:, None] * base[None], no_clip[None]])
-        best, cand = search._best(x, raw, exponent, all_zero, qmin, qmax, bf16)
+        best, cand = reference_best(x, raw, exponent, all_zero, qmin, qmax, bf16)
         kept = np.ldexp(cand[best, cols], -exponent)
         fine_raw = np.concatenate([kept[None], search.FINE_FACTORS[:, None] * raw[best, cols][None]])
-        best, cand = search._best(x, fine_raw, exponent, all_zero, qmin, qmax, bf16)
+        best, cand = reference_best(x, fine_raw, exponent, all_zero, qmin, qmax, bf16)
         out[start : start + step] = cand[best, cols]
     return out
 
 
+def reference_best(blocks: np.ndarray, raw: np.ndarray, exponent: np.ndarray, all_zero: np.ndarray, qmin: int,
+                   qmax: int, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Every candidate scored, the first least error kept."""
+    cand = search.finish_scales(np.ldexp(raw, exponent), all_zero[None], bf16)
+    errors = search.block_errors(blocks, np.ldexp(cand, -exponent), qmin, qmax)
+    return errors.argmin(axis=0), cand
+
+
 @pytest.mark.parametrize(("bits", "g"), [(4, 32), (4, None), (8, None)])
-def test_threaded_mse_search_matches_the_single_threaded_one(threads: int, bits: int, g: int | None) -> None:
-    """Blocks are searched independently, so cutting them over threads changes no scale."""
+def test_threaded_pruned_mse_search_matches_the_exhaustive_one(threads: int, bits: int, g: int | None) -> None:
+    """Blocks are searched independently, so cutting them over threads changes no scale; a
+    candidate skipped by its clipping bound could not have won."""
     qmin, qmax = (-8, 7) if bits == 4 else (-128, 127)
     w = adversarial(np.random.default_rng(bits), 210, 1536, qmax + 0.5)
     blocks = w.reshape(-1, g) if g else w

@@ -96,18 +96,51 @@ def block_errors(blocks: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -
         return np.einsum("rnb,rnb->rn", t, t)
 
 
-def _best(blocks: np.ndarray, raw: np.ndarray, exponent: np.ndarray, all_zero: np.ndarray, qmin: int,
-          qmax: int, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
+#: Slack of ``clipping_bound`` for float32 rounding: a computed residual ``q * s - x`` of
+#: values below 2 is within two rounding steps (2 * 2**-24 each) of the exact one.
+_RESIDUAL_SLACK = 3e-7
+_RELATIVE_SLACK = 1e-6
+
+
+def clipping_bound(maxpos: np.ndarray, maxneg: np.ndarray, scales: np.ndarray, qmin: int,
+                   qmax: int) -> np.ndarray:
+    """A lower bound of ``block_errors`` from clipping alone: ``(R, N)`` float64.
+
+    ``maxpos`` / ``maxneg`` ``(N,)``: the largest value and the largest negated value of
+    each (normalized) block, ``scales`` ``(R, N)``.  A value beyond ``qmax * s`` (or below
+    ``qmin * s``) keeps at least that distance from its code times ``s``; the squared
+    error of a block, a sum of squares each rounded up or down by a few ulps, is at least
+    its largest term.  The slacks cover those roundings for normalized blocks (values
+    below 2).
+    """
+    s = scales.astype(np.float64)
+    over = np.maximum(maxpos.astype(np.float64) - qmax * s, maxneg.astype(np.float64) + qmin * s)
+    return np.maximum(over - _RESIDUAL_SLACK, 0.0) ** 2 * (1 - _RELATIVE_SLACK)
+
+
+def _best(blocks: np.ndarray, raw: np.ndarray, exponent: np.ndarray, all_zero: np.ndarray,
+          extremes: tuple[np.ndarray, np.ndarray], qmin: int, qmax: int, bf16: bool,
+          first_errors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The least-error candidate of each block.
 
     ``blocks`` ``(N, B)`` and ``raw`` ``(R, N)`` are normalized (divided by ``2**exponent``);
     candidates are finished (made positive normal, rounded to bf16) at their true size,
-    then scored in the normalized domain.  Returns the index ``(N,)`` of the best
-    candidate and the finished true-size candidates ``(R, N)``.
+    then scored in the normalized domain.  Row 0 is scored first (or its errors given as
+    ``first_errors``); a row whose ``clipping_bound`` exceeds row 0's error in every block
+    cannot win anywhere and is not scored.  Returns the index ``(N,)`` of the best
+    candidate (the first of equal ones), the finished true-size candidates ``(R, N)`` and
+    the best errors ``(N,)``.
     """
     cand = finish_scales(np.ldexp(raw, exponent), all_zero[None], bf16)
-    errors = block_errors(blocks, np.ldexp(cand, -exponent), qmin, qmax)
-    return errors.argmin(axis=0), cand
+    scales = np.ldexp(cand, -exponent)
+    errors = np.full(raw.shape, np.inf, np.float32)
+    errors[0] = block_errors(blocks, scales[:1], qmin, qmax)[0] if first_errors is None else first_errors
+    bound = clipping_bound(*extremes, scales[1:], qmin, qmax)
+    rows = 1 + np.flatnonzero((bound <= errors[0]).any(axis=1))
+    if len(rows):
+        errors[rows] = block_errors(blocks, scales[rows], qmin, qmax)
+    best = errors.argmin(axis=0)
+    return best, cand, errors[best, np.arange(len(best))]
 
 
 def mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool = False) -> np.ndarray:
@@ -142,10 +175,12 @@ def _search(chunk: np.ndarray, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
     all_zero = base == 0
     no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
     raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip[None]])
-    best, cand = _best(x, raw, exponent, all_zero, qmin, qmax, bf16)
+    best, cand, kept_errors = _best(x, raw, exponent, all_zero, (maxpos, maxneg), qmin, qmax, bf16)
     kept = np.ldexp(cand[best, cols], -exponent)
     fine_raw = np.concatenate([kept[None], FINE_FACTORS[:, None] * raw[best, cols][None]])
-    best, cand = _best(x, fine_raw, exponent, all_zero, qmin, qmax, bf16)
+    # the kept candidate is already finished: finishing it again changes nothing, so its
+    # errors are the ones just computed
+    best, cand, _ = _best(x, fine_raw, exponent, all_zero, (maxpos, maxneg), qmin, qmax, bf16, kept_errors)
     return cand[best, cols]
 
 
