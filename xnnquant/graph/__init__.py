@@ -9,6 +9,7 @@ from .header import XNNHeader
 from .interpreter import interpret
 from .model import (
     INVALID_ID,
+    Deferred,
     LoadInfo,
     Node,
     PerChannelGroupQuant,
@@ -24,6 +25,7 @@ from .targets import Target
 
 __all__ = [
     "INVALID_ID",
+    "Deferred",
     "Graph",
     "LoadInfo",
     "Node",

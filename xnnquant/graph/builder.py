@@ -40,6 +40,7 @@ from ..tensor import QuantizedTensor
 from . import shapes
 from .layout import NODE_KINDS
 from .model import (
+    Deferred,
     LoadInfo,
     Node,
     PerChannelGroupQuant,
@@ -77,14 +78,25 @@ class Graph:
     ``write_scale_bf16``: also store blockwise scales as bf16 bit patterns in
     ``PerChannelGroupQuant.scale_bf16`` (seed-era runtimes read those; 1.4.1 reads ``scale``).
 
+    ``scales_in_segment`` (target 1.4.1 only): per-channel and blockwise scales are stored in
+    the constant segment, referenced by ``scale_buffer_idx``, as ExecuTorch 1.4.1 itself
+    stores them (in named data); the flatbuffer then depends on metadata alone, which is
+    what constants made later (``Deferred``, streaming export) need.  See writer.SegmentPlan.
+
     ``target``: ``"xn01"`` (default) allows the XN01 schema's node kinds only, so the payload
     runs on every runtime generation; ``"1.4.1"`` also allows the kinds ExecuTorch 1.4.1
     appended (``gelu``, ``tanh``, ``exp``, ``log``, ``reciprocal_square_root``, ``sin``,
     ``cos``, ``copy``, ``conv_transpose2d``, five-way ``concatenate``).  See targets.py.
     """
 
-    def __init__(self, *, write_scale_bf16: bool = True, target: Target | str = Target.XN01) -> None:
+    def __init__(self, *, write_scale_bf16: bool = True, target: Target | str = Target.XN01,
+                 scales_in_segment: bool = False) -> None:
         self.target = Target.parse(target)
+        if scales_in_segment and not self.target.uses_later_kinds:
+            raise UnsupportedConfigError(
+                "scales_in_segment writes per-channel and blockwise scales as constant data "
+                "(scale_buffer_idx), which only ExecuTorch 1.4.1 and later read: use target='1.4.1'")
+        self.scales_in_segment = scales_in_segment
         self.values: list[Value] = []
         self.nodes: list[Node] = []
         self.write_scale_bf16 = write_scale_bf16
@@ -208,6 +220,8 @@ class Graph:
         """
         if isinstance(data, QuantizedTensor):
             return self._quantized_constant(data)
+        if isinstance(data, Deferred):
+            return self._deferred_constant(data)
         arr = to_numpy(data, "constant")
         if arr.dtype not in (np.float32, np.float16):
             raise XnnquantError(
@@ -230,14 +244,35 @@ class Graph:
         elif facts.scale is ScaleKind.GROUP_BF16:
             scale = np.ascontiguousarray(qt.scale, np.float32).ravel()
             bf16 = check_bf16_exact(qt.scale, "qbint4 scales")
+            inline_bf16 = self.write_scale_bf16 and not self.scales_in_segment
             quant = PerChannelGroupQuant(scale, int(qt.channel_dim or 0), int(qt.group_size),  # type: ignore[arg-type]
-                                         bf16.bits.ravel().copy() if self.write_scale_bf16 else None)
+                                         bf16.bits.ravel().copy() if inline_bf16 else None)
         else:
             raise XnnquantError(
                 f"{name} values are never constants (XNNPACK quantizes them per token at run time): "
                 "use g.convert(x, Datatype.qdint8)"
             )
         return self._add_value(qt.datatype, qt.shape, constant=qt.to_bytes(), quant=quant)
+
+    def _deferred_constant(self, d: Deferred) -> int:
+        """A constant whose data (and scales) ``d.make()`` gives when the payload is written."""
+        facts = storage(d.datatype)
+        quant: QuantParams | None = None
+        if not self.scales_in_segment:
+            raise UnsupportedConfigError(
+                f"{d.source}: a deferred constant needs Graph(target='1.4.1', scales_in_segment=True) "
+                "(otherwise its scales belong in the flatbuffer, which is written before the data exists)")
+        if facts.scale is ScaleKind.CHANNEL:
+            quant = PerChannelQuant(np.zeros(0, np.float32), int(d.channel_dim))
+        elif facts.scale is ScaleKind.GROUP_BF16:
+            if not d.group_size:
+                raise XnnquantError(f"{d.source}: a deferred qbint4 constant needs group_size")
+            quant = PerChannelGroupQuant(np.zeros(0, np.float32), 0, int(d.group_size))
+        elif facts.quantized:
+            raise UnsupportedConfigError(
+                f"{d.source}: {d.datatype.name} constants cannot be deferred (their one scale lives in the "
+                "flatbuffer): use fp32, fp16, qcint8, qcint4 or qbint4")
+        return self._add_value(d.datatype, d.dims, constant=d, quant=quant)
 
     # ------------------------------------------------------------------- nodes
 

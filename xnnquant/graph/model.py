@@ -7,6 +7,7 @@ into flatbuffer tables, ``reader.py`` makes them from payload bytes.  Ids are th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,66 @@ from ..tensor import QuantizedTensor
 
 #: The schema's "no value" id (a missing bias, an internal value's external_id).
 INVALID_ID = XNN_INVALID_VALUE_ID
+
+
+@dataclass(eq=False)
+class Deferred:
+    """Constant data made only when a payload is written (streaming export).
+
+    ``make()`` returns the value's ``QuantizedTensor`` (quantized datatypes) or its float
+    array (fp32 / fp16), of ``datatype`` and ``dims`` (blockwise: ``group_size``,
+    per-channel: ``channel_dim``).  Everything the flatbuffer needs follows from those,
+    so a graph of deferred constants is written without a single weight in memory: the
+    writer calls ``make`` for one value at a time (see writer.payload_chunks).  ``source``
+    names what the data is made from, for messages.
+    """
+
+    datatype: Datatype
+    dims: tuple[int, ...]
+    make: Callable[[], Any]
+    source: str
+    group_size: int | None = None
+    channel_dim: int = 0
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data XNNPACK reads (4-bit rows padded to whole bytes)."""
+        bits = storage(self.datatype).bits
+        count = int(np.prod(self.dims, dtype=np.int64))
+        if bits == 4:
+            k = self.dims[-1]
+            return (count // k) * ((k + 1) // 2) if k else 0
+        return count * bits // 8
+
+    @property
+    def num_scales(self) -> int:
+        """Scales of a per-channel (``dims[channel_dim]``) or blockwise value, else 0."""
+        if self.group_size:
+            return self.dims[0] * (self.dims[1] // self.group_size)
+        return self.dims[self.channel_dim] if storage(self.datatype).quantized else 0
+
+    def produce(self) -> QuantizedTensor | np.ndarray:
+        """``make()``, checked against what the graph was told (a mismatch names ``source``)."""
+        made = self.make()
+        if storage(self.datatype).quantized:
+            ok = (isinstance(made, QuantizedTensor) and made.datatype is self.datatype and made.shape == self.dims
+                  and (made.group_size or None) == self.group_size and (made.channel_dim or 0) == self.channel_dim)
+            got = repr(made) if isinstance(made, QuantizedTensor) else type(made).__name__
+        else:
+            made = np.asarray(made)
+            want = np.dtype(storage(self.datatype).numpy_dtype)
+            ok = made.dtype == want and made.shape == self.dims
+            got = f"{made.dtype} {made.shape}"
+        if not ok:
+            raise XnnquantError(f"{self.source}: made {got}, but the graph holds {self.datatype.name} "
+                                f"{self.dims}" + (f" in groups of {self.group_size}" if self.group_size else ""))
+        return made
+
+
+ConstantData = bytes | memoryview | Deferred
 
 
 def _same_array(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -105,7 +166,7 @@ class Value:
     dims: tuple[int, ...]
     external_id: int | None = None
     flags: int = 0
-    constant: bytes | None = None
+    constant: ConstantData | None = None
     quant: QuantParams | None = None
     named_key: str | None = None
     dq_datatype: Datatype = Datatype.invalid
@@ -149,6 +210,9 @@ class Value:
         """
         if self.quant is None or not self.is_constant:
             return None
+        if isinstance(self.constant, Deferred):
+            made = self.constant.produce()
+            return made if isinstance(made, QuantizedTensor) else None
         facts = storage(self.datatype)
         data = self._data()
         count = int(np.prod(self.dims, dtype=np.int64))
@@ -174,7 +238,12 @@ class Value:
                                    channel_dim=q.channel_dim, group_size=q.group_size)
         raise XnnquantError(f"value {self.id}: {type(q).__name__} values carry no constant data")
 
-    def _data(self) -> bytes:
+    def _data(self) -> bytes | memoryview:
+        if isinstance(self.constant, Deferred):
+            made = self.constant.produce()
+            if isinstance(made, QuantizedTensor):
+                return made.to_bytes()
+            return made.astype(made.dtype.newbyteorder("<")).tobytes()
         if self.constant is None:
             if self.named_key is not None:
                 raise XnnquantError(

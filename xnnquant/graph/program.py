@@ -255,7 +255,61 @@ def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
     with warnings.catch_warnings():  # ExecuTorch's own deprecations, not the caller's concern
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        return bytes(lowered.buffer())
+        # the payload in a segment of its own after the program, as ExecuTorch's own flow
+        # stores delegates: the runtime can map it, and a payload can be streamed into it
+        return bytes(lowered.buffer(extract_delegate_segments=True))
+
+
+def pte_chunks(graph: Any) -> Iterator[bytes | memoryview]:
+    """The ``.pte`` of a ``Graph(scales_in_segment=True)``, piece by piece; the pieces
+    joined are ``to_pte(graph.to_bytes())``, but the payload's constants are made and
+    passed on one value at a time (``writer.payload_chunks``).
+
+    The program is built by ExecuTorch for the payload's first part (header, flatbuffer,
+    padding), which ends its last segment; the lengths that then differ are the segment's
+    ``DataSegment.size`` in the program flatbuffer (a u64 present in both, so nothing
+    moves) and the extended header's segment data size.  Both are rewritten in place and
+    the constant segment follows::
+
+        program (extended header "eh00": program size, segment base, segment data size)
+        | zeros to the segment base | segment 0 (empty) | ... | last segment: the payload
+                                                                 header+flatbuffer | constants ->
+    """
+    from . import writer
+
+    chunks = writer.payload_chunks(graph)
+    head = bytes(next(chunks)) + bytes(next(chunks)) + bytes(next(chunks))
+    rest = writer.SegmentPlan.of(graph).size
+    inputs, outputs = external_specs(graph)
+    yield _grown_last_segment(_build_pte(head, inputs, outputs, None), len(head), rest)
+    yield from chunks
+
+
+def _grown_last_segment(program: bytes, size: int, extra: int) -> bytes:
+    """``program`` (ending with its last segment, of ``size`` bytes) with that segment's
+    size and the segment data size grown by ``extra`` bytes."""
+    from executorch.exir._serialize._program import _get_extended_header
+    from executorch.exir._serialize.generated.executorch_flatbuffer import DataSegment, Program
+
+    header = _get_extended_header(program)
+    root = Program.Program.GetRootAs(program, 0)
+    count = root.SegmentsLength()
+    if header is None or not count:
+        raise AssertionError("ExecuTorch wrote the delegate inline, not in a segment")
+    vector = root._tab.Offset(12)  # Program.segments
+    last = DataSegment.DataSegment()
+    last.Init(program, root._tab.Indirect(root._tab.Vector(vector) + 4 * (count - 1)))
+    size_field = last._tab.Offset(6)  # DataSegment.size
+    end = header.segment_base_offset + last.Offset() + last.Size()
+    if not size_field or last.Size() != size or end != len(program):
+        raise AssertionError(f"the payload is not the program's last segment (size {last.Size()}, "
+                             f"ends at {end} of {len(program)})")
+    out = bytearray(program)
+    at = last._tab.Pos + size_field
+    out[at:at + 8] = (size + extra).to_bytes(8, "little")
+    at = 8 + 24  # the extended header follows the root offset and identifier; its 4th field
+    out[at:at + 8] = (header.segment_data_size + extra).to_bytes(8, "little")
+    return bytes(out)
 
 
 @contextlib.contextmanager

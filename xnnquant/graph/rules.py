@@ -30,6 +30,7 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import bf16_bits_to_float32, runtime_bf16
 from .layout import NODE_KINDS
 from .model import (
+    Deferred,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -131,7 +132,7 @@ def check_value(v: Value) -> None:
     elif isinstance(q, PerChannelQuant):
         if not v.dims or not 0 <= q.channel_dim < len(v.dims):
             raise _fail(what, f"channel_dim out of range: got {q.channel_dim} for dims {list(v.dims)}")
-        if q.scale_buffer_idx == 0 or q.scale.size:
+        if (q.scale_buffer_idx == 0 or q.scale.size) and not isinstance(v.constant, Deferred):
             if q.scale.size != v.dims[q.channel_dim]:
                 raise _fail(what, f"needs one scale per channel: got {q.scale.size} scales, expected "
                                   f"dims[{q.channel_dim}] = {v.dims[q.channel_dim]}")
@@ -158,6 +159,8 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
     from_buffer = q.scale_buffer_idx != 0
     if from_buffer and q.scale.size == 0 and q.scale_bf16 is None:
         return  # unresolved named data: nothing to check yet
+    if isinstance(v.constant, Deferred):
+        return  # scales are made with the data, when the payload is written
     if not from_buffer and q.scale.size == 0:
         raise _fail(what, "qbint4 needs its fp32 scales in 'scale', whatever scale_bf16 holds: ExecuTorch 1.4.1 "
                           "refuses an empty list and crashes (segfault) when the list is absent")

@@ -25,18 +25,25 @@ test_graph_header.py spells out a whole minimal payload byte by byte.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import flatbuffers
 import numpy as np
 
 from ..constants import XNN_INVALID_VALUE_ID
+from ..datatypes import Datatype
+from ..errors import XnnquantError
+from ..rounding import to_bf16
+from ..tensor import QuantizedTensor
 from . import schema_141_generated, schema_generated
 from .header import XNNHeader, align
 from .layout import NODE_KINDS, TABLES, UNIONS
 from .layout import fields as table_fields
 from .model import (
+    Deferred,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
@@ -100,8 +107,20 @@ def _table(b: _Builder, table: str, values: dict[str, Any]) -> int:
     return getattr(fb, f"{table}End")(b)
 
 
-def _quant_table(b: _Builder, q: Any) -> tuple[int, int]:
-    """(union tag, offset) of a quant-params table."""
+def _quant_table(b: _Builder, q: Any, scale_buffer: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(union tag, offset) of a quant-params table.
+
+    ``scale_buffer`` = (constant_data index, number of scales): the scales live in the
+    constant segment (``Graph.scales_in_segment``) and the table keeps an empty ``scale``
+    vector, which the runtime dereferences even then.
+    """
+    if scale_buffer is not None:
+        table = type(q).__name__
+        fields = {"scale": _vector(b, "[f32]", ()), "channel_dim": q.channel_dim,
+                  "scale_buffer_idx": scale_buffer[0], "num_scales": scale_buffer[1]}
+        if isinstance(q, PerChannelGroupQuant):
+            fields["group_size"] = q.group_size
+        return UNIONS["XNNQuantParams"].index(table), _table(b, table, fields)
     if isinstance(q, PerTensorQuant):
         fields = {"scale": q.scale, "zero_point": q.zero_point}
     elif isinstance(q, PerChannelQuant):
@@ -118,9 +137,9 @@ def _quant_table(b: _Builder, q: Any) -> tuple[int, int]:
     return UNIONS["XNNQuantParams"].index(table), _table(b, table, fields)
 
 
-def _value(b: _Builder, v: Value, constant_idx: int) -> int:
+def _value(b: _Builder, v: Value, constant_idx: int, scale_buffer: tuple[int, int] | None = None) -> int:
     """An ``XValue`` wrapping an ``XNNTensorValue`` or ``XNNQuantizedTensorValue``."""
-    quant = None if v.quant is None else _quant_table(b, v.quant)
+    quant = None if v.quant is None else _quant_table(b, v.quant, scale_buffer)
     dims = _vector(b, "[u32]", v.dims)  # always present: the seed runtime reads it unconditionally
     tensor = _table(b, "XNNTensorValue", {
         "datatype": int(v.datatype), "num_dims": len(v.dims), "dims": dims,
@@ -195,9 +214,15 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
     reserved ``Buffer``), no ``constant_data``.  ``identifier``: ``XN01`` (what we write)
     or ``XN00`` (the runtime schema's, for tests of old payloads).
     """
-    b = _Builder(generated_code(graph))
-    indices = [segment.add(v.constant) if v.constant is not None else 0 for v in graph.values]
-    values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
+    plan = SegmentPlan.of(graph) if getattr(graph, "scales_in_segment", False) else None
+    if plan is not None:
+        b = _Builder(schema_141_generated)  # the only generated code with scale_buffer_idx
+        values = [_value(b, v, plan.data_index.get(v.id, 0), plan.scale_buffer(v.id)) for v in graph.values]
+        segment.entries[1:] = plan.entries[1:]
+    else:
+        b = _Builder(generated_code(graph))
+        indices = [segment.add(v.constant) if v.constant is not None else 0 for v in graph.values]
+        values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
     nodes = [_node(b, n) for n in graph.nodes]
     if inline_constants:
         blobs = segment.blobs()
@@ -226,6 +251,8 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
 
 def to_bytes(graph: Any) -> bytes:
     """Header + flatbuffer + zero padding to 16 + constant segment."""
+    if getattr(graph, "scales_in_segment", False):
+        return b"".join(payload_chunks(graph))
     from .rules import validate
 
     validate(graph)
@@ -235,3 +262,125 @@ def to_bytes(graph: Any) -> bytes:
     header = XNNHeader.for_sizes(len(fbytes), len(constants))
     pad = b"\0" * (align(len(fbytes)) - len(fbytes))
     return header.to_bytes() + fbytes + pad + constants
+
+
+# ------------------------------------------------------------ scales in the segment
+
+
+class Blob(NamedTuple):
+    """One entry of the constant segment: a value's ``data`` or its ``scales``."""
+
+    value: Value
+    part: str  # "data" or "scales"
+    size: int
+
+
+def num_scales(v: Value) -> int:
+    """Scales a per-channel or blockwise constant stores (0 for any other value)."""
+    if isinstance(v.constant, Deferred):
+        return v.constant.num_scales
+    if isinstance(v.quant, (PerChannelQuant, PerChannelGroupQuant)):
+        return int(v.quant.scale.size)
+    return 0
+
+
+def scale_bytes(datatype: Datatype, scale: np.ndarray) -> bytes:
+    """Scales as the segment holds them: bf16 bit patterns (qbint4) or float32, little-endian."""
+    if datatype is Datatype.qbint4:
+        return to_bf16(np.asarray(scale, np.float32).ravel()).bits.astype("<u2").tobytes()
+    return np.ascontiguousarray(scale, "<f4").ravel().tobytes()
+
+
+@dataclass
+class SegmentPlan:
+    """Where every constant goes when scales live in the constant segment.
+
+    The segment holds, for each constant value in id order, its data, then (per-channel
+    and blockwise values) its scales: bf16 bit patterns for qbint4 (as ExecuTorch 1.4.1
+    stores them), float32 for the per-channel datatypes; each entry 16-aligned::
+
+        constant_data[0]   (0, 0) reserved
+        value a: data      (0, n_a)           bytes, zeros to 16
+        value a: scales    (align16(n_a), s)  qbint4: u16 LE bf16 [OC][IC/G]; qc*: f32 LE [C]
+        value b: data      ...
+
+    Nothing is shared between values (identical bytes are stored twice), so every offset
+    follows from dims, datatypes and group sizes alone: the flatbuffer can be written
+    before any constant data exists (``Deferred``), and a graph of eager constants gives
+    the same bytes as the same graph of deferred ones.
+    """
+
+    blobs: list[Blob]
+    entries: list[tuple[int, int]]  # constant_data (offset, size), entry 0 reserved
+    data_index: dict[int, int]  # value id -> its data's constant_data index
+    scale_index: dict[int, tuple[int, int]]  # value id -> (constant_data index, number of scales)
+    size: int  # of the whole segment, padding included
+
+    @classmethod
+    def of(cls, graph: Any) -> SegmentPlan:
+        blobs: list[Blob] = []
+        entries, data_index, scale_index, offset = [(0, 0)], {}, {}, 0
+        for v in graph.values:
+            if v.constant is None:
+                continue
+            parts = [("data", len(v.constant))]
+            n = num_scales(v)
+            if n:
+                parts.append(("scales", n * (2 if v.datatype is Datatype.qbint4 else 4)))
+            for part, size in parts:
+                if part == "data":
+                    data_index[v.id] = len(entries)
+                else:
+                    scale_index[v.id] = (len(entries), n)
+                blobs.append(Blob(v, part, size))
+                entries.append((offset, size))
+                offset += align(size)
+        return cls(blobs, entries, data_index, scale_index, offset)
+
+    def scale_buffer(self, value_id: int) -> tuple[int, int] | None:
+        return self.scale_index.get(value_id)
+
+
+def _constant_parts(v: Value) -> tuple[bytes | memoryview, bytes]:
+    """(data, scales) of a constant as the segment stores them, a ``Deferred`` made now."""
+    data = v.constant
+    if isinstance(data, Deferred):
+        made = data.produce()
+        if not isinstance(made, QuantizedTensor):
+            return made.astype(made.dtype.newbyteorder("<")).tobytes(), b""
+        scales = scale_bytes(v.datatype, made.scale) if num_scales(v) else b""
+        return made.to_bytes(), scales
+    assert data is not None
+    q = v.quant
+    scale = q.scale if isinstance(q, (PerChannelQuant, PerChannelGroupQuant)) else None
+    return data, (b"" if scale is None or not scale.size else scale_bytes(v.datatype, scale))
+
+
+def payload_chunks(graph: Any) -> Iterator[bytes | memoryview]:
+    """The payload of a graph with ``scales_in_segment``, piece by piece (see ``SegmentPlan``).
+
+    Header, flatbuffer and padding come first, from metadata alone; then each value's
+    data and scales, a ``Deferred`` value made only when its turn comes, so writing the
+    pieces to a file keeps one value in memory at a time.  ``b"".join`` of the pieces is
+    ``to_bytes(graph)``.
+    """
+    from .rules import validate
+
+    validate(graph)
+    plan = SegmentPlan.of(graph)
+    fbytes = flatbuffer(graph, ConstantSegment())
+    yield XNNHeader.for_sizes(len(fbytes), plan.size).to_bytes()
+    yield fbytes
+    yield bytes(align(len(fbytes)) - len(fbytes))
+    pending: bytes = b""
+    for blob in plan.blobs:
+        if blob.part == "data":
+            data, pending = _constant_parts(blob.value)
+            chunk: bytes | memoryview = data
+        else:
+            chunk, pending = pending, b""
+        if len(chunk) != blob.size:
+            raise XnnquantError(f"value {blob.value.id}: {blob.part} has {len(chunk)} bytes, "
+                                f"expected {blob.size}")
+        yield chunk
+        yield bytes(align(blob.size) - blob.size)
