@@ -142,7 +142,7 @@ def test_deferred_mismatch_and_misuse_are_refused() -> None:
         g.to_bytes()
     with pytest.raises(xq.UnsupportedConfigError, match="a deferred constant needs Graph"):
         Graph(target="1.4.1").constant(deferred()[0])
-    with pytest.raises(xq.UnsupportedConfigError, match="only ExecuTorch 1.4.1 and later read: use target='1.4.1'"):
+    with pytest.raises(xq.UnsupportedConfigError, match=r"only ExecuTorch 1\.4\.1 and later read: use target='1\.4\.1'"):
         Graph(scales_in_segment=True)
     with pytest.raises(xq.UnsupportedConfigError, match="qint8 constants cannot be deferred"):
         Graph(**SEGMENT).constant(Deferred(xq.Datatype.qint8, (4,), lambda: None, "x"))
