@@ -21,9 +21,9 @@ verifier has checked those slots too.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import flatbuffers
@@ -64,14 +64,20 @@ def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
     protocol).  Malformed input raises ``PayloadError``; a well-formed graph that the
     runtime would refuse raises ``XnnquantError`` from validation (``validate=False``
     skips that step).
+
+    Constants are not copied: each value's ``constant`` is a read-only ``memoryview`` of
+    the bytes given, and a file is memory-mapped, so loading a multi-gigabyte payload
+    reads its flatbuffer and only the pages a caller then touches (listing values reads
+    no constant).  The mapping lives as long as a view of it does; a file changed in
+    place under a live mapping gives undefined data (replacing it, as ``save`` does, is
+    safe).
     """
     if isinstance(source, (str, os.PathLike)):
-        try:
-            data = Path(source).read_bytes()
-        except OSError as exc:
-            raise XnnquantError(f"cannot read payload file {os.fspath(source)!r}: {exc}") from None
+        data = map_file(source)
     elif isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
+        data = memoryview(bytes(source) if isinstance(source, bytearray) else source).cast("B")
+        if not data.readonly:  # a writable view would let a caller change the graph's constants
+            data = memoryview(bytes(data))
     else:
         raise XnnquantError(f"load() takes payload bytes or a path: got {type(source).__name__}")
     try:
@@ -85,16 +91,27 @@ def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
     return graph
 
 
+def map_file(path: str | os.PathLike[str]) -> memoryview:
+    """The bytes of file ``path`` as a read-only ``memoryview`` of a memory mapping."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    except OSError as exc:
+        raise XnnquantError(f"cannot read payload file {os.fspath(path)!r}: {exc}") from None
+
+
 class _Reader:
-    def __init__(self, data: bytes, named_data: Mapping[str, Any] | None) -> None:
+    def __init__(self, data: memoryview, named_data: Mapping[str, Any] | None) -> None:
         self.named_data = named_data
-        self.segment: bytes | None = None
+        self.segment: memoryview | None = None
         if XNNHeader.has_header(data):
             h = XNNHeader.from_bytes(data)
-            self.fb = data[h.flatbuffer_offset:h.flatbuffer_offset + h.flatbuffer_size]
+            self.fb = bytes(data[h.flatbuffer_offset:h.flatbuffer_offset + h.flatbuffer_size])
             self.segment = data[h.constant_data_offset:h.constant_data_offset + h.constant_data_size]
         else:
-            self.fb = data
+            self.fb = bytes(data)
         if len(self.fb) < 8 or self.fb[4:8] not in IDENTIFIERS:
             raise PayloadError(
                 f"not an XNNGraph payload: got identifier {self.fb[4:8]!r} ({len(data)} bytes), "
@@ -113,7 +130,7 @@ class _Reader:
         o = tab.Offset(slot(table, name))
         return tab.Get(flags, tab.Pos + o) if o else default
 
-    def _constant(self, idx: int, what: str) -> tuple[bytes | None, str | None]:
+    def _constant(self, idx: int, what: str) -> tuple[bytes | memoryview | None, str | None]:
         """(bytes, named key) of constant ``idx``; bytes None when a named key is unresolved."""
         if self.segment is None:
             return self._inline_constant(idx, what), None
@@ -130,7 +147,7 @@ class _Reader:
                 return None, key
             blob = self.named_data[key]
             try:
-                return bytes(memoryview(blob).cast("B")), key
+                return memoryview(blob).cast("B").toreadonly(), key
             except (TypeError, ValueError):
                 raise XnnquantError(
                     f"named_data[{key!r}] must be bytes-like and contiguous: got {type(blob).__name__}"
@@ -283,7 +300,7 @@ class _Reader:
         return g
 
 
-def _array(data: bytes, dtype: str, what: str) -> np.ndarray:
+def _array(data: bytes | memoryview, dtype: str, what: str) -> np.ndarray:
     size = np.dtype(dtype).itemsize
     if len(data) % size:
         raise PayloadError(f"{what}: {len(data)} bytes is not a whole number of {dtype} elements")
