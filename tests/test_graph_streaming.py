@@ -8,6 +8,8 @@ for the whole payload), and byte layouts spelled out here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,18 @@ def test_deferred_mismatch_and_misuse_are_refused() -> None:
         Graph(scales_in_segment=True)
     with pytest.raises(xq.UnsupportedConfigError, match="qint8 constants cannot be deferred"):
         Graph(**SEGMENT).constant(Deferred(xq.Datatype.qint8, (4,), lambda: None, "x"))
+
+
+def test_save_streams_and_a_failure_leaves_no_file(tmp_path: Path) -> None:
+    made: list[str] = []
+    path = mlp(deferred(made), **SEGMENT).save(tmp_path / "m.xnn")
+    assert path.read_bytes() == mlp(weights(), **SEGMENT).to_bytes() and len(made) == 4
+
+    def broken() -> object:
+        raise xq.XnnquantError("tensor 'w2' is truncated")
+
+    constants = deferred()
+    constants[2] = Deferred(xq.Datatype.qcint4, (16, 32), broken, "w2")
+    with pytest.raises(xq.XnnquantError, match="tensor 'w2' is truncated"):
+        mlp(constants, **SEGMENT).save(tmp_path / "bad.xnn")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.xnn"]

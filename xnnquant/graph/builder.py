@@ -645,7 +645,12 @@ class Graph:
         return to_bytes(self)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``to_bytes()`` to ``path`` atomically (``files.write_atomic``)."""
+        """Write ``to_bytes()`` to ``path`` atomically (``files.write_atomic``); with
+        ``scales_in_segment``, one constant at a time (``writer.payload_chunks``)."""
+        if self.scales_in_segment:
+            from .writer import payload_chunks
+
+            return write_atomic(path, payload_chunks(self))
         return write_atomic(path, self.to_bytes())
 
     # ------------------------------------------------------------- comparing
