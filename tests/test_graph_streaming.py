@@ -163,3 +163,4 @@ def test_save_streams_and_a_failure_leaves_no_file(tmp_path: Path) -> None:
     with pytest.raises(xq.XnnquantError, match="tensor 'w2' is truncated"):
         mlp(constants, **SEGMENT).save(tmp_path / "bad.xnn")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.xnn"]
+

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import to_numpy
+from ..arrays import is_int, to_numpy
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
     XNN_FLAG_KEEP_DIMS,
@@ -101,6 +101,11 @@ class Graph:
         self.nodes: list[Node] = []
         self.write_scale_bf16 = write_scale_bf16
         self.load_info: LoadInfo | None = None  # what load() read; None for a graph built here
+        # id -> value and the external values, kept up to date as the builder adds values,
+        # rebuilt by a scan when ``values`` was replaced or grew by other means (see _lookup)
+        self._by_id: dict[int, Value] = {}
+        self._externs: list[Value] = []
+        self._indexed: tuple[int, int] = (id(self.values), 0)
 
     if not TYPE_CHECKING:  # hidden from mypy, so the library itself cannot use the old names
 
@@ -136,16 +141,29 @@ class Graph:
     def _externals(self, flag: int) -> list[Value]:
         return [v for v in self.values if v.flags & flag and v.external_id is not None]
 
+    def _lookup(self) -> tuple[dict[int, Value], list[Value]]:
+        """(id -> value, external values in order of creation), O(1) while the builder adds values.
+
+        Rebuilt by one scan when ``values`` is another list or has another length than when
+        last indexed (a graph from ``load``, or values appended by hand); values changed in
+        place (``id``, ``flags``) after that are not seen until the next rebuild.
+        """
+        if self._indexed != (id(self.values), len(self.values)):
+            self._by_id = {v.id: v for v in self.values}
+            self._externs = [v for v in self.values if v.flags and v.external_id is not None]
+            self._indexed = (id(self.values), len(self.values))
+        return self._by_id, self._externs
+
     def value(self, value_id: int) -> Value:
-        """The value with this id; ``XnnquantError`` when there is none."""
-        if isinstance(value_id, (int, np.integer)) and 0 <= value_id < len(self.values):
+        """The value with this id (O(1)); ``XnnquantError`` when there is none."""
+        if is_int(value_id) and 0 <= value_id < len(self.values):
             v = self.values[int(value_id)]
             if v.id == value_id:
                 return v
-        for v in self.values:
-            if v.id == value_id:
-                return v
-        raise XnnquantError(f"no value with id {value_id!r}: the graph has {len(self.values)} values")
+        try:
+            return self._lookup()[0][value_id]
+        except (KeyError, TypeError):  # TypeError: an unhashable id
+            raise XnnquantError(f"no value with id {value_id!r}: the graph has {len(self.values)} values") from None
 
     def _add_value(self, datatype: Datatype, dims: Sequence[int], **kw: Any) -> int:
         given = dims
@@ -155,10 +173,16 @@ class Graph:
             raise XnnquantError(f"dims must be a sequence of integers: got {given!r}") from None
         if any(d < 0 or d >= 2**32 for d in dims):  # the schema stores dims as u32
             raise XnnquantError(f"dims must be integers in [0, 2**32): got {dims}")
+        by_id, externs = self._lookup()
         vid = len(self.values)
-        if self.values and self.values[-1].id != vid - 1:  # a loaded graph whose ids are not indices
-            vid = max(v.id for v in self.values) + 1
-        self.values.append(Value(vid, Datatype(datatype), dims, **kw))
+        if vid in by_id:  # a loaded graph whose ids are not indices
+            vid = max(by_id) + 1
+        value = Value(vid, Datatype(datatype), dims, **kw)
+        self.values.append(value)
+        by_id[vid] = value
+        if value.flags:
+            externs.append(value)
+        self._indexed = (id(self.values), len(self.values))
         return vid
 
     @staticmethod
@@ -188,9 +212,11 @@ class Graph:
                 "values): declare an fp32 input and convert it"
             )
         self._check_quant(datatype, quant)
-        n_inputs = len(self._externals(XNN_VALUE_FLAG_EXTERNAL_INPUT))
-        for v in self._externals(XNN_VALUE_FLAG_EXTERNAL_OUTPUT):
-            v.external_id = int(v.external_id) + 1  # type: ignore[arg-type]
+        externs = self._lookup()[1]
+        n_inputs = sum(1 for v in externs if v.is_input)
+        for v in externs:
+            if v.is_output:
+                v.external_id = int(v.external_id) + 1  # type: ignore[arg-type]
         return self._add_value(datatype, dims, quant=quant, external_id=n_inputs, flags=XNN_VALUE_FLAG_EXTERNAL_INPUT)
 
     def output(self, value_id: int) -> int:
@@ -206,8 +232,10 @@ class Graph:
             raise XnnquantError(f"value {value_id} is a constant: constants cannot be graph outputs")
         if v.datatype is Datatype.qdint8:
             raise UnsupportedConfigError(f"value {value_id} is qdint8: dynamically quantized values stay internal")
-        v.external_id = self.num_externs
+        externs = self._lookup()[1]
+        v.external_id = len(externs)
         v.flags = XNN_VALUE_FLAG_EXTERNAL_OUTPUT
+        externs.append(v)
         return v.id
 
     def constant(self, data: Any) -> int:

@@ -25,7 +25,8 @@ test_graph_header.py spells out a whole minimal payload byte by byte.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -88,23 +89,35 @@ class _Builder(flatbuffers.Builder):
         self.code = code
 
 
+@functools.cache
+def _table_writer(code: ModuleType, table: str) -> tuple[Callable[..., Any], tuple[tuple[str, Any, int], ...],
+                                                         Callable[..., int]]:
+    """(start, ((field, adder or None, slot index), ...), end) of ``table`` in ``code``:
+    looked up once per table instead of once per field written."""
+    fields = []
+    for index, (name, ftype) in enumerate(table_fields(table)):
+        adder = getattr(code, f"{table}Add{_camel(name)}", None)
+        if adder is None and not ftype.startswith("["):
+            continue  # a scalar this schema lacks (e.g. dq_datatype): never written
+        fields.append((name, adder, index))
+    return getattr(code, f"{table}Start"), tuple(fields), getattr(code, f"{table}End")
+
+
 def _table(b: _Builder, table: str, values: dict[str, Any]) -> int:
     """One table of ``table`` from ``{field: value}`` (scalars, or offsets already built).
 
     A field the generated code has no adder for (``scale_bf16``, deprecated in 1.4.1's
     schema) is written into its slot directly, as flatc's adder would.
     """
-    fb = getattr(b, "code", schema_generated)  # a plain flatbuffers.Builder writes XN01
-    getattr(fb, f"{table}Start")(b)
-    for index, (name, ftype) in enumerate(table_fields(table)):
+    start, fields, end = _table_writer(getattr(b, "code", schema_generated), table)  # plain Builder: XN01
+    start(b)
+    for name, adder, index in fields:
         if name in values:
-            adder = getattr(fb, f"{table}Add{_camel(name)}", None)
             if adder is not None:
                 adder(b, values[name])
             else:
-                assert ftype.startswith("["), (table, name)  # only offsets are written by slot
                 b.PrependUOffsetTRelativeSlot(index, values[name], 0)
-    return getattr(fb, f"{table}End")(b)
+    return end(b)
 
 
 def _quant_table(b: _Builder, q: Any, scale_buffer: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -174,10 +187,15 @@ def node_fields(n: Node) -> dict[str, Any]:
     return fields
 
 
+@functools.cache
+def _field_types(table: str) -> dict[str, str]:
+    return dict(table_fields(table))
+
+
 def _node(b: _Builder, n: Node) -> int:
     """An ``XNode``: the kind's own table, its output bounds, its debug handle."""
     kind = NODE_KINDS[n.kind]
-    types = dict(table_fields(kind.table))
+    types = _field_types(kind.table)
     fields = {name: _vector(b, types[name], value) if types[name].startswith("[") else value
               for name, value in node_fields(n).items()}
     inner = _table(b, kind.table, fields)
