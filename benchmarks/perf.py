@@ -10,6 +10,9 @@ Sections (``--only`` picks some; all run by default):
 * ``mse``: ``method="mse"`` (qb4w g32) over all-MiniLM-L6-v2's 36 linears against
   torchao's ``hqq_scale_only``: wall time and pooled weight SQNR of each.  Goal: at
   least as fast, at least 0.25 dB more accurate.
+* ``graph``: building and writing (``Graph.to_bytes``) chains of 10k, 20k and 100k nodes
+  with an external output every 32nd node (as ``xq.verify`` exposes values): time per
+  node, which must not grow with the graph.
 * ``export``: ``xq.export`` of the all-MiniLM-L6-v2 encoder to a ``.pte`` against
   ExecuTorch's own flow (torchao ``Int8DynamicActivationIntxWeightConfig(int4,
   PerGroup(32))``, ``to_edge_transform_and_lower`` with ``XnnpackPartitioner``,
@@ -46,7 +49,7 @@ import numpy as np
 import xnnquant as xq
 from xnnquant.parallel import num_threads
 
-SECTIONS = ("quantize", "mse", "export", "stream")
+SECTIONS = ("quantize", "mse", "graph", "export", "stream")
 
 
 def load_note() -> str:
@@ -162,6 +165,39 @@ def bench_mse(repeat: int) -> None:
           f"stores them; {sqnr_db(weights, hqq_dequantized(bf16=False)):.3f} dB with its fp32 scales)")
     print(f"mse: {med['hqq_scale_only'] / med['mse']:.2f}x the speed of hqq_scale_only, {ours_db - hqq_db:+.3f} dB; "
           f"goal: >= 1x and >= +0.25 dB; {load_note()}")
+
+
+# ------------------------------------------------------------------ graph scaling
+
+
+def bench_graph(repeat: int) -> None:
+    from xnnquant.graph import Graph
+
+    def chain(n: int) -> Graph:
+        g = Graph()
+        x = g.input((1, 8))
+        for i in range(n):
+            x = g.negate(x) if i % 2 else g.add(x, g.constant(np.full((1, 8), i, np.float32)))
+            if i % 32 == 31:  # 3,125 outputs at 100k nodes (the runtime takes up to 4,096 externals)
+                g.output(x)
+                x = g.negate(x)
+        g.output(x)
+        return g
+
+    print(f"\n== Graph: build and write a chain of n nodes (an output every 32nd); {load_note()}")
+    per_node = {}
+    for n in (10_000, 20_000, 100_000):
+        start = time.perf_counter()
+        g = chain(n)
+        built = time.perf_counter() - start
+        payload = g.to_bytes()
+        written = time.perf_counter() - start - built
+        nodes = len(g.nodes)
+        per_node[n] = (built + written) / nodes
+        print(f"{nodes:7d} nodes: build {built:6.2f}s, write {written:6.2f}s ({len(payload) / 1e6:.1f} MB), "
+              f"{1e6 * per_node[n]:.0f} us per node", flush=True)
+    print(f"time per node, 20k / 10k: {per_node[20_000] / per_node[10_000]:.2f}, 100k / 10k: "
+          f"{per_node[100_000] / per_node[10_000]:.2f} (linear: about 1); {load_note()}")
 
 
 # ------------------------------------------------------------------ MiniLM export
