@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,15 @@ def shared_reference() -> Path | None:
     """``shared/reference`` of the project when it is there (optional: a clean clone in CI
     may have none, and every test must pass without it)."""
     return next((c / "reference" for c in _shared_candidates() if (c / "reference").is_dir()), None)
+
+
+@pytest.fixture(scope="session")
+def et_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Programs ExecuTorch 1.4.1 wrote through its own flow (``tests/oracles/et_programs.py``,
+    run once per session in a subprocess; see its docstring for the files)."""
+    out = tmp_path_factory.mktemp("et_programs")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "oracles" / "et_programs.py"), str(out)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
