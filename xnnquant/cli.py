@@ -1,8 +1,14 @@
 """Command line.
 
 * ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (the main job of ``make run``);
-* ``xnnquant inspect PAYLOAD``: the values and nodes of an XNNGraph payload;
-* ``xnnquant verify PAYLOAD``: run it on the real XNNPACK and on the reference interpreter.
+* ``xnnquant inspect FILE``: the values and nodes of an XNNGraph payload, or of every
+  XNNPACK delegate of an ExecuTorch program (``.pte``), with bytes by datatype;
+* ``xnnquant verify FILE``: run a payload on the real XNNPACK and on the reference
+  interpreter; run every method of a ``.pte`` on the ExecuTorch runtime and check each
+  XNNPACK delegate against the interpreter on the inputs the program fed it.
+
+``.pte`` files are recognised by their identifier (``ET12``), whatever their name; the
+``.ptd`` data files ExecuTorch writes for external constants are given with ``--data``.
 
 Normal runs print only xnnquant's own lines: what libraries write to stderr while they
 load or run (torch and torchao registration warnings, the runtime's log) is held back,
@@ -31,10 +37,23 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from .graph import load
-    from .summary import describe
+    import json
 
-    print(describe(load(args.payload, validate=not args.no_validate)))
+    from .pte import is_pte, read_pte
+    from .summary import describe, describe_program, graph_record, program_record
+
+    if is_pte(args.file):
+        program = read_pte(args.file, args.data, validate=not args.no_validate)
+        print(json.dumps(program_record(program, args.file), indent=2) if args.json
+              else describe_program(program, args.file))
+        return
+    from .graph import load
+
+    graph = load(args.file, validate=not args.no_validate)
+    if args.json:
+        print(json.dumps({"file": args.file, **graph_record(graph)}, indent=2))
+    else:
+        print(describe(graph))
 
 
 #: Largest relative output error ``verify`` accepts: the interpreter and XNNPACK round
@@ -45,16 +64,24 @@ VERIFY_TOLERANCE = 1e-4
 def _verify(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .verify import verify
+    from .pte import is_pte
 
-    try:
-        errors, text = verify(Path(args.payload).read_bytes(), seed=args.seed, isolate=not args.no_isolate,
-                              timeout=args.timeout)
-    finally:
-        if args.verbose and not args.no_isolate:
-            from .graph.worker import worker
+    if is_pte(args.file):
+        from .pte_run import verify_pte
 
-            sys.stderr.write(worker().log_text())
+        errors, text = verify_pte(args.file, args.data, seed=args.seed, isolate=not args.no_isolate,
+                                  timeout=args.timeout)
+    else:
+        from .verify import verify
+
+        try:
+            errors, text = verify(Path(args.file).read_bytes(), seed=args.seed, isolate=not args.no_isolate,
+                                  timeout=args.timeout)
+        finally:
+            if args.verbose and not args.no_isolate:
+                from .graph.worker import worker
+
+                sys.stderr.write(worker().log_text())
     print(text)
     worst = max(errors, default=0.0)
     print(f"{'OK' if worst <= args.tolerance else 'MISMATCH'}: worst relative error {worst:.3g} "
@@ -71,12 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64, 128], metavar="G",
                         help="blockwise int4 group sizes (multiples of 32 dividing 384)")
     report.set_defaults(func=_report)
-    inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload")
-    inspect.add_argument("payload", help="payload file (with or without XNNHeader, XN00 or XN01)")
+    inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload or of every "
+                                             "XNNPACK delegate of a .pte")
+    inspect.add_argument("file", help="payload file (with or without XNNHeader, XN00 or XN01) or ExecuTorch .pte")
     inspect.add_argument("--no-validate", action="store_true", help="show payloads the runtime would refuse")
+    inspect.add_argument("--json", action="store_true", help="print the same as JSON")
     inspect.set_defaults(func=_inspect)
-    verify = sub.add_parser("verify", help="run a payload on the real XNNPACK and on the reference interpreter")
-    verify.add_argument("payload")
+    verify = sub.add_parser("verify", help="run a payload or a .pte on the real XNNPACK and its payloads on the "
+                                           "reference interpreter")
+    verify.add_argument("file", help="payload file or ExecuTorch .pte")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     verify.add_argument("--tolerance", type=float, default=VERIFY_TOLERANCE)
     verify.add_argument("--no-isolate", action="store_true",
@@ -87,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (report, inspect, verify):
         command.add_argument("-v", "--verbose", action="store_true",
                              help="also show what torch, executorch and the runtime log")
+    for command in (inspect, verify):
+        command.add_argument("--data", action="append", default=[], metavar="PTD",
+                             help="a .pte's data file (.ptd) holding its external constants; repeatable")
     return parser
 
 
