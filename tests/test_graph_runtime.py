@@ -59,11 +59,6 @@ def exact(i: int, ref: np.ndarray) -> np.ndarray:
     return np.zeros(ref.shape)
 
 
-def by_kind(kind: str) -> Bound:
-    """XNNPACK's own acceptance bound for ``kind`` (see ``float_bounds.XNNPACK_F32``)."""
-    return lambda i, ref: bound_of_kind(kind, ref)
-
-
 def _node_args(g: Graph, node, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """|arguments| of a node that reads external inputs, constants, or a Convert to qdint8
     of an external input (the per-token codes XNNPACK computes, bit-exact on any CPU)."""
