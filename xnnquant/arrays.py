@@ -6,12 +6,18 @@ never imported here.  Every helper states the dtype of what it returns.
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import TypeAlias, TypeGuard
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from .errors import XnnquantError
+
+#: An array argument: a numpy array (bf16 as ``ml_dtypes.bfloat16``), a torch tensor (read
+#: through ``.detach().cpu()``), a number or a nested sequence of numbers.  Each function
+#: says which dtypes and shapes it takes.
+ArrayInput: TypeAlias = npt.ArrayLike
 
 _FLOAT_KINDS = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64))
 
@@ -21,7 +27,7 @@ def is_int(value: object) -> TypeGuard[int | np.integer]:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _from_torch(x: Any) -> np.ndarray | None:
+def _from_torch(x: object) -> np.ndarray | None:
     """A numpy view or copy of a torch tensor, or None when ``x`` is not one."""
     if type(x).__module__.split(".")[0] != "torch" or not hasattr(x, "detach"):
         return None
@@ -34,7 +40,7 @@ def _from_torch(x: Any) -> np.ndarray | None:
     return t.numpy()
 
 
-def to_numpy(x: Any, name: str = "x") -> np.ndarray:
+def to_numpy(x: ArrayInput, name: str = "x") -> np.ndarray:
     """``x`` (numpy array, torch tensor, or nested sequence) as a numpy array, dtype kept."""
     converted = _from_torch(x)
     if converted is not None:
@@ -47,7 +53,7 @@ def to_numpy(x: Any, name: str = "x") -> np.ndarray:
         raise XnnquantError(f"{name} must be an array or tensor: got {type(x).__name__} ({exc})") from None
 
 
-def as_float32(x: Any, name: str = "x", *, finite: bool = True) -> np.ndarray:
+def as_float32(x: ArrayInput, name: str = "x", *, finite: bool = True) -> np.ndarray:
     """``x`` as a float32 numpy array.
 
     Accepts fp32, fp16 and bf16 (numpy, ml_dtypes or torch) and float64.  Integer or
@@ -60,7 +66,7 @@ def as_float32(x: Any, name: str = "x", *, finite: bool = True) -> np.ndarray:
     return out
 
 
-def float_array(x: Any, name: str = "x") -> np.ndarray:
+def float_array(x: ArrayInput, name: str = "x") -> np.ndarray:
     """``x`` as a numpy array of its own float dtype (fp32, fp16, bf16 or float64), unconverted.
 
     Integer or other inputs raise, as in ``as_float32``; values are not checked.
@@ -85,7 +91,7 @@ def check_finite(x: np.ndarray, name: str = "x") -> None:
         )
 
 
-def as_int_codes(codes: Any, name: str = "codes") -> np.ndarray:
+def as_int_codes(codes: ArrayInput, name: str = "codes") -> np.ndarray:
     """Integer codes as an int64 numpy array; floats are accepted only when integral."""
     arr = to_numpy(codes, name)
     if arr.dtype.kind in "iu":

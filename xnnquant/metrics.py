@@ -13,18 +13,18 @@ at float32 precision.
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
-from .arrays import as_float32
+from .arrays import ArrayInput, as_float32
 from .datatypes import ScaleKind, ZeroPoint, storage
 from .errors import XnnquantError
 from .rounding import runtime_bf16
 from .tensor import QuantizedTensor
 
 
-def _pair(reference: Any, approx: Any) -> tuple[np.ndarray, np.ndarray]:
+def _pair(reference: ArrayInput, approx: ArrayInput) -> tuple[np.ndarray, np.ndarray]:
     """Both inputs as float64 arrays of one shape (each checked as a float array first)."""
     ref = as_float32(reference, "reference").astype(np.float64)
     app = as_float32(approx, "approx").astype(np.float64)
@@ -36,10 +36,10 @@ def _pair(reference: Any, approx: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 @overload
-def sqnr_db(reference: Any, approx: Any, axis: None = None) -> float: ...
+def sqnr_db(reference: ArrayInput, approx: ArrayInput, axis: None = None) -> float: ...
 @overload
-def sqnr_db(reference: Any, approx: Any, axis: int | tuple[int, ...]) -> np.ndarray: ...
-def sqnr_db(reference: Any, approx: Any, axis: int | tuple[int, ...] | None = None) -> float | np.ndarray:
+def sqnr_db(reference: ArrayInput, approx: ArrayInput, axis: int | tuple[int, ...]) -> np.ndarray: ...
+def sqnr_db(reference: ArrayInput, approx: ArrayInput, axis: int | tuple[int, ...] | None = None) -> float | np.ndarray:
     """``10 * log10(sum(reference**2) / sum((reference - approx)**2))``.
 
     ``reference`` and ``approx``: float arrays of one shape (numpy or torch, fp32, fp16 or
@@ -56,7 +56,7 @@ def sqnr_db(reference: Any, approx: Any, axis: int | tuple[int, ...] | None = No
     return float(out) if np.ndim(out) == 0 else out
 
 
-def relative_error(reference: Any, approx: Any) -> np.ndarray:
+def relative_error(reference: ArrayInput, approx: ArrayInput) -> np.ndarray:
     """``(approx - reference) / |reference|`` element-wise, float64, the shape of the inputs.
 
     Where ``reference`` is zero the result is ``nan`` (or ``0`` when ``approx`` is zero too).

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 
 from .graph import Graph
-from .graph.model import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant
+from .graph.model import PerChannelGroupQuant, PerChannelQuant, PerTensorQuant, PerTokenDynamicQuant, Value
 
 
-def _quant(value: Any) -> str:
+def _quant(value: Value) -> str:
     q = value.quant
     if isinstance(q, PerTensorQuant):
         return f"scale {q.scale:.6g}, zero point {q.zero_point}"

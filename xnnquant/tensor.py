@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arrays import as_int_codes
+from .arrays import ArrayInput, as_int_codes
 from .datatypes import Datatype, ScaleKind, ZeroPoint, storage
 from .errors import XnnquantError
 from .packing.int4 import pack_int4
 
 
-def check_zero_point(datatype: Datatype, zero_point: object, scale_shape: tuple[int, ...] = ()) -> np.ndarray:
+def check_zero_point(datatype: Datatype, zero_point: ArrayInput, scale_shape: tuple[int, ...] = ()) -> np.ndarray:
     """``zero_point`` as int64 (shape ``()`` or ``scale_shape``), checked against the
     datatype's convention (``StorageFacts.zero_point``); ``XnnquantError`` otherwise.
 

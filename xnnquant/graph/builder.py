@@ -20,11 +20,11 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from ..arrays import is_int, to_numpy
+from ..arrays import ArrayInput, is_int, to_numpy
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
     XNN_FLAG_KEEP_DIMS,
@@ -40,6 +40,7 @@ from ..tensor import QuantizedTensor
 from . import shapes
 from .layout import NODE_KINDS
 from .model import (
+    ConstantData,
     Deferred,
     LoadInfo,
     Node,
@@ -50,9 +51,23 @@ from .model import (
     QuantParams,
     Value,
 )
+from .shapes import PaddingSpec, PairSpec
 from .targets import Target
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
 DEFAULT_DEBUG_HANDLE = 0
+
+
+class NodeOptions(TypedDict, total=False):
+    """The keyword arguments every node method takes (see the module docstring)."""
+
+    flags: int
+    output: int
+    output_min: float
+    output_max: float
+    debug_handle: int
 #: Graph attributes that moved to ``Graph.load_info`` (old name -> LoadInfo field), and
 #: what the old attributes held for a graph built here.
 _MOVED_TO_LOAD_INFO = {"version": "version", "named_keys": "named_keys", "missing_named_keys": "missing_named_keys",
@@ -165,7 +180,8 @@ class Graph:
         except (KeyError, TypeError):  # TypeError: an unhashable id
             raise XnnquantError(f"no value with id {value_id!r}: the graph has {len(self.values)} values") from None
 
-    def _add_value(self, datatype: Datatype, dims: Sequence[int], **kw: Any) -> int:
+    def _add_value(self, datatype: Datatype, dims: Sequence[int], *, quant: QuantParams | None = None,
+                   constant: ConstantData | None = None, external_id: int | None = None, flags: int = 0) -> int:
         given = dims
         try:
             dims = tuple(operator.index(d) for d in dims)
@@ -177,7 +193,8 @@ class Graph:
         vid = len(self.values)
         if vid in by_id:  # a loaded graph whose ids are not indices
             vid = max(by_id) + 1
-        value = Value(vid, Datatype(datatype), dims, **kw)
+        value = Value(vid, Datatype(datatype), dims, external_id=external_id, flags=flags, constant=constant,
+                      quant=quant)
         self.values.append(value)
         by_id[vid] = value
         if value.flags:
@@ -238,7 +255,7 @@ class Graph:
         externs.append(v)
         return v.id
 
-    def constant(self, data: Any) -> int:
+    def constant(self, data: QuantizedTensor | ArrayInput) -> int:
         """A constant: a ``QuantizedTensor`` or a float32 / float16 array (or torch tensor).
 
         Quantized constants take the quantization parameters of their datatype:
@@ -345,52 +362,52 @@ class Graph:
             return Datatype.fp32, None
         return v.datatype, v.quant
 
-    def _binary(self, kind: str, a: int, b: int, **kw: Any) -> int:
+    def _binary(self, kind: str, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         dims = shapes.broadcast(kind, self.value(a).dims, self.value(b).dims)
         return self._node(kind, (a, b), [dims], [self._like(a)], **kw)[0]
 
-    def _unary(self, kind: str, x: int, params: dict[str, Any] | None = None, **kw: Any) -> int:
+    def _unary(self, kind: str, x: int, params: dict[str, Any] | None = None, **kw: Unpack[NodeOptions]) -> int:
         return self._node(kind, (x,), [self.value(x).dims], [self._like(x)], params, **kw)[0]
 
-    def add(self, a: int, b: int, **kw: Any) -> int:
+    def add(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         """``a + b`` with broadcasting (XNNAdd)."""
         return self._binary("XNNAdd", a, b, **kw)
 
-    def subtract(self, a: int, b: int, **kw: Any) -> int:
+    def subtract(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         return self._binary("XNNSubtract", a, b, **kw)
 
-    def multiply(self, a: int, b: int, **kw: Any) -> int:
+    def multiply(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         return self._binary("XNNMultiply", a, b, **kw)
 
-    def divide(self, a: int, b: int, **kw: Any) -> int:
+    def divide(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         return self._binary("XNNDiv", a, b, **kw)
 
-    def minimum(self, a: int, b: int, **kw: Any) -> int:
+    def minimum(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         return self._binary("XNNMinimum", a, b, **kw)
 
-    def maximum(self, a: int, b: int, **kw: Any) -> int:
+    def maximum(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         return self._binary("XNNMaximum", a, b, **kw)
 
-    def prelu(self, x: int, slope: int, **kw: Any) -> int:
+    def prelu(self, x: int, slope: int, **kw: Unpack[NodeOptions]) -> int:
         """``x if x > 0 else slope * x``; ``slope`` broadcasts against x (XNNPReLU)."""
         shapes.broadcast("XNNPReLU", self.value(x).dims, self.value(slope).dims)
         return self._node("XNNPReLU", (x, slope), [self.value(x).dims], [self._like(x)], **kw)[0]
 
-    def batch_matrix_multiply(self, a: int, b: int, **kw: Any) -> int:
+    def batch_matrix_multiply(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
         """``[..., M, K] @ [..., K, N]`` (XNNBatchMatrixMultiply)."""
         dims = shapes.batch_matrix_multiply(self.value(a).dims, self.value(b).dims)
         return self._node("XNNBatchMatrixMultiply", (a, b), [dims], [self._like(a)], **kw)[0]
 
     def fully_connected(self, x: int, w: int, bias: int | None = None, *, transpose_weights: bool = False,
-                        **kw: Any) -> int:
+                        **kw: Unpack[NodeOptions]) -> int:
         """``x [..., K] @ w.T + bias``; ``w`` is ``[N, K]`` (``[K, N]`` with transpose_weights)."""
         dims = shapes.fully_connected(self.value(x).dims, self.value(w).dims, transpose_weights)
         inputs = (x, w) if bias is None else (x, w, bias)
-        flags = kw.pop("flags", 0) | (XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
-        return self._node("XNNFullyConnected", inputs, [dims], [self._like(x)], flags=flags, **kw)[0]
+        kw["flags"] = kw.get("flags", 0) | (XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
+        return self._node("XNNFullyConnected", inputs, [dims], [self._like(x)], **kw)[0]
 
-    def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: Any, stride: Any, dilation: Any,
-              groups: int, kw: dict[str, Any]) -> int:
+    def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: PaddingSpec, stride: PairSpec,
+              dilation: PairSpec, groups: int, kw: NodeOptions) -> int:
         xd, wd = self.value(x).dims, self.value(w).dims
         if len(wd) != 4:
             raise XnnquantError(f"{kind}: filter must be 4-D: got dims {wd}")
@@ -420,40 +437,42 @@ class Graph:
         inputs = (x, w) if bias is None else (x, w, bias)
         return self._node(kind, inputs, [(xd[0], oh, ow, oc)], [self._like(x)], params, **kw)[0]
 
-    def conv2d(self, x: int, w: int, bias: int | None = None, *, padding: Any = 0, stride: Any = 1,
-               dilation: Any = 1, groups: int = 1, **kw: Any) -> int:
+    def conv2d(self, x: int, w: int, bias: int | None = None, *, padding: PaddingSpec = 0, stride: PairSpec = 1,
+               dilation: PairSpec = 1, groups: int = 1, **kw: Unpack[NodeOptions]) -> int:
         """2-D convolution: x NHWC ``[N, H, W, C]``, w OHWI ``[OC, KH, KW, C/groups]``."""
         return self._conv("XNNConv2d", x, w, bias, padding, stride, dilation, groups, kw)
 
-    def depthwise_conv2d(self, x: int, w: int, bias: int | None = None, *, padding: Any = 0, stride: Any = 1,
-                         dilation: Any = 1, **kw: Any) -> int:
+    def depthwise_conv2d(self, x: int, w: int, bias: int | None = None, *, padding: PaddingSpec = 0,
+                         stride: PairSpec = 1, dilation: PairSpec = 1, **kw: Unpack[NodeOptions]) -> int:
         """Depthwise convolution: x NHWC ``[N, H, W, C]``, w ``[1, KH, KW, OC]`` (OC = C * multiplier)."""
         return self._conv("XNNDepthwiseConv2d", x, w, bias, padding, stride, dilation, 1, kw)
 
-    def _pool(self, kind: str, x: int, kernel: Any, stride: Any, padding: Any, dilation: Any,
-              kw: dict[str, Any]) -> int:
+    def _pool(self, kind: str, x: int, kernel: PairSpec, stride: PairSpec, padding: PaddingSpec, dilation: PairSpec,
+              kw: NodeOptions) -> int:
         xd = self.value(x).dims
         window = shapes.Window(shapes.as_pair(kernel, "kernel"), shapes.as_pair(stride, "stride"),
                                shapes.as_pair(dilation, "dilation"), shapes.as_padding(padding))
         oh, ow = window.output_hw(kind, xd)
         return self._node(kind, (x,), [(xd[0], oh, ow, xd[3])], [self._like(x)], window.pool_params(), **kw)[0]
 
-    def avg_pooling_2d(self, x: int, *, kernel: Any, stride: Any = None, padding: Any = 0, **kw: Any) -> int:
+    def avg_pooling_2d(self, x: int, *, kernel: PairSpec, stride: PairSpec | None = None, padding: PaddingSpec = 0,
+                       **kw: Unpack[NodeOptions]) -> int:
         """Average pooling over NHWC windows (stride defaults to the kernel)."""
         return self._pool("XNNAvgPooling2d", x, kernel, kernel if stride is None else stride, padding, 1, kw)
 
-    def max_pooling_2d(self, x: int, *, kernel: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                       **kw: Any) -> int:
+    def max_pooling_2d(self, x: int, *, kernel: PairSpec, stride: PairSpec | None = None, padding: PaddingSpec = 0,
+                       dilation: PairSpec = 1, **kw: Unpack[NodeOptions]) -> int:
         """Max pooling over NHWC windows (stride defaults to the kernel)."""
         return self._pool("XNNMaxPooling2d", x, kernel, kernel if stride is None else stride, padding, dilation, kw)
 
-    def global_avg_pooling_2d(self, x: int, **kw: Any) -> int:
+    def global_avg_pooling_2d(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """Mean over H and W of NHWC ``[N, H, W, C]`` -> ``[N, 1, 1, C]`` (flag KEEP_DIMS)."""
         n, _, _, c = shapes.nhwc("XNNGlobalAvgPooling2d", self.value(x).dims)
         kw.setdefault("flags", XNN_FLAG_KEEP_DIMS)
         return self._node("XNNGlobalAvgPooling2d", (x,), [(n, 1, 1, c)], [self._like(x)], **kw)[0]
 
-    def argmax_pooling_2d(self, x: int, *, kernel: Any, padding: Any = 0, **kw: Any) -> tuple[int, int]:
+    def argmax_pooling_2d(self, x: int, *, kernel: PairSpec, padding: PaddingSpec = 0,
+                          **kw: Unpack[NodeOptions]) -> tuple[int, int]:
         """Max and its index over non-overlapping NHWC windows -> (values id, indices id).
 
         The index output is labelled fp32 (as ExecuTorch does); XNNPACK writes uint32 indices.
@@ -467,80 +486,84 @@ class Graph:
                                      window.pool_params(strided=False), **kw)
         return values, indices
 
-    def softmax(self, x: int, **kw: Any) -> int:
+    def softmax(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """Softmax over the last dim."""
         return self._unary("XNNSoftmax", x, **kw)
 
-    def sigmoid(self, x: int, **kw: Any) -> int:
+    def sigmoid(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNSigmoid", x, **kw)
 
-    def hardswish(self, x: int, **kw: Any) -> int:
+    def hardswish(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNHardswish", x, **kw)
 
-    def abs(self, x: int, **kw: Any) -> int:
+    def abs(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNAbs", x, **kw)
 
-    def negate(self, x: int, **kw: Any) -> int:
+    def negate(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNNegate", x, **kw)
 
-    def square(self, x: int, **kw: Any) -> int:
+    def square(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNSquare", x, **kw)
 
-    def square_root(self, x: int, **kw: Any) -> int:
+    def square_root(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNSquareRoot", x, **kw)
 
-    def floor(self, x: int, **kw: Any) -> int:
+    def floor(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNFloor", x, **kw)
 
-    def ceiling(self, x: int, **kw: Any) -> int:
+    def ceiling(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNCeiling", x, **kw)
 
-    def clamp(self, x: int, min_value: float, max_value: float, **kw: Any) -> int:
+    def clamp(self, x: int, min_value: float, max_value: float, **kw: Unpack[NodeOptions]) -> int:
         """``clip(x, min_value, max_value)``; the bounds are stored in ``output_min_max``."""
-        return self._unary("XNNClamp", x, output_min=min_value, output_max=max_value, **kw)
+        if "output_min" in kw or "output_max" in kw:
+            raise XnnquantError("clamp takes its bounds as min_value and max_value, not output_min / output_max")
+        kw["output_min"], kw["output_max"] = min_value, max_value
+        return self._unary("XNNClamp", x, **kw)
 
-    def leaky_relu(self, x: int, negative_slope: float, **kw: Any) -> int:
+    def leaky_relu(self, x: int, negative_slope: float, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNLeakyReLU", x, {"negative_slope": _f32(negative_slope)}, **kw)
 
-    def elu(self, x: int, alpha: float = 1.0, **kw: Any) -> int:
+    def elu(self, x: int, alpha: float = 1.0, **kw: Unpack[NodeOptions]) -> int:
         return self._unary("XNNELU", x, {"alpha": _f32(alpha)}, **kw)
 
     # ---------------------------------------------- ExecuTorch 1.4.1 node kinds
 
-    def gelu(self, x: int, **kw: Any) -> int:
+    def gelu(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """Exact GELU ``x / 2 * (1 + erf(x / sqrt(2)))`` (XNNGelu; target 1.4.1)."""
         return self._unary("XNNGelu", x, **kw)
 
-    def tanh(self, x: int, **kw: Any) -> int:
+    def tanh(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """XNNTanh (target 1.4.1)."""
         return self._unary("XNNTanh", x, **kw)
 
-    def exp(self, x: int, **kw: Any) -> int:
+    def exp(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """XNNExp (target 1.4.1)."""
         return self._unary("XNNExp", x, **kw)
 
-    def log(self, x: int, **kw: Any) -> int:
+    def log(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """Natural logarithm, XNNLog (target 1.4.1)."""
         return self._unary("XNNLog", x, **kw)
 
-    def reciprocal_square_root(self, x: int, **kw: Any) -> int:
+    def reciprocal_square_root(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """``1 / sqrt(x)``, XNNReciprocalSquareRoot (target 1.4.1)."""
         return self._unary("XNNReciprocalSquareRoot", x, **kw)
 
-    def sin(self, x: int, **kw: Any) -> int:
+    def sin(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """XNNSin (target 1.4.1)."""
         return self._unary("XNNSin", x, **kw)
 
-    def cos(self, x: int, **kw: Any) -> int:
+    def cos(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """XNNCos (target 1.4.1)."""
         return self._unary("XNNCos", x, **kw)
 
-    def copy(self, x: int, **kw: Any) -> int:
+    def copy(self, x: int, **kw: Unpack[NodeOptions]) -> int:
         """A copy of ``x``, XNNCopy (target 1.4.1)."""
         return self._unary("XNNCopy", x, **kw)
 
-    def conv_transpose2d(self, x: int, w: int, bias: int | None = None, *, padding: Any = 0, stride: Any = 1,
-                         dilation: Any = 1, groups: int = 1, adjustment: Any = 0, **kw: Any) -> int:
+    def conv_transpose2d(self, x: int, w: int, bias: int | None = None, *, padding: PaddingSpec = 0,
+                         stride: PairSpec = 1, dilation: PairSpec = 1, groups: int = 1, adjustment: PairSpec = 0,
+                         **kw: Unpack[NodeOptions]) -> int:
         """Transposed 2-D convolution (XNNConvTranspose2d; target 1.4.1).
 
         x NHWC ``[N, H, W, groups * Cg]``, w ``[OC, KH, KW, Cg]`` (OC = groups * OCg).  Output
@@ -569,7 +592,7 @@ class Graph:
     # ------------------------------------------------------------ conversions
 
     def convert(self, x: int, datatype: Datatype, *, num_nonbatch_dims: int = 1, scale: float | None = None,
-                zero_point: int | None = None, **kw: Any) -> int:
+                zero_point: int | None = None, **kw: Unpack[NodeOptions]) -> int:
         """Convert ``x`` to ``datatype`` (XNNConvert).
 
         qdint8: per-token dynamic quantization, a row being the last ``num_nonbatch_dims``
@@ -593,32 +616,32 @@ class Graph:
             )
         return self._node("XNNConvert", (x,), [dims], [(datatype, quant)], **kw)[0]
 
-    def static_reshape(self, x: int, new_shape: Sequence[int], **kw: Any) -> int:
+    def static_reshape(self, x: int, new_shape: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
         dims = shapes.reshape(self.value(x).dims, new_shape)
         return self._node("XNNStaticReshape", (x,), [dims], [self._like(x)],
                           {"num_dims": len(dims), "new_shape": dims}, **kw)[0]
 
-    def static_transpose(self, x: int, perm: Sequence[int], **kw: Any) -> int:
+    def static_transpose(self, x: int, perm: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
         perm = tuple(int(p) for p in perm)
         dims = shapes.transpose(self.value(x).dims, perm)
         return self._node("XNNStaticTranspose", (x,), [dims], [self._like(x)],
                           {"num_dims": len(perm), "perm": perm}, **kw)[0]
 
-    def static_slice(self, x: int, offsets: Sequence[int], sizes: Sequence[int], **kw: Any) -> int:
+    def static_slice(self, x: int, offsets: Sequence[int], sizes: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
         offsets, sizes = tuple(int(o) for o in offsets), tuple(int(s) for s in sizes)
         dims = shapes.slice_(self.value(x).dims, offsets, sizes)
         return self._node("XNNStaticSlice", (x,), [dims], [self._like(x)],
                           {"num_dims": len(dims), "offsets": offsets, "sizes": sizes}, **kw)[0]
 
     def static_constant_pad(self, x: int, pre_paddings: Sequence[int], post_paddings: Sequence[int],
-                            padding_value: float = 0.0, **kw: Any) -> int:
+                            padding_value: float = 0.0, **kw: Unpack[NodeOptions]) -> int:
         pre, post = tuple(int(p) for p in pre_paddings), tuple(int(p) for p in post_paddings)
         dims = shapes.pad(self.value(x).dims, pre, post)
         return self._node("XNNStaticConstantPad", (x,), [dims], [self._like(x)],
                           {"pre_paddings": pre, "post_paddings": post, "padding_value": _f32(padding_value)}, **kw)[0]
 
     def static_resize_bilinear_2d(self, x: int, new_height: int, new_width: int, *, align_corners: bool = False,
-                                  **kw: Any) -> int:
+                                  **kw: Unpack[NodeOptions]) -> int:
         """Bilinear resize of NHWC ``[N, H, W, C]`` -> ``[N, new_height, new_width, C]``."""
         n, _, _, c = shapes.nhwc("XNNStaticResizeBilinear2D", self.value(x).dims)
         if new_height < 1 or new_width < 1:
@@ -627,7 +650,7 @@ class Graph:
         return self._node("XNNStaticResizeBilinear2D", (x,), [(n, new_height, new_width, c)], [self._like(x)],
                           {"new_height": int(new_height), "new_width": int(new_width)}, **kw)[0]
 
-    def concatenate(self, inputs: Sequence[int], axis: int, **kw: Any) -> int:
+    def concatenate(self, inputs: Sequence[int], axis: int, **kw: Unpack[NodeOptions]) -> int:
         """Concatenate 2, 3 or 4 values along ``axis`` (5 with ``target="1.4.1"``)."""
         inputs = tuple(inputs)
         most = 5 if "XNNConcatenate5" in self.target.node_kinds else 4
@@ -639,7 +662,7 @@ class Graph:
         return self._node(kind, inputs, [dims], [self._like(inputs[0])], {"axis": int(axis)}, **kw)[0]
 
     def scaled_dot_product_attention(self, query: int, key: int, value: int, scale: int, mask: int,
-                                     **kw: Any) -> int:
+                                     **kw: Unpack[NodeOptions]) -> int:
         """``softmax(q @ k^T * scale + mask) @ v``: q ``[..., T, C]``, k ``[..., U, C]``,
         v ``[..., U, D]``, scale ``[C]``, mask ``[T, U]`` -> ``[..., T, D]``.
 

@@ -32,11 +32,11 @@ weight-only fp32 x qcint8 fully connected, where XNNPACK scales the bias too).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import to_numpy
+from ..arrays import ArrayInput, to_numpy
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
     XNN_FLAG_TENSORFLOW_LEGACY_MODE,
@@ -47,8 +47,13 @@ from ..datatypes import Datatype, storage
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import quantize_values
 from ..special import gelu
-from .model import PerTensorQuant, PerTokenDynamicQuant
+from .builder import Graph
+from .model import Node, PerTensorQuant, PerTokenDynamicQuant, Value
+from .reader import load
 from .shapes import Window
+
+if TYPE_CHECKING:
+    import os
 
 #: Node kinds whose ``output_min`` / ``output_max`` the 1.4.1 runtime passes to XNNPACK.
 CLAMPED_KINDS = frozenset({
@@ -82,7 +87,7 @@ def _windows(x: np.ndarray, window: Window, fill: float, kind: str) -> np.ndarra
     return xp[:, rows[:, None, :, None], cols[None, :, None, :], :]
 
 
-def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: Any, groups: int) -> np.ndarray:
+def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: Node, groups: int) -> np.ndarray:
     """NHWC ``x`` ``[N, H, W, G * Cg]`` with OHWI ``w`` ``[G * OCg, KH, KW, Cg]`` -> ``[N, OH, OW, OC]``.
 
     ``y[n, oy, ox, g * OCg + o] = sum_{i, j, c} win[n, oy, ox, i, j, g * Cg + c] * w[g * OCg + o, i, j, c]``.
@@ -99,19 +104,19 @@ def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: A
     return y.astype(np.float32)
 
 
-def _conv2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _conv2d(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     x, w, *bias = args
     return [_grouped_conv(x, w, bias[0] if bias else None, node, node.params["groups"])]
 
 
-def _depthwise_conv2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _depthwise_conv2d(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Filter ``[1, KH, KW, OC]``; output channel ``o`` reads input channel ``o // (OC / C)``."""
     x, w, *bias = args
     as_groups = np.ascontiguousarray(w.transpose(3, 1, 2, 0))  # [OC, KH, KW, 1]
     return [_grouped_conv(x, as_groups, bias[0] if bias else None, node, x.shape[3])]
 
 
-def _conv_transpose2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _conv_transpose2d(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Transposed conv (deconvolution), filter ``[OC, KH, KW, IC/g]``.
 
     Each input pixel ``(y, x)`` adds ``in[y, x] . w[:, i, j, :]`` to output pixel
@@ -142,14 +147,14 @@ def _conv_transpose2d(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [out.astype(np.float32)]
 
 
-def _max_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _max_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Max over each window; padding never wins (padded with -inf)."""
     x = args[0]
     window = Window.of_pool(node.params).with_padding_for(node.flags, x.shape)
     return [_windows(x, window, -np.inf, node.kind).max(axis=(3, 4))]
 
 
-def _avg_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _avg_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Mean over the window's pixels that lie inside the input (padding not counted)."""
     x = args[0]
     stored = Window.of_pool(node.params)  # average pooling has no dilation
@@ -159,7 +164,7 @@ def _avg_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [(total / count).astype(np.float32)]
 
 
-def _argmax_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _argmax_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Max of each window and its index within the window (first on ties).
 
     Taps are numbered column by column, as XNNPACK walks them: tap ``(i, j)`` (row ``i``
@@ -176,14 +181,14 @@ def _argmax_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [flat.max(axis=3), flat.argmax(axis=3).astype(np.float64)]
 
 
-def _global_avg_pooling(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _global_avg_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     return [args[0].astype(np.float64).mean(axis=(1, 2), keepdims=True).astype(np.float32)]
 
 
 # ----------------------------------------------------------- dense algebra
 
 
-def _fully_connected(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _fully_connected(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """``x [..., K] @ w.T + bias`` with ``w [N, K]`` (``x @ w`` with ``w [K, N]`` if transposed)."""
     x, w, *bias = args
     w64 = w.astype(np.float64)
@@ -193,7 +198,7 @@ def _fully_connected(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [y.astype(np.float32)]
 
 
-def _batch_matrix_multiply(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _batch_matrix_multiply(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """``a [..., M, K] @ b [..., K, N]`` (``b [..., N, K]`` with XNN_FLAG_TRANSPOSE_B), batch broadcast."""
     a, b = (v.astype(np.float64) for v in args)
     if node.flags & XNN_FLAG_TRANSPOSE_B:
@@ -206,7 +211,7 @@ def _softmax_last(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _scaled_dot_product_attention(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _scaled_dot_product_attention(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """``softmax((q * scale) @ k^T + mask) @ v``; ``scale`` ``[C]`` multiplies q's channels."""
     q, k, v, scale, mask = (a.astype(np.float64) for a in args)
     logits = (q * scale) @ np.swapaxes(k, -1, -2) + mask
@@ -217,22 +222,22 @@ def _scaled_dot_product_attention(node: Any, args: list[np.ndarray]) -> list[np.
 
 
 def _unary(fn: Callable[..., np.ndarray]) -> Handler:
-    def handler(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    def handler(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(fn(node, args[0].astype(np.float64))).astype(np.float32)]
     return handler
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Handler:
-    def handler(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    def handler(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         return [fn(args[0].astype(np.float64), args[1].astype(np.float64)).astype(np.float32)]
     return handler
 
 
-def _concatenate(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _concatenate(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     return [np.concatenate(args, axis=node.params["axis"])]
 
 
-def _resize_bilinear(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _resize_bilinear(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Bilinear resize of NHWC ``[N, H, W, C]`` to ``[N, new_height, new_width, C]``.
 
     Source coordinate of output ``o`` along an axis of input size ``I``, output size ``O``:
@@ -263,26 +268,26 @@ def _resize_bilinear(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [(upper * (1 - fy) + lower * fy).astype(np.float32)]
 
 
-def _static_slice(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _static_slice(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     index = tuple(slice(o, o + s) for o, s in zip(node.params["offsets"], node.params["sizes"]))
     return [args[0][index]]
 
 
-def _static_constant_pad(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _static_constant_pad(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     p = node.params
     widths = list(zip(p["pre_paddings"], p["post_paddings"]))
     return [np.pad(args[0], widths, constant_values=p["padding_value"])]
 
 
-def _same(node: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _same(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     return [args[0]]
 
 
-def _leaky_relu(node: Any, x: np.ndarray) -> np.ndarray:
+def _leaky_relu(node: Node, x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, x, x * node.params["negative_slope"])
 
 
-def _elu(node: Any, x: np.ndarray) -> np.ndarray:
+def _elu(node: Node, x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, x, node.params["alpha"] * np.expm1(np.minimum(x, 0)))
 
 
@@ -340,7 +345,7 @@ HANDLERS: dict[str, Handler] = {
 # ------------------------------------------------------------ the interpreter
 
 
-def _fit(value: Any, x: np.ndarray) -> np.ndarray:
+def _fit(value: Value, x: np.ndarray) -> np.ndarray:
     """Real values ``x`` snapped to what ``value``'s datatype can hold (float32 result)."""
     datatype = Datatype(value.datatype)
     if datatype is Datatype.fp32:
@@ -362,9 +367,10 @@ def _fit(value: Any, x: np.ndarray) -> np.ndarray:
     )
 
 
-def _codes(value: Any, x: np.ndarray) -> np.ndarray:
+def _codes(value: Value, x: np.ndarray) -> np.ndarray:
     """Per-tensor codes of real values ``x``: ``clamp(rint(x / scale) + zp)``."""
     q = value.quant
+    assert isinstance(q, PerTensorQuant)  # validation: qint8 / quint8 values carry PerTensorQuant
     facts = storage(value.datatype)
     inv = np.float32(1) / np.float32(q.scale)
     return quantize_values(np.asarray(x, np.float32), inv, int(q.zero_point), facts.code_min, facts.code_max,
@@ -375,7 +381,7 @@ def _codes(value: Any, x: np.ndarray) -> np.ndarray:
 _EXTERNAL_INPUT_TYPES = (Datatype.fp32, Datatype.fp16, Datatype.qint8, Datatype.quint8)
 
 
-def _external_input(value: Any, x: Any, i: int) -> np.ndarray:
+def _external_input(value: Value, x: ArrayInput, i: int) -> np.ndarray:
     """Real values of external input ``i`` given as the runtime takes it (codes if quantized)."""
     arr = to_numpy(x, f"inputs[{i}]")
     datatype = Datatype(value.datatype)
@@ -390,6 +396,7 @@ def _external_input(value: Any, x: Any, i: int) -> np.ndarray:
         )
     if datatype in (Datatype.qint8, Datatype.quint8):
         q = value.quant
+        assert isinstance(q, PerTensorQuant)  # validation: qint8 / quint8 values carry PerTensorQuant
         return ((arr.astype(np.float32) - np.float32(q.zero_point)) * np.float32(q.scale)).astype(np.float32)
     real = arr.astype(np.float32)
     if value.dq_datatype == Datatype.qint8:  # legacy runtime path: quantized per row on entry
@@ -399,7 +406,7 @@ def _external_input(value: Any, x: Any, i: int) -> np.ndarray:
     return real
 
 
-def _external_output(value: Any, x: np.ndarray, index: bool) -> np.ndarray:
+def _external_output(value: Value, x: np.ndarray, index: bool) -> np.ndarray:
     """What the runtime hands back for an external output (codes if quantized)."""
     if index:
         return np.asarray(x).astype(np.int64)
@@ -411,15 +418,15 @@ def _external_output(value: Any, x: np.ndarray, index: bool) -> np.ndarray:
     return np.asarray(x, np.float32)
 
 
-def _constant(value: Any) -> np.ndarray:
+def _constant(value: Value) -> np.ndarray:
     qt = value.quantized_tensor()
     if qt is not None:
         return qt.dequantize()
     return value.array().astype(np.float32)
 
 
-def interpret(graph: Any, inputs: Sequence[Any], *, named_data: Mapping[str, bytes] | None = None,
-              ) -> list[np.ndarray]:
+def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[str], inputs: Sequence[ArrayInput], *,
+              named_data: Mapping[str, bytes] | None = None) -> list[np.ndarray]:
     """Compute ``graph``'s outputs with numpy.
 
     ``graph``: a ``Graph``, or payload bytes / a path (read with ``load``, using
@@ -428,9 +435,7 @@ def interpret(graph: Any, inputs: Sequence[Any], *, named_data: Mapping[str, byt
     uint8 codes).  Returns one array per external output in external-id order, as
     ``run`` returns them (argmax-pooling indices as int64).
     """
-    if not hasattr(graph, "nodes"):
-        from . import load
-
+    if not isinstance(graph, Graph):
         graph = load(graph, named_data=named_data)
     if isinstance(inputs, np.ndarray) or len(inputs) != len(graph.inputs):
         got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"

@@ -39,14 +39,18 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..arrays import to_numpy
+from ..arrays import ArrayInput, to_numpy
 from ..constants import CONSTANT_TENSOR_ALIGNMENT
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
+
+if TYPE_CHECKING:
+    from .builder import Graph
+    from .model import Value
 
 #: Loaded programs kept ready to execute, most recently used last.
 METHOD_CACHE_SIZE = 16
@@ -126,7 +130,7 @@ def _load_checked(payload: bytes, named_data: Mapping[str, bytes] | None, valida
     return graph
 
 
-def external_specs(graph: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def external_specs(graph: Graph) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Input and output specs of a ``Graph``, in external-id order.
 
     The index output of ``XNNArgMaxPooling2d`` is labelled fp32 in payloads, but XNNPACK
@@ -139,7 +143,7 @@ def external_specs(graph: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
              if i in index_outputs else _value_spec(graph.value(i), "output") for i in graph.outputs])
 
 
-def _value_spec(value: Any, role: str) -> TensorSpec:
+def _value_spec(value: Value, role: str) -> TensorSpec:
     datatype = Datatype(value.datatype)
     if datatype not in EXTERNAL_DTYPES:
         raise UnsupportedConfigError(
@@ -401,7 +405,7 @@ def _log_summary(log: str) -> str:
     return " | ".join(lines[-12:]) if lines else "(empty)"
 
 
-def _check_inputs(inputs: Sequence[Any], specs: list[TensorSpec]) -> list[np.ndarray]:
+def _check_inputs(inputs: Sequence[ArrayInput], specs: list[TensorSpec]) -> list[np.ndarray]:
     if isinstance(inputs, np.ndarray) or len(inputs) != len(specs):
         got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"
         raise XnnquantError(
@@ -420,7 +424,7 @@ def _check_inputs(inputs: Sequence[Any], specs: list[TensorSpec]) -> list[np.nda
     return arrays
 
 
-def run(payload: PayloadLike, inputs: Sequence[Any], *,
+def run(payload: PayloadLike, inputs: Sequence[ArrayInput], *,
         named_data: Mapping[str, bytes] | None = None, validate: bool = True,
         isolate: bool = False, timeout: float | None = None) -> list[np.ndarray]:
     """Execute ``payload`` on the real XNNPACK (ExecuTorch 1.4.1 runtime).
@@ -455,7 +459,7 @@ def run(payload: PayloadLike, inputs: Sequence[Any], *,
                         DEFAULT_TIMEOUT if timeout is None else timeout)
 
 
-def _run_in_process(data: bytes, inputs: Sequence[Any], named_data: Mapping[str, bytes] | None,
+def _run_in_process(data: bytes, inputs: Sequence[ArrayInput], named_data: Mapping[str, bytes] | None,
                     validate: bool, into: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
     """``run`` in this process; outputs copied into ``into`` when given (else fresh arrays)."""
     torch = _import_torch_executorch()

@@ -57,7 +57,7 @@ _N = flatbuffers.number_types
 
 
 def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
-         named_data: Mapping[str, Any] | None = None, *, validate: bool = True) -> Graph:
+         named_data: Mapping[str, bytes | bytearray | memoryview] | None = None, *, validate: bool = True) -> Graph:
     """Read a payload (bytes, or a path to a file holding one) into a ``Graph``.
 
     ``named_data`` maps ExecuTorch named-data keys to bytes (anything with the buffer

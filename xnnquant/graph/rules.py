@@ -9,7 +9,7 @@ runtime accepts but computes wrongly) that names the value or node.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from .model import (
     Value,
 )
 from .targets import Target
+
+if TYPE_CHECKING:
+    from .builder import Graph
 
 D = Datatype
 #: The flags a convolution node may carry.
@@ -175,7 +178,7 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
                               "must read the same values)")
 
 
-def _check_externals(graph: Any) -> None:
+def _check_externals(graph: Graph) -> None:
     externals = [v for v in graph.values if v.flags or v.external_id is not None]
     declared = None if graph.load_info is None else graph.load_info.num_externs
     n = len(externals) if declared is None else declared
@@ -284,7 +287,7 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
                               f"{ins[0].quant} and {out.quant}")
 
 
-def check_nodes(graph: Any, *, writing: bool) -> None:
+def check_nodes(graph: Graph, *, writing: bool) -> None:
     target = getattr(graph, "target", Target.XN01)
     vals = {v.id: v for v in graph.values}
     produced = {v.id for v in graph.values if v.is_input or v.is_constant}
@@ -342,7 +345,7 @@ def _first_duplicate(items: list[Any]) -> Any:
     return None
 
 
-def validate(graph: Any, *, writing: bool = True) -> None:
+def validate(graph: Graph, *, writing: bool = True) -> None:
     """Raise ``XnnquantError`` naming the first value or node the runtime would refuse."""
     dup = _first_duplicate([v.id for v in graph.values])
     if dup is not None:

@@ -24,11 +24,11 @@ class ConstantSegment:
     """
 
     entries: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])  # (offset, size)
-    _chunks: list[bytes] = field(default_factory=list)
+    _chunks: list[bytes | memoryview] = field(default_factory=list)
     _length: int = 0
-    _index: dict[bytes, int] = field(default_factory=dict)
+    _index: dict[bytes | memoryview, int] = field(default_factory=dict)
 
-    def add(self, blob: bytes) -> int:
+    def add(self, blob: bytes | memoryview) -> int:
         """Index of ``blob`` in ``entries`` (>= 1), appending it when new."""
         found = self._index.get(blob)
         if found is not None:
@@ -48,7 +48,7 @@ class ConstantSegment:
         self._length = 0
         self._index.clear()
 
-    def blobs(self) -> list[bytes]:
+    def blobs(self) -> list[bytes | memoryview]:
         """The distinct blobs, in entry order (entry i + 1 holds blob i)."""
         return self._chunks[0::2]
 

@@ -65,10 +65,14 @@ def window(kind: str, size: int, padding: tuple[int, int], kernel: int, stride: 
 
 Pair = tuple[int, int]
 Padding = tuple[int, int, int, int]  # (top, right, bottom, left)
+#: What callers may give for a pair (kernel, stride, dilation): ``n`` or ``(h, w)``.
+PairSpec = int | Sequence[int]
+#: What callers may give for padding: ``n``, ``(h, w)`` or ``(top, right, bottom, left)``.
+PaddingSpec = int | Sequence[int]
 _PADDING_FIELDS = ("padding_top", "padding_right", "padding_bottom", "padding_left")
 
 
-def as_pair(v: int | Sequence[int], name: str) -> Pair:
+def as_pair(v: PairSpec, name: str) -> Pair:
     """``int`` or ``(h, w)`` -> ``(h, w)``."""
     if isinstance(v, (int, np.integer)):
         return int(v), int(v)
@@ -78,7 +82,7 @@ def as_pair(v: int | Sequence[int], name: str) -> Pair:
     return t[0], t[1]
 
 
-def as_padding(v: int | Sequence[int]) -> Padding:
+def as_padding(v: PaddingSpec) -> Padding:
     """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left)."""
     if isinstance(v, (int, np.integer)):
         return int(v), int(v), int(v), int(v)

@@ -20,7 +20,6 @@ as another spelling of ``"xn01"`` (issue 14 used that name).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from ..errors import XnnquantError
 from .layout import ET141_NODE_KINDS, XN01_NODE_KINDS
@@ -39,7 +38,7 @@ class Target(str, Enum):
         return self.value
 
     @classmethod
-    def parse(cls, value: Any) -> Target:
+    def parse(cls, value: object) -> Target:
         """``Target`` from itself or its string (``"xn01"``, ``"seed"``, ``"1.4.1"``)."""
         if isinstance(value, Target):
             return value

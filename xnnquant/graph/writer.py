@@ -29,7 +29,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import flatbuffers
 import numpy as np
@@ -44,16 +44,21 @@ from .header import XNNHeader, align
 from .layout import NODE_KINDS, TABLES, UNIONS
 from .layout import fields as table_fields
 from .model import (
+    ConstantData,
     Deferred,
     Node,
     PerChannelGroupQuant,
     PerChannelQuant,
     PerTensorQuant,
     PerTokenDynamicQuant,
+    QuantParams,
     Value,
 )
 from .segment import ConstantSegment
 from .targets import Target
+
+if TYPE_CHECKING:
+    from .builder import Graph
 
 FILE_IDENTIFIER = b"XN01"
 _VECTOR_DTYPES = {"[u8]": "<u1", "[u16]": "<u2", "[u32]": "<u4", "[f32]": "<f4"}
@@ -75,7 +80,7 @@ def _table_vector(b: _Builder, offsets: list[int]) -> int:
     return b.EndVector()
 
 
-def generated_code(graph: Any) -> ModuleType:
+def generated_code(graph: Graph) -> ModuleType:
     """The generated module to write ``graph`` with: XN01's unless a node needs 1.4.1's."""
     xn01 = Target.XN01.node_kinds
     return schema_generated if all(n.kind in xn01 for n in graph.nodes) else schema_141_generated
@@ -120,7 +125,7 @@ def _table(b: _Builder, table: str, values: dict[str, Any]) -> int:
     return end(b)
 
 
-def _quant_table(b: _Builder, q: Any, scale_buffer: tuple[int, int] | None = None) -> tuple[int, int]:
+def _quant_table(b: _Builder, q: QuantParams, scale_buffer: tuple[int, int] | None = None) -> tuple[int, int]:
     """(union tag, offset) of a quant-params table.
 
     ``scale_buffer`` = (constant_data index, number of scales): the scales live in the
@@ -128,8 +133,9 @@ def _quant_table(b: _Builder, q: Any, scale_buffer: tuple[int, int] | None = Non
     vector, which the runtime dereferences even then.
     """
     if scale_buffer is not None:
+        assert isinstance(q, (PerChannelQuant, PerChannelGroupQuant))  # only these have scale buffers
         table = type(q).__name__
-        fields = {"scale": _vector(b, "[f32]", ()), "channel_dim": q.channel_dim,
+        fields: dict[str, Any] = {"scale": _vector(b, "[f32]", ()), "channel_dim": q.channel_dim,
                   "scale_buffer_idx": scale_buffer[0], "num_scales": scale_buffer[1]}
         if isinstance(q, PerChannelGroupQuant):
             fields["group_size"] = q.group_size
@@ -205,7 +211,7 @@ def _node(b: _Builder, n: Node) -> int:
     return _table(b, "XNode", node)
 
 
-def _inline_buffers(b: _Builder, blobs: list[bytes]) -> int:
+def _inline_buffers(b: _Builder, blobs: list[bytes | memoryview]) -> int:
     """The deprecated ``constant_buffer`` vector: one ``Buffer`` table per blob.
 
     ``Buffer.storage`` (slot 0, ``[ubyte]``, 16-aligned) is deprecated in the schema, so
@@ -223,7 +229,14 @@ def _inline_buffers(b: _Builder, blobs: list[bytes]) -> int:
     return _table_vector(b, tables)
 
 
-def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool = False,
+def _eager(constant: ConstantData) -> bytes | memoryview:
+    """Constant data that exists already: ``Graph.constant`` defers data only with
+    ``scales_in_segment``, whose graphs the segment plan writes."""
+    assert not isinstance(constant, Deferred)
+    return constant
+
+
+def flatbuffer(graph: Graph, segment: ConstantSegment, *, inline_constants: bool = False,
                identifier: bytes = FILE_IDENTIFIER) -> bytes:
     """The flatbuffer of ``graph``; constants are added to ``segment`` on the way.
 
@@ -239,13 +252,13 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
         segment.entries[1:] = plan.entries[1:]
     else:
         b = _Builder(generated_code(graph))
-        indices = [segment.add(v.constant) if v.constant is not None else 0 for v in graph.values]
+        indices = [segment.add(_eager(v.constant)) if v.constant is not None else 0 for v in graph.values]
         values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
     nodes = [_node(b, n) for n in graph.nodes]
     if inline_constants:
         blobs = segment.blobs()
         segment.clear()  # the blobs travel inline, the segment stays empty
-        constants = _inline_buffers(b, [b""] + blobs)
+        constants = _inline_buffers(b, [b"", *blobs])
     else:
         entries = [_table(b, "ConstantDataOffset", {"offset": off, "size": size}) for off, size in segment.entries]
     root = {
@@ -267,7 +280,7 @@ def flatbuffer(graph: Any, segment: ConstantSegment, *, inline_constants: bool =
     return bytes(b.Output())
 
 
-def to_bytes(graph: Any) -> bytes:
+def to_bytes(graph: Graph) -> bytes:
     """Header + flatbuffer + zero padding to 16 + constant segment."""
     if getattr(graph, "scales_in_segment", False):
         return b"".join(payload_chunks(graph))

@@ -8,22 +8,20 @@ float weights go through the same permutation.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..arrays import is_int, to_numpy
+from ..arrays import ArrayInput, is_int, to_numpy
 from ..errors import XnnquantError
 
 
-def _weight4d(w: Any, name: str, layout: str) -> np.ndarray:
+def _weight4d(w: ArrayInput, name: str, layout: str) -> np.ndarray:
     arr = to_numpy(w, name)
     if arr.ndim != 4:
         raise XnnquantError(f"{name} must be 4-D {layout}: got shape {tuple(arr.shape)} (rank {arr.ndim})")
     return arr
 
 
-def conv_weight(w: Any) -> np.ndarray:
+def conv_weight(w: ArrayInput) -> np.ndarray:
     """Regular conv: ``[OC, IC/g, KH, KW]`` (OIHW) -> ``[OC, KH, KW, IC/g]`` (OHWI).
 
     ``out[o, h, w, i] = in[o, i, h, w]``; in memory, the input channels of one tap are
@@ -34,7 +32,7 @@ def conv_weight(w: Any) -> np.ndarray:
     return np.ascontiguousarray(_weight4d(w, "conv weight", "[OC, IC/g, KH, KW]").transpose(0, 2, 3, 1))
 
 
-def depthwise_weight(w: Any) -> np.ndarray:
+def depthwise_weight(w: ArrayInput) -> np.ndarray:
     """Depthwise conv: ``[OC, 1, KH, KW]`` -> ``[1, KH, KW, OC]``.
 
     ``out[0, h, w, o] = in[o, 0, h, w]``: for each tap, the weights of all output channels
@@ -51,7 +49,7 @@ def depthwise_weight(w: Any) -> np.ndarray:
     return np.ascontiguousarray(arr.transpose(1, 2, 3, 0))
 
 
-def transposed_conv_weight(w: Any, groups: int = 1) -> np.ndarray:
+def transposed_conv_weight(w: ArrayInput, groups: int = 1) -> np.ndarray:
     """Transposed conv: ``[IC, OC/g, KH, KW]`` -> ``[OC, KH, KW, IC/g]``.
 
     The PyTorch weight holds, per group ``g``, ``IC/g`` input-channel slices of

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import tensor as _tensor  # the module: tensor.py itself imports packing.int4
-from ..arrays import as_float32, is_int
+from ..arrays import ArrayInput, as_float32, is_int
 from ..constants import XNN_ALLOCATION_ALIGNMENT, XNN_MIN_BLOCKSIZE
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
@@ -42,8 +42,8 @@ ROW_BLOCK_BYTES = 1 << 20  # quantized weights are packed about 1 MiB of codes a
 _LAYOUT_OF = {Datatype.qcint8: ("qc8w",), Datatype.qcint4: ("qc4w", "qc4uw"), Datatype.qbint4: ("qb4w",)}
 
 
-def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int | None = None,
-              sr: int = 1, planes: int | None = None, layout: str | None = None,
+def pack_gemm(weight: QuantizedTensor | ArrayInput, bias: ArrayInput | None = None, *, nr: int | None = None,
+              kr: int | None = None, sr: int = 1, planes: int | None = None, layout: str | None = None,
               pad_rows: str = "zero", config: KernelConfig | None = None) -> np.ndarray:
     """XNNPACK's packed GEMM weights for ``weight`` (``(N, K)``, output channels first).
 
@@ -63,11 +63,11 @@ def pack_gemm(weight: Any, bias: Any = None, *, nr: int | None = None, kr: int |
     layout = _layout_for(weight, layout)
     planes = planes if planes is not None else (2 if layout in ("qc4w", "qc4uw", "qb4w") else 1)
     _check_tile(nr, kr, sr, planes, layout, pad_rows)
-    if layout == "f32":
+    if not isinstance(weight, _tensor.QuantizedTensor):  # layout "f32"
         w = as_float32(weight, "weight")
         _check_shape(w.shape)
         return pack_f32(w, _bias(bias, w), nr=nr, kr=kr, sr=sr, pad_rows=pad_rows)
-    qt: QuantizedTensor = weight
+    qt = weight
     b = _bias(bias, qt.codes)
     k = qt.shape[1]
     pack: Callable[..., np.ndarray]
@@ -108,7 +108,7 @@ def _in_row_blocks(pack: Callable[..., np.ndarray], rows: list[np.ndarray | None
 # --- input checks -----------------------------------------------------------------------
 
 
-def _layout_for(weight: Any, layout: str | None) -> str:
+def _layout_for(weight: QuantizedTensor | ArrayInput, layout: str | None) -> str:
     if not isinstance(weight, _tensor.QuantizedTensor):
         if layout not in (None, "f32"):
             raise XnnquantError(f"layout {layout!r} needs a QuantizedTensor weight: got a float array")
@@ -175,7 +175,7 @@ def _check_tile(nr: int, kr: int, sr: int, planes: int, layout: str, pad_rows: s
         raise UnsupportedConfigError(f"XNNPACK's 4-bit packers take kr, sr <= 16: got kr={kr}, sr={sr}")
 
 
-def _bias(bias: Any, weight: Any) -> np.ndarray | None:
+def _bias(bias: ArrayInput | None, weight: np.ndarray) -> np.ndarray | None:
     if bias is None:
         return None
     n = weight.shape[0]

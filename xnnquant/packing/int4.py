@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..arrays import as_int_codes, is_int, to_numpy
+from ..arrays import ArrayInput, as_int_codes, is_int, to_numpy
 from ..errors import XnnquantError
 from ..parallel import for_ranges
 
@@ -15,7 +13,7 @@ INT4_MIN, INT4_MAX = -8, 7
 PACK_CHUNK = 1 << 16
 
 
-def pack_int4(codes: Any) -> np.ndarray:
+def pack_int4(codes: ArrayInput) -> np.ndarray:
     """Pack signed 4-bit codes two to a byte, each row on its own.
 
     ``codes``: integers in [-8, 7], shape ``(..., K)``.  Returns uint8 ``(..., ceil(K / 2))``::
@@ -64,7 +62,7 @@ def _pack_even(q: np.ndarray) -> np.ndarray:
     return packed.reshape(q.shape[:-1] + (q.shape[-1] // 2,))
 
 
-def _int4_codes(codes: Any) -> np.ndarray:
+def _int4_codes(codes: ArrayInput) -> np.ndarray:
     """``codes`` as int8 after checking they are integers in [-8, 7]."""
     arr = to_numpy(codes, "codes")
     q = arr if arr.dtype == np.int8 else as_int_codes(arr)
@@ -76,7 +74,7 @@ def _int4_codes(codes: Any) -> np.ndarray:
     return q.astype(np.int8, copy=False)
 
 
-def unpack_int4(packed: Any, k: int) -> np.ndarray:
+def unpack_int4(packed: ArrayInput, k: int) -> np.ndarray:
     """Inverse of ``pack_int4``: uint8 ``(..., ceil(k / 2))`` -> int8 codes ``(..., k)``.
 
     The padding nibble of odd ``k`` is dropped without being checked.

@@ -13,10 +13,9 @@ since XNNPACK rejects any other scale.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ..arrays import ArrayInput
 from ..constants import FLT_MIN
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
@@ -27,18 +26,18 @@ from .checks import float_input, reciprocal, user_scale
 _I32_MIN, _I32_MAX = storage(Datatype.qint32).code_min, storage(Datatype.qint32).code_max
 
 
-def _scale_of(value: Any, name: str) -> np.ndarray:
+def _scale_of(value: ArrayInput, name: str) -> np.ndarray:
     """A scale given as a number, an array, or a ``QuantizedTensor`` (its ``scale``)."""
     return user_scale(value.scale if isinstance(value, QuantizedTensor) else value, name)
 
 
-def choose_qparams(b: Any, input_scale: Any, weight_scale: Any) -> tuple[Datatype, np.ndarray]:
+def choose_qparams(b: ArrayInput, input_scale: ArrayInput, weight_scale: ArrayInput) -> tuple[Datatype, np.ndarray]:
     """(qint32 or qcint32, scale float32 ``()`` or ``(C,)``) for bias ``b`` ``(C,)``."""
     arr = float_input(b, "b", min_rank=1, max_rank=1)
     return _choose(arr, input_scale, weight_scale)
 
 
-def _choose(arr: np.ndarray, input_scale: Any, weight_scale: Any) -> tuple[Datatype, np.ndarray]:
+def _choose(arr: np.ndarray, input_scale: ArrayInput, weight_scale: ArrayInput) -> tuple[Datatype, np.ndarray]:
     s_in = _scale_of(input_scale, "input_scale")
     if s_in.shape != ():
         raise XnnquantError(f"input_scale must be one number: got shape {s_in.shape}")
@@ -64,7 +63,7 @@ def _choose(arr: np.ndarray, input_scale: Any, weight_scale: Any) -> tuple[Datat
     return datatype, scale
 
 
-def quantize(b: Any, input_scale: Any, weight_scale: Any) -> QuantizedTensor:
+def quantize(b: ArrayInput, input_scale: ArrayInput, weight_scale: ArrayInput) -> QuantizedTensor:
     """Quantize bias ``b`` ``(C,)`` (fp32/fp16/bf16): int32 codes ``(C,)``, zero point 0."""
     arr = float_input(b, "b", min_rank=1, max_rank=1)
     datatype, scale = _choose(arr, input_scale, weight_scale)

@@ -21,11 +21,9 @@ get scale 1.0; scales below the smallest normal float32 are clamped up to it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..arrays import as_float32, is_int
+from ..arrays import ArrayInput, as_float32, is_int
 from ..constants import XNN_MIN_BLOCKSIZE
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
@@ -43,12 +41,12 @@ def valid_group_sizes(in_features: int) -> list[int]:
     return [g for g in range(XNN_MIN_BLOCKSIZE, in_features + 1, XNN_MIN_BLOCKSIZE) if in_features % g == 0]
 
 
-def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup, Method]:
+def _prepare(w: ArrayInput, group_size: object, method: object) -> tuple[np.ndarray, PerGroup, Method]:
     arr = float_source(w, "w", min_rank=2, max_rank=2)
     in_features = arr.shape[1]
     valid = valid_group_sizes(in_features)
-    ok = is_int(group_size) and int(group_size) in valid
-    if not ok:
+    size = int(group_size) if is_int(group_size) else 0
+    if size not in valid:
         listed = ", ".join(map(str, valid)) if valid else (
             f"none: in_features must be a multiple of {XNN_MIN_BLOCKSIZE} for blockwise int4; use per-channel int4"
         )
@@ -56,10 +54,11 @@ def _prepare(w: Any, group_size: Any, method: Any) -> tuple[np.ndarray, PerGroup
             f"group_size must be a multiple of {XNN_MIN_BLOCKSIZE} that divides in_features: "
             f"got group_size={group_size!r}, in_features={in_features} (valid: {listed})"
         )
-    return arr, PerGroup(int(group_size)), check_method(method)
+    return arr, PerGroup(size), check_method(method)
 
 
-def choose_qparams(w: Any, group_size: int = 32, method: Method = "minmax", *, bf16: bool = True) -> np.ndarray:
+def choose_qparams(w: ArrayInput, group_size: int = 32, method: Method = "minmax", *,
+                   bf16: bool = True) -> np.ndarray:
     """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value.
 
     ``bf16=False`` gives the scales ``method`` chooses when they are kept in float32
@@ -80,7 +79,7 @@ def _scales(arr: np.ndarray, granularity: PerGroup, method: str, bf16: bool = Tr
     return finish_scales(absmax / half_range(qmin, qmax), absmax == 0, bf16=bf16)
 
 
-def quantize_codes(w: Any, scale: Any, group_size: int = 32) -> np.ndarray:
+def quantize_codes(w: ArrayInput, scale: ArrayInput, group_size: int = 32) -> np.ndarray:
     """The int4 codes of ``w`` ``[C, K]`` for any positive scales float32 ``(C, K // group_size)``.
 
     ``codes[r, k] = clip(round_half_even(w[r, k] / scale[r, k // group_size]), -8, 7)``,
@@ -93,8 +92,8 @@ def quantize_codes(w: Any, scale: Any, group_size: int = 32) -> np.ndarray:
                             _FACTS.numpy_dtype, (arr, "w"))
 
 
-def quantize(w: Any, group_size: int = 32, method: Method = "minmax", *,
-             scale: Any = None) -> QuantizedTensor:
+def quantize(w: ArrayInput, group_size: int = 32, method: Method = "minmax", *,
+             scale: ArrayInput | None = None) -> QuantizedTensor:
     """Quantize ``w`` ``[C, K]`` (fp32/fp16/bf16) to qbint4.
 
     ``scale`` (float32 ``(C, K // group_size)``, positive normal bf16 values), when

@@ -12,11 +12,11 @@ positive normal float32):
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import numpy as np
 
-from ..arrays import as_float32, float_array, is_int, to_numpy
+from ..arrays import ArrayInput, as_float32, float_array, is_int, to_numpy
 from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
 from ..datatypes import Datatype
 from ..errors import XnnquantError
@@ -27,7 +27,7 @@ Method = Literal["minmax", "mse"]
 METHODS: tuple[str, ...] = ("minmax", "mse")
 
 
-def float_input(x: Any, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
+def float_input(x: ArrayInput, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
     """``x`` as a finite, non-empty float32 array of rank in ``[min_rank, max_rank]``.
 
     fp32, fp16 and bf16 (numpy, ml_dtypes or torch) are accepted and widened exactly.
@@ -37,7 +37,7 @@ def float_input(x: Any, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR
     return _check_shape(arr, name, min_rank, max_rank)
 
 
-def float_source(x: Any, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
+def float_source(x: ArrayInput, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
     """``x`` as a non-empty, C-contiguous array of its own float dtype, for the kernels.
 
     The same checks as ``float_input`` except finiteness, which the kernels check as they
@@ -58,7 +58,7 @@ def _check_shape(arr: np.ndarray, name: str, min_rank: int, max_rank: int) -> np
     return arr
 
 
-def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
+def normalize_axis(axis: object, ndim: int, name: str = "axis") -> int:
     """``axis`` in ``[-ndim, ndim)`` as a non-negative int."""
     if not is_int(axis):
         raise XnnquantError(f"{name} must be an integer: got {axis!r}")
@@ -69,13 +69,13 @@ def normalize_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     return int(axis) % ndim
 
 
-def check_method(method: Any) -> Method:
+def check_method(method: object) -> Method:
     if method not in METHODS:
         raise XnnquantError(f"unknown method: got {method!r}, expected one of {', '.join(map(repr, METHODS))}")
     return cast(Method, str(method))
 
 
-def check_int(value: Any, name: str) -> int:
+def check_int(value: object, name: str) -> int:
     if not is_int(value):
         raise XnnquantError(f"{name} must be an integer: got {value!r}")
     return int(value)
@@ -92,7 +92,7 @@ def reciprocal(scale: np.ndarray) -> np.ndarray:
     return (np.float32(1) / np.asarray(scale, np.float32)).astype(np.float32)
 
 
-def user_scale(scale: Any, name: str = "scale") -> np.ndarray:
+def user_scale(scale: ArrayInput, name: str = "scale") -> np.ndarray:
     """A caller-given scale as a float32 array, each value a positive normal float."""
     try:
         arr = np.asarray(scale, dtype=np.float64)
@@ -109,7 +109,7 @@ def user_scale(scale: Any, name: str = "scale") -> np.ndarray:
     return as32
 
 
-def user_scales(scale: Any, shape: tuple[int, ...], bf16: bool = False) -> np.ndarray:
+def user_scales(scale: ArrayInput, shape: tuple[int, ...], bf16: bool = False) -> np.ndarray:
     """Caller-given scales of the expected ``shape``, positive normal (and bf16-exact if asked)."""
     arr = user_scale(scale)
     if arr.shape != shape:
@@ -119,7 +119,7 @@ def user_scales(scale: Any, shape: tuple[int, ...], bf16: bool = False) -> np.nd
     return arr
 
 
-def user_zero_point(zero_point: Any, datatype: Datatype) -> int:
+def user_zero_point(zero_point: object, datatype: Datatype) -> int:
     """A caller-given per-tensor zero point as an int, in range for ``datatype``."""
     value = zero_point.item() if isinstance(zero_point, np.ndarray) and zero_point.size == 1 else zero_point
     if isinstance(value, (float, np.floating)) and float(value).is_integer():

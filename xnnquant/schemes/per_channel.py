@@ -12,11 +12,9 @@ channels get scale 1.0; scales below the smallest normal float32 are clamped up 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..arrays import as_float32, is_int
+from ..arrays import ArrayInput, as_float32, is_int
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
@@ -28,18 +26,19 @@ from .search import finish_scales, half_range, mse_scales
 DATATYPE_BY_BITS: dict[int, Datatype] = {8: Datatype.qcint8, 4: Datatype.qcint4}
 
 
-def _datatype(bits: Any) -> Datatype:
+def _datatype(bits: object) -> Datatype:
     if not is_int(bits) or int(bits) not in DATATYPE_BY_BITS:
         raise XnnquantError(f"unsupported bits for per-channel quantization: got {bits!r}, expected 8 or 4")
     return DATATYPE_BY_BITS[int(bits)]
 
 
-def _prepare(w: Any, bits: Any, axis: Any, method: Any) -> tuple[np.ndarray, Datatype, PerChannel, Method]:
+def _prepare(w: ArrayInput, bits: object, axis: object,
+             method: object) -> tuple[np.ndarray, Datatype, PerChannel, Method]:
     arr = float_source(w, "w", min_rank=1)
     return arr, _datatype(bits), PerChannel(normalize_axis(axis, arr.ndim)), check_method(method)
 
 
-def choose_qparams(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax") -> np.ndarray:
+def choose_qparams(w: ArrayInput, bits: int = 8, axis: int = 0, method: Method = "minmax") -> np.ndarray:
     """Per-channel scales of ``w``: float32 ``(w.shape[axis],)``, each a positive normal float."""
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
     return _scales(arr, np.ascontiguousarray(granularity.blocks(arr)), datatype, method)
@@ -55,8 +54,8 @@ def _scales(arr: np.ndarray, blocks: np.ndarray, datatype: Datatype, method: str
     return finish_scales(absmax / half_range(facts.code_min, facts.code_max), absmax == 0, bf16=False)
 
 
-def quantize(w: Any, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
-             scale: Any = None) -> QuantizedTensor:
+def quantize(w: ArrayInput, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
+             scale: ArrayInput | None = None) -> QuantizedTensor:
     """Quantize ``w`` (any rank >= 1, fp32/fp16/bf16) per channel along ``axis``.
 
     ``scale`` (float32 ``(C,)``, positive normal), when given, is used as is instead of

@@ -16,10 +16,11 @@ Codes: ``clamp(round_half_even(x * (1 / scale)) + zp, qmin, qmax)``.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from ..arrays import ArrayInput
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..rounding import round_half_even
@@ -31,9 +32,9 @@ from .search import finish_scales, half_range
 DATATYPES = (Datatype.qint8, Datatype.quint8)
 
 
-def _datatype(dtype: Any) -> Datatype:
+def _datatype(dtype: object) -> Datatype:
     try:
-        datatype = Datatype(dtype) if not isinstance(dtype, str) else Datatype[dtype]
+        datatype = Datatype(cast(int, dtype)) if not isinstance(dtype, str) else Datatype[dtype]
     except (ValueError, KeyError, TypeError):
         datatype = None
     if datatype not in DATATYPES:
@@ -43,7 +44,7 @@ def _datatype(dtype: Any) -> Datatype:
     return datatype
 
 
-def choose_qparams(x: Any, dtype: Datatype = Datatype.qint8, symmetric: bool = False) -> tuple[np.ndarray, int]:
+def choose_qparams(x: ArrayInput, dtype: Datatype = Datatype.qint8, symmetric: bool = False) -> tuple[np.ndarray, int]:
     """(scale float32 ``()``, zero point int) of ``x`` for ``dtype``."""
     arr = float_source(x, "x", min_rank=0)
     return _choose(arr, _datatype(dtype), symmetric)
@@ -71,8 +72,8 @@ def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.nd
     return scale, int(zp)
 
 
-def quantize(x: Any, dtype: Datatype = Datatype.qint8, *positional: Any, scale: Any = None,
-             zero_point: Any = None, symmetric: bool = False) -> QuantizedTensor:
+def quantize(x: ArrayInput, dtype: Datatype = Datatype.qint8, *positional: Any, scale: ArrayInput | None = None,
+             zero_point: object = None, symmetric: bool = False) -> QuantizedTensor:
     """Quantize ``x`` (any rank up to 6, fp32/fp16/bf16) with one scale and zero point.
 
     ``scale`` and ``zero_point`` (both or neither), when given, are used as is;
@@ -107,7 +108,7 @@ def quantize(x: Any, dtype: Datatype = Datatype.qint8, *positional: Any, scale: 
 _KEYWORDS = ("scale", "zero_point", "symmetric")
 
 
-def _deprecated_positional(given: tuple[Any, ...], scale: Any, zero_point: Any,
+def _deprecated_positional(given: tuple[Any, ...], scale: ArrayInput | None, zero_point: object,
                            symmetric: bool) -> tuple[Any, Any, bool]:
     """``quantize(x, dtype, scale, zero_point, symmetric)``, the former signature."""
     if len(given) > len(_KEYWORDS):

@@ -24,10 +24,9 @@ kernel can use: such rows raise ``XnnquantError``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ..arrays import ArrayInput
 from ..constants import FLT_MIN
 from ..datatypes import Datatype
 from ..errors import XnnquantError
@@ -39,7 +38,7 @@ from .granularity import PerToken
 QMIN, QMAX = -128, 127
 
 
-def _prepare(x: Any, num_nonbatch_dims: Any) -> tuple[np.ndarray, PerToken]:
+def _prepare(x: ArrayInput, num_nonbatch_dims: object) -> tuple[np.ndarray, PerToken]:
     arr = float_input(x, "x", min_rank=1)
     n = check_int(num_nonbatch_dims, "num_nonbatch_dims")
     if not 0 <= n <= arr.ndim:
@@ -76,7 +75,7 @@ def _multipliers(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mult, round_half_even(np.clip(zp, QMIN, QMAX)).astype(np.int32)
 
 
-def choose_qparams(x: Any, num_nonbatch_dims: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def choose_qparams(x: ArrayInput, num_nonbatch_dims: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Per-row (scale float32 ``(M,)``, zero point int32 ``(M,)``) as XNNPACK computes them.
 
     ``M`` is the product of the leading ``x.ndim - num_nonbatch_dims`` dims.
@@ -86,7 +85,7 @@ def choose_qparams(x: Any, num_nonbatch_dims: int = 1) -> tuple[np.ndarray, np.n
     return (np.float32(1) / mult).astype(np.float32), zp
 
 
-def quantize(x: Any, num_nonbatch_dims: int = 1) -> QuantizedTensor:
+def quantize(x: ArrayInput, num_nonbatch_dims: int = 1) -> QuantizedTensor:
     """qdint8 ``QuantizedTensor`` of ``x``: int8 codes shaped like ``x``, scale float32 ``(M,)``,
     zero point int32 ``(M,)``, ``num_nonbatch_dims`` kept."""
     arr, granularity = _prepare(x, num_nonbatch_dims)

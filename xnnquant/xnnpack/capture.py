@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_float32
+from ..arrays import ArrayInput, as_float32
 from ..constants import (
     XNN_ALLOCATION_ALIGNMENT,
     XNN_INVALID_VALUE_ID,
@@ -46,6 +46,8 @@ from ..rounding import check_bf16_exact
 from ..tensor import QuantizedTensor
 from . import _capi
 
+#: A GEMM weight: quantized, or a float array.
+WeightInput = QuantizedTensor | ArrayInput
 SIZE_MAX = ctypes.c_size_t(-1).value
 STATUS_UNSUPPORTED_HARDWARE = 5
 
@@ -139,7 +141,7 @@ class PrepackedCache:
         return 0
 
 
-def capture_packed_weights(weight: Any, bias: Any = None, *, operator: str | None = None,
+def capture_packed_weights(weight: WeightInput, bias: ArrayInput | None = None, *, operator: str | None = None,
                            deduce: bool = True) -> CapturedWeights:
     """Create XNNPACK's fully-connected operator for ``weight`` and return its packed weights.
 
@@ -167,7 +169,7 @@ def capture_packed_weights(weight: Any, bias: Any = None, *, operator: str | Non
                            captured.seconds, config)
 
 
-def capture_runtime_packed_weights(weight: Any, bias: Any = None) -> CapturedWeights:
+def capture_runtime_packed_weights(weight: WeightInput, bias: ArrayInput | None = None) -> CapturedWeights:
     """Build the subgraph ExecuTorch builds for a linear layer, create its runtime with
     ``xnn_create_runtime_v4`` and a capturing weights cache, and return what it packed.
 
@@ -221,7 +223,8 @@ def _operator_from_names(names: tuple[str, ...]) -> str:
     raise XnnquantError(f"the runtime runs no fully-connected operator: got operators {names}")
 
 
-def deduce_config(captured: CapturedWeights, weight: Any, bias: Any = None) -> KernelConfig | None:
+def deduce_config(captured: CapturedWeights, weight: WeightInput,
+                  bias: ArrayInput | None = None) -> KernelConfig | None:
     """The configuration behind ``captured``: the first candidate whose ``pack_gemm`` bytes
     equal ``captured.data`` (None when none does).
 
@@ -289,7 +292,7 @@ class _Unsupported(Exception):
     """XNNPACK returned xnn_status_unsupported_hardware."""
 
 
-def _resolve_operator(weight: Any, operator: str | None) -> str:
+def _resolve_operator(weight: WeightInput, operator: str | None) -> str:
     datatype = weight.datatype if isinstance(weight, QuantizedTensor) else None
     if operator is None:
         names = {None: "f32", Datatype.qcint8: "qdu8_f32_qc8w", Datatype.qcint4: "qdu8_f32_qc4w",
@@ -307,7 +310,7 @@ def _resolve_operator(weight: Any, operator: str | None) -> str:
     return operator
 
 
-def creation_seconds(weight: Any, bias: Any = None, *, operator: str, repeat: int = 3,
+def creation_seconds(weight: WeightInput, bias: ArrayInput | None = None, *, operator: str, repeat: int = 3,
                      prepacked: np.ndarray | None = None) -> float:
     """Fastest of ``repeat`` wall times of ``xnn_create_fully_connected_nc_<operator>``,
     operator deleted after each.
@@ -325,7 +328,7 @@ def creation_seconds(weight: Any, bias: Any = None, *, operator: str, repeat: in
         raise UnsupportedConfigError(f"XNNPACK has no {operator} kernel for this CPU") from None
 
 
-def _capture(operator: str, weight: Any, bias: Any) -> CapturedWeights:
+def _capture(operator: str, weight: QuantizedTensor | ArrayInput, bias: ArrayInput | None) -> CapturedWeights:
     """Run ``xnn_create_fully_connected_nc_<operator>`` with a capturing cache."""
     cache = _Cache()
     _, seconds = _create(operator, _arguments(weight, bias), cache)
@@ -363,7 +366,7 @@ def _create(operator: str, arrays: dict[str, Any], cache: _Cache | PrepackedCach
     return status, seconds
 
 
-def _arguments(weight: Any, bias: Any) -> dict[str, Any]:
+def _arguments(weight: QuantizedTensor | ArrayInput, bias: ArrayInput | None) -> dict[str, Any]:
     """C-ready arrays: kernel bytes as XNNPACK reads them, scales, bias (float32 or None)."""
     out: dict[str, Any] = {}
     if isinstance(weight, QuantizedTensor):

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_float32
+from ..arrays import ArrayInput, as_float32
 from ..constants import (
     FLT_MIN,
     XNN_FLAG_TRANSPOSE_WEIGHTS,
@@ -96,9 +96,9 @@ def last_timings_us() -> tuple[int, ...]:
 
 
 def fully_connected(
-    x: Any,
-    weight: QuantizedTensor | Any,
-    bias: Any = None,
+    x: ArrayInput,
+    weight: QuantizedTensor | ArrayInput,
+    bias: ArrayInput | None = None,
     *,
     dynamic: bool = True,
     transpose_weights: bool = False,
@@ -121,8 +121,7 @@ def fully_connected(
     """
     data = _matrix(x, "x")
     m, k = data.shape
-    quantized = isinstance(weight, QuantizedTensor)
-    if quantized:
+    if isinstance(weight, QuantizedTensor):
         n = _check_quantized_weight(weight, k, transpose_weights, dynamic)
     else:
         w = _matrix(weight, "weight")
@@ -142,7 +141,7 @@ def fully_connected(
             q_id = sg.dynamic_tensor((m, k), num_nonbatch_dims=1)
             sg.convert(x_id, q_id)
             x_id = q_id
-        if quantized:
+        if isinstance(weight, QuantizedTensor):
             w_id = _define_weight(sg, weight, transpose_weights)
             if b is not None and not dynamic:
                 b = (b / weight.scale).astype(np.float32)  # XNNPACK scales after adding the bias
@@ -216,7 +215,7 @@ def static_fully_connected(
 # --- checks --------------------------------------------------------------------------
 
 
-def _matrix(a: Any, name: str) -> np.ndarray:
+def _matrix(a: ArrayInput, name: str) -> np.ndarray:
     """``a`` as float32 ``(rows, cols)`` with both >= 1."""
     arr = as_float32(a, name)
     if arr.ndim != 2 or 0 in arr.shape:

@@ -7,11 +7,10 @@ what XNNPACK's ``convert_nc_f32_qd8`` operator computes, bit for bit.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import numpy as np
 
-from ..arrays import as_float32, to_numpy
+from ..arrays import ArrayInput, as_float32, to_numpy
 from ..constants import XNN_EXTRA_QUANTIZATION_PARAMS
 from ..datatypes import Datatype
 from ..errors import XnnquantError
@@ -19,7 +18,7 @@ from ..tensor import QuantizedTensor
 from . import _capi
 
 
-def convert_f32_qd8(x: Any) -> QuantizedTensor:
+def convert_f32_qd8(x: ArrayInput) -> QuantizedTensor:
     """Per-row dynamic quantization of ``x`` to qdint8, computed by XNNPACK itself.
 
     ``x``: float ``(..., K)`` (fp32, fp16 or bf16; finite; K >= 1), numpy or torch.  Every
