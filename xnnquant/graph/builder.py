@@ -91,7 +91,7 @@ class Graph:
     """An XNNGraph under construction (or read back by ``load``).
 
     ``write_scale_bf16``: also store blockwise scales as bf16 bit patterns in
-    ``PerChannelGroupQuant.scale_bf16`` (seed-era runtimes read those; 1.4.1 reads ``scale``).
+    ``PerChannelGroupQuant.scale_bf16`` (runtimes before ExecuTorch 1.4.1 read those; 1.4.1 reads ``scale``).
 
     ``scales_in_segment`` (target 1.4.1 only): per-channel and blockwise scales are stored in
     the constant segment, referenced by ``scale_buffer_idx``, as ExecuTorch 1.4.1 itself

@@ -159,7 +159,7 @@ def _quant_table(b: _Builder, q: QuantParams, scale_buffer: tuple[int, int] | No
 def _value(b: _Builder, v: Value, constant_idx: int, scale_buffer: tuple[int, int] | None = None) -> int:
     """An ``XValue`` wrapping an ``XNNTensorValue`` or ``XNNQuantizedTensorValue``."""
     quant = None if v.quant is None else _quant_table(b, v.quant, scale_buffer)
-    dims = _vector(b, "[u32]", v.dims)  # always present: the seed runtime reads it unconditionally
+    dims = _vector(b, "[u32]", v.dims)  # always present: runtimes before 1.4.1 read it unconditionally
     tensor = _table(b, "XNNTensorValue", {
         "datatype": int(v.datatype), "num_dims": len(v.dims), "dims": dims,
         "constant_buffer_idx": constant_idx,

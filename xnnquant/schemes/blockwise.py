@@ -8,7 +8,7 @@ Scales are rounded to bf16 (to nearest, ties to even) *before* the codes are com
 and ``scale`` holds those bf16-exact values as float32 ``(C, K // group_size)``.  Every
 XNNPACK runtime then uses exactly the scales the codes were computed against: the one in
 executorch 1.4.1 reads the float32 list and converts it to bf16 by a biased truncation
-that leaves bf16-exact values unchanged, seed-era runtimes read the bf16 list.
+that leaves bf16-exact values unchanged, earlier runtimes read the bf16 list.
 
 ``group_size`` must be a positive multiple of 32 (XNNPACK's least block size) that
 divides ``K``.  ``group_size == K`` is allowed, but then per-channel int4 (qcint4, float32
