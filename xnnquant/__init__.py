@@ -16,6 +16,8 @@ from .errors import (
     XnnquantError,
 )
 from .schemes import (
+    Calibration,
+    CalibrationWarning,
     quantize_bias,
     quantize_blockwise,
     quantize_per_channel,
@@ -28,6 +30,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STORAGE",
+    "Calibration",
+    "CalibrationWarning",
     "Datatype",
     "MissingExtraError",
     "PayloadError",

@@ -15,9 +15,26 @@ module            datatypes                   scales
 
 ``search`` chooses symmetric scales ("minmax" or the least-squares "mse" search) and
 ``granularity`` says which elements share a scale.  Nothing here knows about bytes.
+
+Activation-aware methods ("act_mse", "gptq") of ``per_channel`` and ``blockwise`` take
+``calibration=``: ``calibration.Calibration`` accumulates the input statistics,
+``activation_aware`` dispatches, ``weighted_search`` and ``gptq`` do the work.
 """
 
-from . import bias, blockwise, granularity, per_channel, per_tensor, per_token, search
+from . import (
+    activation_aware,
+    bias,
+    blockwise,
+    calibration,
+    gptq,
+    granularity,
+    per_channel,
+    per_tensor,
+    per_token,
+    search,
+    weighted_search,
+)
+from .calibration import Calibration, CalibrationWarning
 from .granularity import PerChannel, PerGroup, PerTensor, PerToken
 
 quantize_per_tensor = per_tensor.quantize
@@ -27,12 +44,17 @@ quantize_bias = bias.quantize
 quantize_per_token = per_token.quantize
 
 __all__ = [
+    "Calibration",
+    "CalibrationWarning",
     "PerChannel",
     "PerGroup",
     "PerTensor",
     "PerToken",
+    "activation_aware",
     "bias",
     "blockwise",
+    "calibration",
+    "gptq",
     "granularity",
     "per_channel",
     "per_tensor",
@@ -43,4 +65,5 @@ __all__ = [
     "quantize_per_tensor",
     "quantize_per_token",
     "search",
+    "weighted_search",
 ]

@@ -28,8 +28,9 @@ from ..constants import XNN_MIN_BLOCKSIZE
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
-from . import kernels
-from .checks import Method, check_method, float_source, user_scales
+from . import activation_aware, kernels
+from .calibration import Calibration
+from .checks import ACTIVATION_AWARE_METHODS, Method, check_calibration_use, check_method, float_source, user_scales
 from .granularity import PerGroup
 from .search import finish_scales, half_range, mse_scales
 
@@ -57,15 +58,22 @@ def _prepare(w: ArrayInput, group_size: object, method: object) -> tuple[np.ndar
     return arr, PerGroup(size), check_method(method)
 
 
-def choose_qparams(w: ArrayInput, group_size: int = 32, method: Method = "minmax", *,
-                   bf16: bool = True) -> np.ndarray:
+def choose_qparams(w: ArrayInput, group_size: int = 32, method: Method = "minmax", *, bf16: bool = True,
+                   calibration: Calibration | ArrayInput | None = None) -> np.ndarray:
     """Scales of ``w`` ``[C, K]``: float32 ``(C, K // group_size)``, each exactly a bf16 value.
 
     ``bf16=False`` gives the scales ``method`` chooses when they are kept in float32
     instead (the min-max scale unrounded; the search scoring float32 candidates): a
     baseline for experiments, which qbint4 cannot store (pair it with
-    ``quantize_codes``).
+    ``quantize_codes``).  For ``method="gptq"`` the scales are those of GPTQ's own codes:
+    rounding ``w`` to them (``quantize(w, scale=...)``) does not give those codes.
     """
+    if calibration is not None or method in ACTIVATION_AWARE_METHODS:
+        if not bf16:
+            raise XnnquantError(
+                f"bf16=False is for the weight-only methods: got method {method!r}, expected 'minmax' or 'mse'"
+            )
+        return quantize(w, group_size, method, calibration=calibration).scale
     arr, granularity, method = _prepare(w, group_size, method)
     return _scales(arr, granularity, method, bf16).reshape(granularity.scale_shape(arr.shape))
 
@@ -93,16 +101,24 @@ def quantize_codes(w: ArrayInput, scale: ArrayInput, group_size: int = 32) -> np
 
 
 def quantize(w: ArrayInput, group_size: int = 32, method: Method = "minmax", *,
-             scale: ArrayInput | None = None) -> QuantizedTensor:
+             scale: ArrayInput | None = None, calibration: Calibration | ArrayInput | None = None) -> QuantizedTensor:
     """Quantize ``w`` ``[C, K]`` (fp32/fp16/bf16) to qbint4.
 
     ``scale`` (float32 ``(C, K // group_size)``, positive normal bf16 values), when
-    given, is used as is instead of ``method``.
+    given, is used as is instead of ``method``.  ``calibration`` (a ``Calibration`` or
+    float ``(tokens, K)``) goes with the activation-aware methods ``"act_mse"`` and
+    ``"gptq"`` (``activation_aware``), and only with them.
 
     Returns int8 codes ``[C, K]`` in [-8, 7], scale float32 ``(C, K // group_size)`` (bf16
     values), zero point 0, ``channel_dim = 0``, ``group_size``.
     """
     arr, granularity, method = _prepare(w, group_size, method)
+    check_calibration_use(method, calibration, scale)
+    if calibration is not None:
+        codes, scales = activation_aware.quantize_linear(as_float32(arr, "w"), calibration, Datatype.qbint4,
+                                                         granularity.group_size, method)
+        return QuantizedTensor(Datatype.qbint4, codes, scales, 0, channel_dim=0, group_size=granularity.group_size,
+                               meta={"method": method})
     g, qmin, qmax, dtype = granularity.group_size, _FACTS.code_min, _FACTS.code_max, _FACTS.numpy_dtype
     scale_shape = granularity.scale_shape(arr.shape)
     if scale is not None:

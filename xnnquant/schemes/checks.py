@@ -23,8 +23,11 @@ from ..errors import XnnquantError
 from ..rounding import check_bf16_exact
 from ..tensor import check_zero_point
 
-Method = Literal["minmax", "mse"]
-METHODS: tuple[str, ...] = ("minmax", "mse")
+Method = Literal["minmax", "mse", "act_mse", "gptq"]
+METHODS: tuple[str, ...] = ("minmax", "mse", "act_mse", "gptq")
+#: Methods that choose codes and scales from calibration activations (``activation_aware``,
+#: in the order of its table).
+ACTIVATION_AWARE_METHODS: tuple[str, ...] = ("act_mse", "gptq")
 
 
 def float_input(x: ArrayInput, name: str, min_rank: int, max_rank: int = XNN_MAX_TENSOR_DIMS) -> np.ndarray:
@@ -73,6 +76,25 @@ def check_method(method: object) -> Method:
     if method not in METHODS:
         raise XnnquantError(f"unknown method: got {method!r}, expected one of {', '.join(map(repr, METHODS))}")
     return cast(Method, str(method))
+
+
+def check_calibration_use(method: str, calibration: object, scale: object) -> None:
+    """Calibration goes with the activation-aware methods, and only with them."""
+    needs = method in ACTIVATION_AWARE_METHODS
+    if needs and calibration is None:
+        raise XnnquantError(
+            f"method {method!r} needs calibration activations: got calibration=None, expected a float array "
+            "(tokens, in_features) or an xnnquant.Calibration"
+        )
+    if not needs and calibration is not None:
+        raise XnnquantError(
+            f"method {method!r} does not use calibration: got a calibration, expected calibration=None "
+            f"(activation-aware methods: {', '.join(map(repr, ACTIVATION_AWARE_METHODS))})"
+        )
+    if needs and scale is not None:
+        raise XnnquantError(
+            f"method {method!r} chooses its own scales: got scale= and calibration=, expected one of them"
+        )
 
 
 def check_int(value: object, name: str) -> int:

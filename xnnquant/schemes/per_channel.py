@@ -18,8 +18,17 @@ from ..arrays import ArrayInput, as_float32, is_int
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from ..tensor import QuantizedTensor
-from . import kernels
-from .checks import Method, check_method, float_source, normalize_axis, user_scales
+from . import activation_aware, kernels
+from .calibration import Calibration
+from .checks import (
+    ACTIVATION_AWARE_METHODS,
+    Method,
+    check_calibration_use,
+    check_method,
+    float_source,
+    normalize_axis,
+    user_scales,
+)
 from .granularity import PerChannel
 from .search import finish_scales, half_range, mse_scales
 
@@ -38,8 +47,14 @@ def _prepare(w: ArrayInput, bits: object, axis: object,
     return arr, _datatype(bits), PerChannel(normalize_axis(axis, arr.ndim)), check_method(method)
 
 
-def choose_qparams(w: ArrayInput, bits: int = 8, axis: int = 0, method: Method = "minmax") -> np.ndarray:
-    """Per-channel scales of ``w``: float32 ``(w.shape[axis],)``, each a positive normal float."""
+def choose_qparams(w: ArrayInput, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
+                   calibration: Calibration | ArrayInput | None = None) -> np.ndarray:
+    """Per-channel scales of ``w``: float32 ``(w.shape[axis],)``, each a positive normal float.
+
+    For ``method="gptq"`` these are the scales of GPTQ's own codes (see ``quantize``).
+    """
+    if calibration is not None or method in ACTIVATION_AWARE_METHODS:
+        return quantize(w, bits, axis, method, calibration=calibration).scale
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
     return _scales(arr, np.ascontiguousarray(granularity.blocks(arr)), datatype, method)
 
@@ -55,16 +70,26 @@ def _scales(arr: np.ndarray, blocks: np.ndarray, datatype: Datatype, method: str
 
 
 def quantize(w: ArrayInput, bits: int = 8, axis: int = 0, method: Method = "minmax", *,
-             scale: ArrayInput | None = None) -> QuantizedTensor:
+             scale: ArrayInput | None = None, calibration: Calibration | ArrayInput | None = None) -> QuantizedTensor:
     """Quantize ``w`` (any rank >= 1, fp32/fp16/bf16) per channel along ``axis``.
 
     ``scale`` (float32 ``(C,)``, positive normal), when given, is used as is instead of
-    ``method``.
+    ``method``.  ``calibration`` (a ``Calibration`` or float ``(tokens, K)``) goes with the
+    activation-aware methods ``"act_mse"`` and ``"gptq"`` (``activation_aware``), and only
+    with them; those take a linear weight ``[C, K]`` with ``axis=0``.
 
     Returns a qcint8 (``bits=8``) or qcint4 (``bits=4``) ``QuantizedTensor``: int8 codes in
     the shape of ``w``, scale float32 ``(C,)``, zero point 0, ``channel_dim = axis``.
     """
     arr, datatype, granularity, method = _prepare(w, bits, axis, method)
+    check_calibration_use(method, calibration, scale)
+    if calibration is not None:
+        if granularity.axis != 0:
+            raise XnnquantError(
+                f"method {method!r} quantizes linear weights per output channel: got axis={axis}, expected axis=0"
+            )
+        codes, scales = activation_aware.quantize_linear(as_float32(arr, "w"), calibration, datatype, None, method)
+        return QuantizedTensor(datatype, codes, scales, 0, channel_dim=0, meta={"method": method})
     facts = storage(datatype)
     blocks = np.ascontiguousarray(granularity.blocks(arr))
     qmin, qmax, dtype, row = facts.code_min, facts.code_max, facts.numpy_dtype, blocks.shape[1]

@@ -1,0 +1,147 @@
+"""Activation statistics for activation-aware quantization: ``Calibration``.
+
+A linear layer ``y = x @ w.T`` with weight ``w`` ``[N, K]`` sees inputs ``x`` ``(tokens, K)``.
+Replacing ``w`` by ``w_q`` changes the outputs by ``x @ (w - w_q).T``, whose squared norm
+over a set of inputs is, row ``n`` of the weight at a time::
+
+    sum_tokens |x @ (w - w_q).T|**2 = sum_n (w[n] - w_q[n]) @ G @ (w[n] - w_q[n])
+    G = x.T @ x                         (the Gram matrix, K x K, symmetric, PSD)
+
+so ``G`` (with the token count, to normalise it) is all that an activation-aware method
+needs to know about the inputs: accumulate it, not the activations.  ``Calibration``
+does that batch by batch, in float64.
+
+How other parts of the library use it (the API is stable)::
+
+    cal = Calibration(in_features)           # one per linear layer (layers that share an
+    for x in batches:                        # input may share one Calibration)
+        cal.add(x)                           # x float (..., in_features), numpy or torch
+        cal.add(h, mask=attention_mask)      # or: only the rows where mask (...) is True
+    qt = xq.quantize_blockwise(w, 32, method="gptq", calibration=cal)
+
+``calibration=`` of ``quantize_blockwise`` / ``quantize_per_channel`` also takes a float
+array ``(tokens, in_features)`` directly; it is turned into a ``Calibration`` by
+``as_calibration``.  ``Calibration(..., runtime_quantized=True)`` accumulates the inputs
+as XNNPACK's dynamic path multiplies them: each row quantized per token to int8
+(``quantize_per_token``, bit-exact with XNNPACK) and dequantized.
+
+Too few tokens: ``G`` of ``T < K`` tokens has rank at most ``T``, so it says nothing about
+``K - T`` directions.  The methods dampen ``G`` (add a multiple of its mean diagonal) and
+work with any ``T >= 1``, but below ``MIN_TOKENS_PER_FEATURE * K`` tokens (``G`` rank
+deficient) they warn (``CalibrationWarning``).  A ``Calibration`` with no tokens at all is
+refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ..arrays import to_numpy
+from ..errors import XnnquantError
+from .checks import check_int, float_input
+
+#: Below ``MIN_TOKENS_PER_FEATURE * in_features`` calibration tokens the methods warn.
+MIN_TOKENS_PER_FEATURE = 1.0
+
+
+class CalibrationWarning(UserWarning):
+    """Calibration data too small for a reliable estimate (the result may be poor)."""
+
+
+class Calibration:
+    """Statistics of the inputs of one linear layer, accumulated batch by batch.
+
+    ``in_features``: the width ``K`` of the inputs (the weight's second dimension).
+    ``runtime_quantized``: accumulate each row as XNNPACK's dynamic fully connected
+    sees it, ``dequantize(quantize_per_token(x))``, instead of ``x``.
+
+    Attributes: ``tokens`` (rows accumulated so far), ``gram`` (float64 ``(K, K)``,
+    ``sum x^T x`` over those rows; read-only view).
+    """
+
+    def __init__(self, in_features: int, *, runtime_quantized: bool = False) -> None:
+        k = check_int(in_features, "in_features")
+        if k < 1:
+            raise XnnquantError(f"in_features must be positive: got {k}")
+        if not isinstance(runtime_quantized, bool):
+            raise XnnquantError(f"runtime_quantized must be True or False: got {runtime_quantized!r}")
+        self.in_features = k
+        self.runtime_quantized = runtime_quantized
+        self.tokens = 0
+        self._gram = np.zeros((k, k), np.float64)
+
+    @classmethod
+    def from_array(cls, x: Any, *, runtime_quantized: bool = False) -> Calibration:
+        """A ``Calibration`` of the rows of ``x`` float ``(..., in_features)``."""
+        arr = float_input(x, "calibration", min_rank=1)
+        return cls(arr.shape[-1], runtime_quantized=runtime_quantized).add(arr)
+
+    @property
+    def gram(self) -> np.ndarray:
+        """``sum x^T x`` over every accumulated row: float64 ``(K, K)``, read-only."""
+        view = self._gram.view()
+        view.flags.writeable = False
+        return view
+
+    def add(self, x: Any, mask: Any = None) -> Calibration:
+        """Accumulate the rows of ``x`` float ``(..., K)`` (fp32/fp16/bf16, numpy or torch).
+
+        ``mask`` (bool, shape ``x.shape[:-1]``), when given, keeps only the rows where it
+        is True (e.g. real tokens, not padding).  Returns ``self``.
+        """
+        arr = float_input(x, "calibration", min_rank=1)
+        if arr.shape[-1] != self.in_features:
+            raise XnnquantError(
+                f"calibration has the wrong width: got {arr.shape[-1]} features (shape {arr.shape}), "
+                f"expected in_features={self.in_features}"
+            )
+        rows = arr.reshape(-1, self.in_features)
+        if mask is not None:
+            keep = to_numpy(mask, "mask")
+            if keep.dtype != np.bool_ or keep.shape != arr.shape[:-1]:
+                raise XnnquantError(
+                    f"mask must be bool of shape {arr.shape[:-1]} (x.shape[:-1]): "
+                    f"got {keep.dtype} of shape {keep.shape}"
+                )
+            rows = rows[keep.reshape(-1)]
+        if self.runtime_quantized and len(rows):
+            from .per_token import quantize as quantize_per_token
+
+            rows = quantize_per_token(rows).dequantize()
+        # float32 rows are exact in float64; the products and sums are float64.
+        r64 = rows.astype(np.float64)
+        self._gram += r64.T @ r64
+        self.tokens += len(rows)
+        return self
+
+    def __repr__(self) -> str:
+        runtime = ", runtime_quantized=True" if self.runtime_quantized else ""
+        return f"Calibration(in_features={self.in_features}{runtime}, tokens={self.tokens})"
+
+
+def as_calibration(calibration: Any, in_features: int) -> Calibration:
+    """``calibration`` (a ``Calibration`` or a float array ``(tokens, in_features)``),
+    checked against the weight's ``in_features`` and for having tokens."""
+    if isinstance(calibration, Calibration):
+        cal = calibration
+    else:
+        cal = Calibration.from_array(calibration)
+    if cal.in_features != in_features:
+        raise XnnquantError(
+            f"calibration width does not match the weight: got {cal.in_features} features, "
+            f"expected in_features={in_features}"
+        )
+    if cal.tokens == 0:
+        raise XnnquantError("calibration has no tokens: got 0 rows, expected at least 1 (add inputs first)")
+    needed = MIN_TOKENS_PER_FEATURE * in_features
+    if cal.tokens < needed:
+        warnings.warn(
+            f"calibration has few tokens: got {cal.tokens}, expected at least {needed:.0f} for "
+            f"in_features={in_features}; the estimate is dampened but may be no better than method='mse'",
+            CalibrationWarning,
+            stacklevel=3,
+        )
+    return cal
