@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,9 +81,8 @@ def test_degenerate_inputs_never_raise_linalg_errors() -> None:
     cases = [np.zeros((80, 64), np.float32), np.tile(X[:1], (80, 1)), dead]
     for x in cases:
         for method in ("act_mse", "gptq"):
-            for call in (lambda: xq.quantize_blockwise(W, 32, method, calibration=x),
-                         lambda: xq.quantize_per_channel(W, 4, method=method, calibration=x)):
-                qt = call()
+            for qt in (xq.quantize_blockwise(W, 32, method, calibration=x),
+                       xq.quantize_per_channel(W, 4, method=method, calibration=x)):
                 assert np.all(qt.scale > 0) and np.isfinite(qt.scale).all()
 
 

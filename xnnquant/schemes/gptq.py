@@ -94,7 +94,7 @@ def inverse_cholesky(gram: np.ndarray, damp: float) -> tuple[np.ndarray, float]:
             # With P the reversal of the columns, P H P = L L^T (lower L) gives H = R R^T
             # with R = P L P upper, hence inverse(H) = R^-T R^-1 and U = R^-1 = P L^-1 P.
             low = np.linalg.cholesky(dampened(gram, used)[np.ix_(flip, flip)])
-            upper = np.linalg.inv(low)[np.ix_(flip, flip)]
+            upper = np.triu(np.linalg.inv(low)[np.ix_(flip, flip)])  # drop the inverse's rounding dust
         except np.linalg.LinAlgError:
             continue
         if np.all(np.isfinite(upper)):
