@@ -65,7 +65,7 @@ def _problem(seed: int, c: int, k: int, tokens: int) -> tuple[np.ndarray, np.nda
 @pytest.mark.parametrize("order", ["natural", "act"])
 @pytest.mark.parametrize("c, k, g, bf16", [(6, 64, 32, True), (5, 96, 32, True), (4, 160, 160, False), (3, 256, 64, True)])
 def test_gptq_matches_slow_reference(order: str, c: int, k: int, g: int, bf16: bool) -> None:
-    """k = 160 and 256 span more than one block of deferred updates (BLOCK = 128)."""
+    """k = 96, 160 and 256 span more than one block of deferred updates (BLOCK = 64)."""
     w, gram = _problem(k + c, c, k, 3 * k)
     settings = gptq.GptqSettings(damp=0.01, order=order, refit=False)  # type: ignore[arg-type]
     codes, scales = gptq.gptq(w, gram, g, QMIN, QMAX, bf16, settings)
@@ -102,9 +102,21 @@ def test_refit_scales_is_the_least_squares_optimum() -> None:
         best = np.linalg.lstsq(root @ a, root @ w[r].astype(np.float64), rcond=None)[0]
         # float32 scales; the library's 1e-12 ridge moves the optimum by ~1e-12 relative
         np.testing.assert_allclose(fitted[r], best.astype(np.float32), rtol=2e-7)
-    before = gptq.group_loss(w.astype(np.float64), codes, scales, h, 32)
-    after = gptq.group_loss(w.astype(np.float64), codes, fitted, h, 32)
-    assert np.all(after <= before) and after.sum() < before.sum()
+    def loss(s: np.ndarray) -> np.ndarray:
+        e = w.astype(np.float64) - codes * np.repeat(s.astype(np.float64), 32, axis=1)
+        return np.einsum("ck,kl,cl->c", e, h, e)
+
+    assert np.all(loss(fitted) <= loss(scales)) and loss(fitted).sum() < loss(scales).sum()
+
+
+def test_lower_inverse() -> None:
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 64, 65, 200):
+        low = np.tril(rng.normal(size=(n, n))) + 4 * np.eye(n)
+        inverse = gptq.lower_inverse(low)
+        assert np.array_equal(inverse, np.tril(inverse))
+        # float64 rounding times the condition number (up to ~1e3 here)
+        np.testing.assert_allclose(inverse @ low, np.eye(n), atol=1e-15 * np.linalg.cond(low) * n)
 
 
 def test_inverse_cholesky_factors_the_inverse() -> None:

@@ -9,7 +9,7 @@ over a set of inputs is, row ``n`` of the weight at a time::
 
 so ``G`` (with the token count, to normalise it) is all that an activation-aware method
 needs to know about the inputs: accumulate it, not the activations.  ``Calibration``
-does that batch by batch, in float64.
+does that batch by batch, summing in float64.
 
 How other parts of the library use it (the API is stable)::
 
@@ -43,6 +43,8 @@ from ..arrays import to_numpy
 from ..errors import XnnquantError
 from .checks import check_int, float_input
 
+#: Rows per float32 product (see ``Calibration.add``).
+CHUNK_ROWS = 1024
 #: Below ``MIN_TOKENS_PER_FEATURE * in_features`` calibration tokens the methods warn.
 MIN_TOKENS_PER_FEATURE = 1.0
 
@@ -91,6 +93,10 @@ class Calibration:
 
         ``mask`` (bool, shape ``x.shape[:-1]``), when given, keeps only the rows where it
         is True (e.g. real tokens, not padding).  Returns ``self``.
+
+        Each chunk of up to ``CHUNK_ROWS`` rows is multiplied in float32 (twice the speed of
+        float64; relative error ~1e-6 of the chunk's sum, far below the dampening the
+        methods add) and summed into the float64 ``gram``.
         """
         arr = float_input(x, "calibration", min_rank=1)
         if arr.shape[-1] != self.in_features:
@@ -111,9 +117,9 @@ class Calibration:
             from .per_token import quantize as quantize_per_token
 
             rows = quantize_per_token(rows).dequantize()
-        # float32 rows are exact in float64; the products and sums are float64.
-        r64 = rows.astype(np.float64)
-        self._gram += r64.T @ r64
+        for start in range(0, len(rows), CHUNK_ROWS):
+            part = rows[start:start + CHUNK_ROWS]
+            self._gram += part.T @ part
         self.tokens += len(rows)
         return self
 
@@ -142,6 +148,6 @@ def as_calibration(calibration: Any, in_features: int) -> Calibration:
             f"calibration has few tokens: got {cal.tokens}, expected at least {needed:.0f} for "
             f"in_features={in_features}; the estimate is dampened but may be no better than method='mse'",
             CalibrationWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of quantize_blockwise / quantize_per_channel
         )
     return cal

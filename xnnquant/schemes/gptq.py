@@ -55,7 +55,9 @@ from .search import finish_scales
 from .weighted_search import Cost, quadratic_cost, search_scales
 
 #: Columns per block of deferred updates.
-BLOCK = 128
+BLOCK = 64
+#: Size below which ``lower_inverse`` inverts directly.
+_LEAF = 64
 #: Dampening retries: each multiplies the dampening by 10 when Cholesky fails.
 DAMP_RETRIES = 4
 
@@ -94,7 +96,7 @@ def inverse_cholesky(gram: np.ndarray, damp: float) -> tuple[np.ndarray, float]:
             # With P the reversal of the columns, P H P = L L^T (lower L) gives H = R R^T
             # with R = P L P upper, hence inverse(H) = R^-T R^-1 and U = R^-1 = P L^-1 P.
             low = np.linalg.cholesky(dampened(gram, used)[np.ix_(flip, flip)])
-            upper = np.triu(np.linalg.inv(low)[np.ix_(flip, flip)])  # drop the inverse's rounding dust
+            upper = lower_inverse(low)[np.ix_(flip, flip)]
         except np.linalg.LinAlgError:
             continue
         if np.all(np.isfinite(upper)):
@@ -104,6 +106,24 @@ def inverse_cholesky(gram: np.ndarray, damp: float) -> tuple[np.ndarray, float]:
         f"with dampening {damp * 10.0**DAMP_RETRIES:g} x mean(diag); expected finite activations of the "
         "layer's input"
     )
+
+
+def lower_inverse(low: np.ndarray) -> np.ndarray:
+    """Inverse of a lower triangular ``low`` ``(n, n)`` float64, lower triangular.
+
+    By halves: ``inverse([[A, 0], [B, C]]) = [[A^-1, 0], [-C^-1 B A^-1, C^-1]]``, about
+    ``2 n^3 / 3`` flops in matrix products (a general inverse takes ``2 n^3``).
+    """
+    n = len(low)
+    if n <= _LEAF:
+        return np.tril(np.linalg.inv(low))
+    half = n // 2
+    top, bottom = lower_inverse(low[:half, :half]), lower_inverse(low[half:, half:])
+    out = np.zeros_like(low)
+    out[:half, :half] = top
+    out[half:, half:] = bottom
+    out[half:, :half] = -bottom @ (low[half:, :half] @ top)
+    return out
 
 
 def column_order(energy: np.ndarray, group_size: int, order: str) -> np.ndarray:
@@ -137,33 +157,36 @@ def gptq(w: np.ndarray, gram: np.ndarray, group_size: int, qmin: int, qmax: int,
     h = dampened(gram, damp)
     position = np.argsort(perm)  # position[column] = when it is processed
     group_of = perm // group_size  # group of the column processed at each position
-    work = np.array(w, np.float64)[:, perm]
+    # Column j of the weight is row j of ``work`` (contiguous), in processing order.
+    work = np.array(w, np.float64)[:, perm].T.copy()
     chosen = np.full(n_groups, scales is not None)
     scales = np.ones((c, n_groups), np.float32) if scales is None else scales.copy()
-    codes = np.empty((c, k))
+    row_scales = scales.T.astype(np.float64)  # (G, C)
+    codes = np.empty((k, c))
+    err = np.empty((BLOCK, c))
     for start in range(0, k, BLOCK):
         stop = min(start + BLOCK, k)
-        block = work[:, start:stop]  # a view: in-block updates land in ``work``
-        err = np.empty_like(block)
         for j in range(start, stop):
             group = group_of[j]
             if not chosen[group]:
                 cols = position[group * group_size:(group + 1) * group_size]
-                current = work[:, cols]
+                current = work[cols]
                 later = cols >= stop  # columns past this block still miss this block's updates
                 if later.any():
-                    current[:, later] -= err[:, : j - start] @ u[start:j, cols[later]]
-                a = u[j:, cols]
-                scales[:, group] = search_scales(current, _schur_cost(a), qmin, qmax, bf16)
+                    current[later] -= u[start:j, cols[later]].T @ err[: j - start]
+                found = search_scales(current.T, _schur_cost(u[j:, cols]), qmin, qmax, bf16)
+                scales[:, group] = found
+                row_scales[group] = found
                 chosen[group] = True
-            s = scales[:, group].astype(np.float64)
-            q = np.clip(np.rint(block[:, j - start] / s), qmin, qmax)
-            codes[:, j] = q
-            e = (block[:, j - start] - q * s) / u[j, j]
-            err[:, j - start] = e
-            block[:, j - start + 1:] -= np.outer(e, u[j, j + 1:stop])
-        work[:, stop:] -= err @ u[start:stop, stop:]
-    codes = codes[:, position]
+            s = row_scales[group]
+            q = np.clip(np.rint(work[j] / s), qmin, qmax)
+            codes[j] = q
+            e = err[j - start]
+            np.subtract(work[j], q * s, out=e)
+            e /= u[j, j]
+            work[j + 1:stop] -= np.outer(u[j, j + 1:stop], e)
+        work[stop:] -= u[start:stop, stop:].T @ err[: stop - start]
+    codes = codes.T[:, position]
     if settings.refit:
         scales = refit_scales(np.asarray(w, np.float64), codes, scales, h, group_size, bf16)
     return codes, scales
@@ -174,21 +197,15 @@ def _schur_cost(a: np.ndarray) -> Cost:
     return quadratic_cost(np.linalg.inv(a.T @ a))
 
 
-def group_loss(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.ndarray, group_size: int) -> np.ndarray:
-    """``(w[r] - wq[r]) @ h @ (w[r] - wq[r])`` per row: float64 ``(C,)``."""
-    e = w - codes * np.repeat(scales.astype(np.float64), group_size, axis=1)
-    return np.einsum("ck,ck->c", e @ h, e)
-
-
 def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.ndarray, group_size: int,
                  bf16: bool) -> np.ndarray:
     """Each row's group scales re-fitted by least squares, codes fixed.
 
     Per row, ``wq = sum_a s_a q_a`` (``q_a`` the codes of group ``a``, zero elsewhere), so
-    the loss ``(w - wq)^T h (w - wq)`` is quadratic in ``s``: minimum at
-    ``M s = v`` with ``M_ab = q_a^T h q_b``, ``v_a = q_a^T h w``.  The solution is made
-    positive normal (bf16 if asked); a row keeps its old scales unless the new ones lower
-    its loss (rounding to bf16 can undo a tiny gain).
+    the loss ``(w - wq)^T h (w - wq) = s^T M s - 2 s^T v + w^T h w`` is quadratic in ``s``,
+    with ``M_ab = q_a^T h q_b``, ``v_a = q_a^T h w``: its minimum solves ``M s = v``.  The
+    solution is made positive normal (bf16 if asked); a row keeps its old scales unless the
+    new ones lower its loss (rounding to bf16 can undo a tiny gain).
     """
     c, k = w.shape
     n_groups = k // group_size
@@ -199,11 +216,16 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.nda
         m[:, a, :] = ((codes[:, cols] @ h[cols, :]) * codes).reshape(c, n_groups, group_size).sum(-1)
     old = scales.astype(np.float64)
     # A tiny ridge towards the old scales keeps groups whose codes are all zero (M_aa = 0)
-    # where they are, and every system solvable.
-    ridge = 1e-12 * np.maximum(np.trace(m, axis1=1, axis2=2) / n_groups, np.finfo(np.float64).tiny)
+    # where they are, and every system solvable (a row of zero codes keeps its scales).
+    size = np.trace(m, axis1=1, axis2=2) / n_groups
+    ridge = 1e-12 * np.where(size > 0, size, 1.0)
     eye = np.eye(n_groups)[None] * ridge[:, None, None]
     fitted = np.linalg.solve(m + eye, (v + ridge[:, None] * old)[..., None])[..., 0]
     usable = np.isfinite(fitted) & (fitted > 0)
     new = finish_scales(np.where(usable, fitted, old).astype(np.float32), np.zeros(fitted.shape, bool), bf16)
-    better = group_loss(w, codes, new, h, group_size) < group_loss(w, codes, scales, h, group_size)
+
+    def loss(s: np.ndarray) -> np.ndarray:  # without the constant w^T h w
+        return np.einsum("ca,cab,cb->c", s, m, s) - 2 * np.einsum("ca,ca->c", s, v)
+
+    better = loss(new.astype(np.float64)) < loss(old)
     return np.where(better[:, None], new, scales).astype(np.float32)
