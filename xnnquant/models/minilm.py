@@ -17,7 +17,7 @@ float32 except the GELU's erf (float64).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -51,6 +51,9 @@ LINEARS = (
 )
 
 Weights = dict[str, np.ndarray]
+#: ``linear(name, x) -> y``: computes the linear ``name`` (``"encoder.layer.{i}.{LINEARS[j]}"``)
+#: on ``x`` float32 ``(B, T, K)``, returning float32 ``(B, T, N)``, bias included.
+Linear = Callable[[str, np.ndarray], np.ndarray]
 
 #: A fixed set of short, varied sentences (233 tokens) for activations and embeddings.
 SAMPLE_SENTENCES = (
@@ -166,16 +169,21 @@ class LayerActivations:
     output: np.ndarray
 
 
-def encoder_layer(h: np.ndarray, mask: np.ndarray, weights: Weights, index: int) -> LayerActivations:
+def encoder_layer(h: np.ndarray, mask: np.ndarray, weights: Weights, index: int,
+                  linear_fn: Linear | None = None) -> LayerActivations:
     """Encoder layer ``index`` on ``h`` float32 ``(B, T, 384)``; ``mask`` bool ``(B, T)``.
 
-    Keys where ``mask`` is False (padding) get no attention weight.
+    Keys where ``mask`` is False (padding) get no attention weight.  ``linear_fn``, when
+    given, computes the six linears instead of ``weights`` (e.g. with quantized weights, or
+    to record their inputs); the layer norms still come from ``weights``.
     """
     if not 0 <= index < NUM_LAYERS:
         raise XnnquantError(f"layer index out of range: got {index}, expected 0..{NUM_LAYERS - 1}")
     p = f"encoder.layer.{index}."
 
     def dense(name: str, x: np.ndarray) -> np.ndarray:
+        if linear_fn is not None:
+            return linear_fn(p + name, x)
         return linear(x, weights[p + name + ".weight"], weights[p + name + ".bias"])
 
     batch, tokens, _ = h.shape
