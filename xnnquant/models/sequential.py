@@ -195,9 +195,7 @@ def sentence_embeddings(sentences: Sequence[str], quantized: dict[str, Quantized
         h = minilm.embed(batch.ids, weights)
         for index in range(minilm.NUM_LAYERS):
             h = minilm.encoder_layer(h, batch.mask, weights, index, linear_fn).output
-        m = batch.mask[..., None].astype(np.float32)
-        mean = (h * m).sum(axis=1) / m.sum(axis=1)
-        out[batch.positions] = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+        out[batch.positions] = minilm.mean_pooled(h, batch.mask)
     return out
 
 
