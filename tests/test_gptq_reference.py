@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from xnnquant.schemes import gptq
-from xnnquant.schemes.weighted_search import quadratic_cost, search_scales
+from xnnquant.schemes.weighted_search import NARROW_RATIOS, quadratic_cost, search_scales
 
 QMIN, QMAX = -8, 7
 
@@ -42,7 +42,7 @@ def slow_gptq(w: np.ndarray, h: np.ndarray, group_size: int, order: np.ndarray, 
             cols = [col for col in remaining if col // group_size == group]
             idx = [remaining.index(col) for col in cols]
             schur = np.linalg.inv(hinv[np.ix_(idx, idx)])
-            found = search_scales(work[:, cols], quadratic_cost(schur), QMIN, QMAX, bf16)
+            found = search_scales(work[:, cols], quadratic_cost(schur), QMIN, QMAX, bf16, NARROW_RATIOS)
             scale[:, group] = found
             done[group] = True
         s = scale[:, group].astype(np.float64)

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..errors import XnnquantError
 from .search import finish_scales
-from .weighted_search import Cost, quadratic_cost, search_scales
+from .weighted_search import NARROW_RATIOS, Cost, quadratic_cost, search_scales
 
 #: Columns per block of deferred updates.
 BLOCK = 64
@@ -174,7 +174,7 @@ def gptq(w: np.ndarray, gram: np.ndarray, group_size: int, qmin: int, qmax: int,
                 later = cols >= stop  # columns past this block still miss this block's updates
                 if later.any():
                     current[later] -= u[start:j, cols[later]].T @ err[: j - start]
-                found = search_scales(current.T, _schur_cost(u[j:, cols]), qmin, qmax, bf16)
+                found = search_scales(current.T, _schur_cost(u[j:, cols]), qmin, qmax, bf16, NARROW_RATIOS)
                 scales[:, group] = found
                 row_scales[group] = found
                 chosen[group] = True

@@ -14,8 +14,7 @@ squared error replaced by a cost that knows the inputs:
 
 ``act_mse`` (``activation_aware``) uses the quadratic cost with each group's diagonal block
 of ``X^T X``; GPTQ uses it with the Schur complement its error compensation leaves (see
-``gptq``).  Arithmetic is float64: the search compares costs that may differ in the
-7th digit, and candidates are computed as in ``search`` (float32, then bf16).
+``gptq``).  Candidates are computed as in ``search`` (float32, then bf16).
 """
 
 from __future__ import annotations
@@ -24,15 +23,24 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..parallel import for_ranges
 from .search import COARSE_RATIOS, FINE_FACTORS, finish_scales, half_range
 
-#: ``cost(e)``: errors ``(R, N, g)`` of R candidates for N blocks -> costs ``(R, N)``.
+#: Narrower stage-1 ratios for GPTQ, whose error compensation follows the choice: on the
+#: 36 MiniLM linears (qb4w g32, held-out layer outputs) 28.845 dB against 28.836 dB with
+#: ``COARSE_RATIOS``, at 15 candidates instead of 36 (for ``act_mse`` alone the narrow set
+#: loses 0.06 dB).
+NARROW_RATIOS = np.concatenate([[1.0], np.arange(0.6, 1.21, 0.05)]).astype(np.float32)
+#: Rows per range when the search is spread over the cores.
+_ROWS_PER_TASK = 64
+#: ``cost(e)``: errors float32 ``(R, N, g)`` of R candidates for N blocks -> costs ``(R, N)``.
 Cost = Callable[[np.ndarray], np.ndarray]
 
 
 def diagonal_cost(d: np.ndarray) -> Cost:
-    """``sum_b d[..., b] * e**2``; ``d`` float64 ``(g,)`` or ``(N, g)``."""
-    return lambda e: np.einsum("rnb,rnb,...nb->rn", e, e, np.broadcast_to(d, e.shape[1:]))
+    """``sum_b d[b] * e**2`` for weights ``d`` ``(g,)`` shared by every block."""
+    d32 = np.asarray(d, np.float32)
+    return lambda e: (e * e) @ d32
 
 
 def quadratic_cost(m: np.ndarray) -> Cost:
@@ -41,7 +49,7 @@ def quadratic_cost(m: np.ndarray) -> Cost:
     Computed as ``|e @ T|**2`` with ``M = T T^T`` (Cholesky), one matrix product for all
     candidates and blocks.
     """
-    t = np.linalg.cholesky(m)
+    t = np.linalg.cholesky(m).astype(np.float32)
 
     def cost(e: np.ndarray) -> np.ndarray:
         y = e.reshape(-1, e.shape[-1]) @ t
@@ -51,29 +59,48 @@ def quadratic_cost(m: np.ndarray) -> Cost:
 
 
 def _errors(x: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -> np.ndarray:
-    """``x - s * clip(rint(x / s))`` for candidates ``scales`` ``(R, N)``: float64 ``(R, N, g)``."""
+    """``x - s * clip(rint(x / s))`` for candidates ``scales`` ``(R, N)``: float32 ``(R, N, g)``."""
     s = scales[..., None]
-    return x[None] - np.clip(np.rint(x[None] / s), qmin, qmax) * s
+    e = x[None] / s
+    np.rint(e, out=e)
+    np.clip(e, qmin, qmax, out=e)
+    e *= s
+    np.subtract(x[None], e, out=e)
+    return e
 
 
-def search_scales(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
-    """Least-cost scale of each block of ``x`` ``(N, g)`` float64 -> float32 ``(N,)``.
+def search_scales(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool,
+                  ratios: np.ndarray = COARSE_RATIOS) -> np.ndarray:
+    """Least-cost scale of each block of ``x`` ``(N, g)`` -> float32 ``(N,)``.
 
-    Candidates (as ``search.mse_scales``): ratios ``COARSE_RATIOS`` of the min-max scale
-    and the no-clipping scale, then the best one times ``FINE_FACTORS``.  The min-max
-    scale is the first candidate and ties keep the earlier one.  All-zero blocks get 1.0.
+    Candidates (as ``search.mse_scales``): ``ratios`` of the min-max scale (1.0 first) and
+    the no-clipping scale, then the best one times ``FINE_FACTORS``.  Ties keep the earlier
+    candidate.  All-zero blocks get 1.0.  Errors and costs are float32 (they only rank
+    candidates; the codes themselves are computed by the caller); blocks are searched in
+    ranges of rows on every core (``parallel``), each on its own, so the result does not
+    depend on the number of threads.
     """
+    x32 = np.ascontiguousarray(x, np.float32)
+    out = np.empty(len(x32), np.float32)
+
+    def search_rows(start: int, stop: int) -> None:
+        out[start:stop] = _search(x32[start:stop], cost, qmin, qmax, bf16, ratios)
+
+    for_ranges(search_rows, len(x32), _ROWS_PER_TASK)
+    return out
+
+
+def _search(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool, ratios: np.ndarray) -> np.ndarray:
     cols = np.arange(len(x))
     maxpos = np.maximum(x.max(axis=-1), 0)
     maxneg = np.maximum(-x.min(axis=-1), 0)
-    base = np.maximum(maxpos, maxneg) / float(half_range(qmin, qmax))
+    base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
     all_zero = base == 0
-    no_clip = np.maximum(maxpos / qmax, maxneg / -qmin)
-    raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip[None]])
-    cand = finish_scales(raw.astype(np.float32), all_zero[None], bf16).astype(np.float64)
+    no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
+    raw = np.concatenate([ratios[:, None] * base[None], no_clip[None]])
+    cand = finish_scales(raw, all_zero[None], bf16)
     best = cost(_errors(x, cand, qmin, qmax)).argmin(axis=0)
     kept = cand[best, cols]
-    fine_raw = FINE_FACTORS[:, None] * kept[None].astype(np.float32)
-    fine = np.concatenate([kept[None], finish_scales(fine_raw, all_zero[None], bf16).astype(np.float64)])
+    fine = np.concatenate([kept[None], finish_scales(FINE_FACTORS[:, None] * kept[None], all_zero[None], bf16)])
     best = cost(_errors(x, fine, qmin, qmax)).argmin(axis=0)
-    return fine[best, cols].astype(np.float32)
+    return fine[best, cols]
