@@ -25,22 +25,31 @@ the block as one matrix product (``e_block @ U[block, after]``): the same sums, 
 
 **Order.**  Columns may be processed in any order (``H``, ``U`` and ``w`` permuted alike,
 the codes permuted back): a column's group, hence its scale, does not depend on when it
-is quantized.  ``order="act"`` takes columns by decreasing ``H_jj`` (input energy): the
-columns whose errors matter most are quantized while the most columns remain to absorb
-their errors.
+is quantized, so the qbint4 format (contiguous groups, no permutation of the inputs)
+carries any order.  ``order="act"`` takes columns by decreasing ``H_jj`` (input energy):
+the columns whose errors matter most are quantized while the most columns remain to
+absorb their errors.
 
-**Scales.**  A group's scale must be known when its first column is quantized.
-``scales="first_use"`` chooses it then, from the current (already error-updated) values
-of the group's columns ``x`` ``[C, g]``, searching candidate scales for the least::
+**Scales.**  A group's scale must be known when its first column is quantized; by
+default it is chosen then (``scales=None``), from the current (already error-updated)
+values of the group's columns ``x`` ``[C, g]``, searching candidate scales for the least::
 
     e^T S e,   S = (A^T A)^-1,   A = U[j:, group columns],   e = x - s * round(x / s)
 
 ``S`` is ``H`` reduced to the group's columns with every later column free to compensate
 (the Schur complement): ``e^T S e`` is the loss this group's rounding leaves after the best
-possible continuous correction of everything not yet quantized.  ``scales="static"`` takes
-the scales of ``act_mse`` (chosen on the original weights) for every group up front.
-A final least-squares re-fit (``refit_scales``) may then rescale each row's groups, codes
-fixed.
+possible continuous correction of everything not yet quantized.  Given ``scales`` are
+used for every group instead.  A final least-squares re-fit (``refit_scales``) then
+rescales each row's groups, codes fixed.
+
+**Measured** (``benchmarks/activation_aware.py``; all-MiniLM-L6-v2, 36 linears, qb4w g32,
+calibrated on 7,622 tokens, held-out layer-output SQNR; ``mse`` gives 23.51 dB): the
+defaults give 28.84 dB.  Alternatives: natural column order 28.59; no re-fit 28.71;
+act_mse scales fixed up front 28.48; at first use, weighting the search by ``diag(H)`` or
+by ``1 / U_jj**2`` instead of ``S`` (natural order, no re-fit): 28.24 and 28.40 against
+28.47; dampening 0.001 / 0.003 / 0.03 / 0.1:
+28.81 / 28.83 / 28.83 / 28.64; a second and third pass of GPTQ on the re-fitted scales
+(each re-fitted again): 28.88 and 28.89, at two and three times the cost, not done.
 """
 
 from __future__ import annotations
@@ -64,10 +73,10 @@ DAMP_RETRIES = 4
 
 @dataclass(frozen=True)
 class GptqSettings:
-    """How ``gptq`` runs.  ``damp``: added to ``diag(G)`` as a fraction of its mean;
-    ``order``: "natural" (column 0 first) or "act" (decreasing input energy);
-    ``refit``: least-squares re-fit of the scales after the pass (kept per row only where
-    it lowers the loss)."""
+    """How ``gptq`` runs (the defaults are the measured best, see the module doc).
+    ``damp``: added to ``diag(G)`` as a fraction of its mean; ``order``: "natural"
+    (column 0 first) or "act" (decreasing input energy); ``refit``: least-squares re-fit
+    of the scales after the pass (kept per row only where it lowers the loss)."""
 
     damp: float = 0.01
     order: Literal["natural", "act"] = "act"
