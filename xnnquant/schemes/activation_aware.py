@@ -27,14 +27,13 @@ zero point 0, positive normal float32 scales (bf16 values for qbint4).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ..arrays import ArrayInput
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
 from . import kernels
-from .calibration import as_calibration
+from .calibration import Calibration, as_calibration
 from .gptq import GptqSettings, dampened, gptq
 from .weighted_search import diagonal_cost, quadratic_cost, search_scales
 
@@ -64,7 +63,7 @@ def act_mse_scales(w: np.ndarray, h: np.ndarray, group_size: int, qmin: int, qma
     return out
 
 
-def quantize_linear(w: np.ndarray, calibration: Any, datatype: Datatype, group_size: int | None,
+def quantize_linear(w: np.ndarray, calibration: Calibration | ArrayInput, datatype: Datatype, group_size: int | None,
                     method: str, settings: GptqSettings | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Codes and scales of a linear weight ``w`` float32 ``[C, K]`` by ``method``.
 

@@ -35,11 +35,10 @@ refused.
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 
-from ..arrays import to_numpy
+from ..arrays import ArrayInput, to_numpy
 from ..errors import XnnquantError
 from .checks import check_int, float_input
 
@@ -76,7 +75,7 @@ class Calibration:
         self._gram = np.zeros((k, k), np.float64)
 
     @classmethod
-    def from_array(cls, x: Any, *, runtime_quantized: bool = False) -> Calibration:
+    def from_array(cls, x: ArrayInput, *, runtime_quantized: bool = False) -> Calibration:
         """A ``Calibration`` of the rows of ``x`` float ``(..., in_features)``."""
         arr = float_input(x, "calibration", min_rank=1)
         return cls(arr.shape[-1], runtime_quantized=runtime_quantized).add(arr)
@@ -88,7 +87,7 @@ class Calibration:
         view.flags.writeable = False
         return view
 
-    def add(self, x: Any, mask: Any = None) -> Calibration:
+    def add(self, x: ArrayInput, mask: ArrayInput | None = None) -> Calibration:
         """Accumulate the rows of ``x`` float ``(..., K)`` (fp32/fp16/bf16, numpy or torch).
 
         ``mask`` (bool, shape ``x.shape[:-1]``), when given, keeps only the rows where it
@@ -128,7 +127,7 @@ class Calibration:
         return f"Calibration(in_features={self.in_features}{runtime}, tokens={self.tokens})"
 
 
-def as_calibration(calibration: Any, in_features: int) -> Calibration:
+def as_calibration(calibration: Calibration | ArrayInput, in_features: int) -> Calibration:
     """``calibration`` (a ``Calibration`` or a float array ``(tokens, in_features)``),
     checked against the weight's ``in_features`` and for having tokens."""
     if isinstance(calibration, Calibration):
