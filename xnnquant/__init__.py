@@ -15,6 +15,11 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
+
+# ``xnnquant.export`` is also the package of the front end; binding the function after
+# importing the package keeps ``xq.export`` the function (importing the package's
+# submodules later does not rebind it).  torch is imported only when ``export`` runs.
+from .export import Exported, export
 from .schemes import (
     Calibration,
     CalibrationWarning,
@@ -33,6 +38,7 @@ __all__ = [
     "Calibration",
     "CalibrationWarning",
     "Datatype",
+    "Exported",
     "MissingExtraError",
     "PayloadError",
     "QuantParamsKind",
@@ -41,6 +47,7 @@ __all__ = [
     "RuntimeTimeoutError",
     "UnsupportedConfigError",
     "XnnquantError",
+    "export",
     "from_xnn_c",
     "graph",
     "packing",

@@ -28,6 +28,7 @@ from ..arrays import ArrayInput, is_int, to_numpy
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
     XNN_FLAG_KEEP_DIMS,
+    XNN_FLAG_TRANSPOSE_B,
     XNN_FLAG_TRANSPOSE_WEIGHTS,
     XNN_VALUE_FLAG_EXTERNAL_INPUT,
     XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
@@ -393,9 +394,18 @@ class Graph:
         shapes.broadcast("XNNPReLU", self.value(x).dims, self.value(slope).dims)
         return self._node("XNNPReLU", (x, slope), [self.value(x).dims], [self._like(x)], **kw)[0]
 
-    def batch_matrix_multiply(self, a: int, b: int, **kw: Unpack[NodeOptions]) -> int:
-        """``[..., M, K] @ [..., K, N]`` (XNNBatchMatrixMultiply)."""
-        dims = shapes.batch_matrix_multiply(self.value(a).dims, self.value(b).dims)
+    def batch_matrix_multiply(self, a: int, b: int, *, transpose_b: bool = False,
+                              **kw: Unpack[NodeOptions]) -> int:
+        """``[..., M, K] @ [..., K, N]`` (XNNBatchMatrixMultiply), batch dims broadcast.
+
+        ``transpose_b``: ``b`` is ``[..., N, K]`` and the product is ``a @ b^T``
+        (XNN_FLAG_TRANSPOSE_B).
+        """
+        bd = self.value(b).dims
+        if transpose_b and len(bd) >= 2:
+            bd = bd[:-2] + (bd[-1], bd[-2])
+        dims = shapes.batch_matrix_multiply(self.value(a).dims, bd)
+        kw["flags"] = kw.get("flags", 0) | (XNN_FLAG_TRANSPOSE_B if transpose_b else 0)
         return self._node("XNNBatchMatrixMultiply", (a, b), [dims], [self._like(a)], **kw)[0]
 
     def fully_connected(self, x: int, w: int, bias: int | None = None, *, transpose_weights: bool = False,

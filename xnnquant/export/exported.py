@@ -1,0 +1,119 @@
+"""``Exported``: what ``xq.export`` returns.
+
+It holds the lowered ``Graph`` and the per-weight report, and gives the payload
+(``to_bytes``), the ExecuTorch program (``to_pte``), a file (``save``), and runs on the
+real XNNPACK (``run``).  ``print(exported)`` shows the report as a table with totals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import XnnquantError
+from ..graph import Graph, Target
+from .options import WeightScheme
+from .report import ReportRow, format_report, totals
+
+#: File suffixes ``save`` writes, and what each holds.
+SUFFIXES = {".pte": "an ExecuTorch program (one method, the payload as its XNNPACK delegate)",
+            ".xnn": "the bare XNNGraph payload (XNNHeader, flatbuffer, constant segment)"}
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, then rename:
+    the file is either the old one or the whole new one, never a part."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+@dataclass
+class Exported:
+    """A module lowered onto one XNNPACK graph.
+
+    ``inputs``: the module's inputs, in order, as ``(shape, name)``; ``outputs``: the shapes
+    of its outputs, in order.  ``timings``: seconds spent in each stage of the export.
+    """
+
+    graph: Graph
+    report: list[ReportRow]
+    weights: WeightScheme
+    method: str
+    target: Target
+    inputs: list[tuple[tuple[int, ...], str]]
+    outputs: list[tuple[int, ...]]
+    timings: dict[str, float] = field(default_factory=dict)
+    _payload: bytes | None = field(default=None, repr=False)
+
+    def to_bytes(self) -> bytes:
+        """The XNNGraph payload: XNNHeader + XN01 flatbuffer + constant segment (computed once)."""
+        if self._payload is None:
+            self._payload = self.graph.to_bytes()
+        return self._payload
+
+    def to_pte(self) -> bytes:
+        """An ExecuTorch ``.pte`` program whose ``forward`` method takes the module's inputs in
+        order and returns its outputs, all float32, computed by this graph on XNNPACK."""
+        from ..graph import to_pte
+
+        return to_pte(self.to_bytes(), validate=False)  # validated when the payload was written
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``to_pte()`` (suffix ``.pte``) or ``to_bytes()`` (suffix ``.xnn``) atomically."""
+        suffix = Path(path).suffix.lower()
+        if suffix not in SUFFIXES:
+            raise XnnquantError(f"cannot tell what to write from the suffix of {os.fspath(path)!r}: expected "
+                                + " or ".join(f"{s} ({what})" for s, what in SUFFIXES.items()))
+        return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
+
+    def run(self, *inputs: Any) -> list[np.ndarray]:
+        """Run the graph on the real XNNPACK (ExecuTorch 1.4.1 runtime) with the module's
+        inputs (numpy arrays or torch tensors, float32, the example inputs' shapes)."""
+        from ..arrays import to_numpy
+        from ..graph import run
+
+        if len(inputs) != len(self.inputs):
+            raise XnnquantError(f"run takes the module's {len(self.inputs)} input(s): got {len(inputs)}")
+        arrays = [np.ascontiguousarray(to_numpy(x, f"inputs[{i}]")) for i, x in enumerate(inputs)]
+        return run(self.to_bytes(), arrays, validate=False)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Totals of the report, the options, the payload's size and the stage timings."""
+        return {"weights": str(self.weights), "method": self.method, "target": str(self.target),
+                "nodes": len(self.graph.nodes), "values": len(self.graph.values),
+                **totals(self.report), "timings": dict(self.timings)}
+
+    def to_json(self) -> str:
+        """The report rows and the summary as JSON (what ``xnnquant export --json`` prints)."""
+        return json.dumps({"summary": self.summary, "rows": [r.as_dict() for r in self.report]}, indent=2)
+
+    def __str__(self) -> str:
+        head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
+                f"{len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
+        return head + "\n" + format_report(self.report)
+
+    def __repr__(self) -> str:
+        return (f"Exported(weights={str(self.weights)!r}, method={self.method!r}, target={str(self.target)!r}, "
+                f"{len(self.graph.nodes)} nodes, {len(self.report)} weights)")
+

@@ -1,0 +1,88 @@
+"""Quantizing one weight: the one place where ``export`` turns a float weight into what it stores.
+
+``quantize_weight(weight, scheme, method, calibration)`` is the whole contract: a float
+weight in the layout the node reads (a linear's ``[out_features, in_features]``, a
+convolution's ``[OC, KH, KW, IC/groups]``) in, a ``QuantizedTensor`` (or the float32 array
+for ``fp32``) out.  Streaming export calls it one weight at a time.
+
+``linear_refusal`` / ``conv_refusal`` say why a layer cannot take a scheme, from what was
+measured on XNNPACK 1.4.1 (the reasons fill the report's fallback column):
+
+* qb4w:G needs G to divide ``in_features`` (blockwise scales cover whole groups);
+* qc4w with an odd ``in_features`` is computed wrongly by XNNPACK's qdint8 x qcint4
+  kernels (relative errors 0.4 to 1.1, see graph/rules.py), so it is refused;
+* convolutions: XNNPACK has int8 dynamic convolutions (qdint8 x qcint8, per image) but no
+  4-bit ones and no dynamically quantized depthwise ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..metrics import sqnr_db
+from ..schemes import quantize_blockwise, quantize_per_channel
+from ..schemes.blockwise import valid_group_sizes
+from ..schemes.checks import check_method
+from ..tensor import QuantizedTensor
+from .options import SchemeKind, WeightScheme
+
+
+def quantize_weight(weight: Any, scheme: WeightScheme, method: str = "mse", calibration: Any = None, *,
+                    axis: int = 0) -> QuantizedTensor | np.ndarray:
+    """``weight`` (float, numpy or torch) stored as ``scheme`` says.
+
+    ``axis``: the output-channel axis for the per-channel schemes (0 for linear and
+    convolution filters).  ``calibration``: what an activation-aware ``method`` needs
+    (passed to the scheme only when given).  Returns float32 ``weight`` for fp32.
+    """
+    extra: dict[str, Any] = {} if calibration is None else {"calibration": calibration}
+    chosen = check_method(method)
+    if scheme.kind is SchemeKind.FP32:
+        return np.ascontiguousarray(np.asarray(weight, np.float32))
+    if scheme.kind is SchemeKind.QB4W:
+        return quantize_blockwise(weight, group_size=int(scheme.group_size or 0), method=chosen, **extra)
+    bits = 8 if scheme.kind is SchemeKind.QC8W else 4
+    return quantize_per_channel(weight, bits=bits, axis=axis, method=chosen, **extra)
+
+
+def weight_nbytes(q: QuantizedTensor | np.ndarray, bf16_copies: bool = False) -> int:
+    """Bytes the weight takes in the payload: its data plus its scales (fp32 each; blockwise
+    scales also as bf16 when ``bf16_copies``, as XN01-era runtimes read those)."""
+    if not isinstance(q, QuantizedTensor):
+        return int(q.nbytes)
+    scales = int(np.asarray(q.scale).size)
+    per_scale = 6 if bf16_copies and q.group_size is not None else 4
+    return len(q.to_bytes()) + scales * per_scale
+
+
+def weight_sqnr(weight: np.ndarray, q: QuantizedTensor | np.ndarray) -> float:
+    """SQNR of the stored weight against the float one, in dB (inf when exact)."""
+    approx = q.dequantize() if isinstance(q, QuantizedTensor) else q
+    if np.array_equal(approx, weight):
+        return float("inf")
+    return float(sqnr_db(weight, approx))
+
+
+def linear_refusal(scheme: WeightScheme, in_features: int) -> str | None:
+    """Why a linear with ``in_features`` inputs cannot take ``scheme`` (None: it can)."""
+    if scheme.kind is SchemeKind.QB4W and in_features % int(scheme.group_size or 0):
+        valid = ", ".join(map(str, valid_group_sizes(in_features))) or "none"
+        return (f"group size {scheme.group_size} does not divide in_features {in_features} "
+                f"(group sizes that do: {valid})")
+    if scheme.kind is SchemeKind.QC4W and in_features % 2:
+        return (f"qc4w with an odd in_features ({in_features}) is computed wrongly by XNNPACK's "
+                "dynamically quantized int4 kernels")
+    return None
+
+
+def conv_refusal(scheme: WeightScheme, depthwise: bool) -> str | None:
+    """Why a convolution cannot take ``scheme`` (None: it can)."""
+    if not scheme.is_quantized:
+        return None
+    if depthwise:
+        return "XNNPACK has no dynamically quantized depthwise convolution"
+    if scheme.is_4bit:
+        return "XNNPACK has no 4-bit convolution (its quantized convolutions take int8 filters)"
+    return None
