@@ -6,6 +6,13 @@ the real XNNPACK shipped in executorch, to check those bytes and numbers.
 """
 
 from . import graph, packing
+
+# ``xq.export`` and ``xq.verify`` are functions, while ``xnnquant.export`` (the front end)
+# and ``xnnquant.verify`` (``xnnquant verify``'s helpers) are modules.  Importing a module
+# binds its name in this package only the first time, so each module is imported here
+# before the function of the same name is bound; later imports leave the functions be.
+# torch is imported only when ``export`` or ``verify`` runs.
+from . import verify as _verify_module  # noqa: F401  (imported first, see above)
 from .datatypes import STORAGE, Datatype, QuantParamsKind, from_xnn_c, storage, to_xnn_c
 from .errors import (
     MissingExtraError,
@@ -15,11 +22,8 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-
-# ``xnnquant.export`` is also the package of the front end; binding the function after
-# importing the package keeps ``xq.export`` the function (importing the package's
-# submodules later does not rebind it).  torch is imported only when ``export`` runs.
 from .export import Exported, export
+from .export.divergence import VerifyReport, verify
 from .schemes import (
     Calibration,
     CalibrationWarning,
@@ -46,6 +50,7 @@ __all__ = [
     "RuntimeCrashError",
     "RuntimeTimeoutError",
     "UnsupportedConfigError",
+    "VerifyReport",
     "XnnquantError",
     "export",
     "from_xnn_c",
@@ -58,4 +63,5 @@ __all__ = [
     "quantize_per_token",
     "storage",
     "to_xnn_c",
+    "verify",
 ]

@@ -191,7 +191,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     graph = lowerer.run()
     timings["lower"] = time.perf_counter() - start
     exported = Exported(graph, lowerer.rows, scheme, chosen_method, chosen_target, lowerer.input_specs,
-                        lowerer.output_specs, timings)
+                        lowerer.output_specs, timings, lowerer.sources)
     start = time.perf_counter()
     exported.to_bytes()
     timings["write"] = time.perf_counter() - start

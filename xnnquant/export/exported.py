@@ -53,6 +53,8 @@ class Exported:
 
     ``inputs``: the module's inputs, in order, as ``(shape, name)``; ``outputs``: the shapes
     of its outputs, in order.  ``timings``: seconds spent in each stage of the export.
+    ``sources``: what a node's ``debug_handle`` h (1, 2, ...) stands for, ``sources[h - 1]`` =
+    (ATen op, ATen node name, module path).
     """
 
     graph: Graph
@@ -63,6 +65,7 @@ class Exported:
     inputs: list[tuple[tuple[int, ...], str]]
     outputs: list[tuple[int, ...]]
     timings: dict[str, float] = field(default_factory=dict)
+    sources: list[tuple[str, str, str]] = field(default_factory=list)
     _payload: bytes | None = field(default=None, repr=False)
 
     def to_bytes(self) -> bytes:
@@ -85,6 +88,11 @@ class Exported:
             raise XnnquantError(f"cannot tell what to write from the suffix of {os.fspath(path)!r}: expected "
                                 + " or ".join(f"{s} ({what})" for s, what in SUFFIXES.items()))
         return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
+
+    def source(self, node_index: int) -> tuple[str, str, str] | None:
+        """(ATen op, ATen node, module path) that graph node ``node_index`` was lowered from."""
+        handle = self.graph.nodes[node_index].debug_handle
+        return self.sources[handle - 1] if 0 < handle <= len(self.sources) else None
 
     def run(self, *inputs: Any) -> list[np.ndarray]:
         """Run the graph on the real XNNPACK (ExecuTorch 1.4.1 runtime) with the module's

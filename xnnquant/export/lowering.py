@@ -113,6 +113,8 @@ class Lowerer:
         self._constants: dict[tuple[int, tuple[int, ...]], tuple[Any, int]] = {}
         self.aliases: dict[int, list[Any]] = {}  # value id -> the ATen nodes that lowered to it
         self.origins: dict[int, str] = {}  # id(torch tensor) -> its parameter / buffer name
+        #: what each node's ``debug_handle`` (1, 2, ...) stands for: (ATen op, ATen node, module path)
+        self.sources: list[tuple[str, str, str]] = []
         self.input_specs: list[tuple[tuple[int, ...], str]] = []
         self.output_specs: list[tuple[int, ...]] = []
 
@@ -211,6 +213,7 @@ class Lowerer:
         except XnnquantError as exc:
             self.refuse(str(exc))
             result = self._stand_in(node)
+        self._stamp(start)
         for emitted in self.graph.nodes[start:]:
             assert emitted.kind in registration.emits, (op_name(node.target), emitted.kind)
             for vid in emitted.outputs:
@@ -232,7 +235,22 @@ class Lowerer:
             self.origins[id(result)] = self.origins[id(tensors[0])]
         return result
 
+    def _stamp(self, start: int) -> None:
+        """Give the nodes emitted since ``start`` the debug handle of the current ATen node."""
+        if len(self.graph.nodes) == start:
+            return
+        node = self.node
+        self.sources.append((op_name(node.target) if node.op == "call_function" else node.op, node.name,
+                             self.module_path()))
+        for emitted in self.graph.nodes[start:]:
+            emitted.debug_handle = len(self.sources)
+
     def _outputs(self, node: Any) -> None:
+        start = len(self.graph.nodes)
+        self._emit_outputs(node)
+        self._stamp(start)
+
+    def _emit_outputs(self, node: Any) -> None:
         results = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
         used: set[int] = set()
         for i, item in enumerate(results):

@@ -444,37 +444,54 @@ def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[
     env: dict[int, np.ndarray] = {}
     for i, (vid, x) in enumerate(zip(graph.inputs, inputs)):
         env[vid] = _external_input(graph.value(vid), x, i)
-    for value in graph.values:
-        if value.is_constant:
-            env[value.id] = _constant(value)
+    env.update(constant_values(graph))
     index_values: set[int] = set()
     for position, node in enumerate(graph.nodes):
-        handler = HANDLERS.get(node.kind)
-        if handler is None:
-            raise UnsupportedConfigError(f"node {position} ({node.kind}): the interpreter has no reference for it")
         missing = [i for i in node.inputs if i not in env]
         if missing:
             raise XnnquantError(f"node {position} ({node.kind}) reads value {missing[0]} before any node wrote it")
-        results = handler(node, [env[i] for i in node.inputs])
-        for k, (vid, result) in enumerate(zip(node.outputs, results)):
-            value = graph.value(vid)
-            if node.kind == "XNNArgMaxPooling2d" and k == 1:
-                index_values.add(vid)
-                env[vid] = result
-                continue
-            if node.kind in CLAMPED_KINDS and node.output_min is not None:
-                result = np.clip(result, node.output_min, node.output_max)
-            if node.kind in RESHAPING_KINDS and result.size == int(np.prod(value.dims, dtype=np.int64)):
-                result = np.reshape(result, value.dims)
-            if tuple(result.shape) != tuple(value.dims):
-                raise XnnquantError(
-                    f"node {position} ({node.kind}) computes shape {tuple(result.shape)} but its output "
-                    f"value {vid} has dims {tuple(value.dims)}"
-                )
-            env[vid] = _fit(value, result)
+        results = evaluate_node(graph, node, [env[i] for i in node.inputs], position)
+        env.update(zip(node.outputs, results))
+        if node.kind == "XNNArgMaxPooling2d" and len(node.outputs) > 1:
+            index_values.add(node.outputs[1])
     outputs = []
     for vid in graph.outputs:
         if vid not in env:
             raise XnnquantError(f"external output value {vid} is never written by a node")
         outputs.append(_external_output(graph.value(vid), env[vid], vid in index_values))
     return outputs
+
+
+def constant_values(graph: Any) -> dict[int, np.ndarray]:
+    """The real values of every constant of ``graph`` (dequantized), by value id."""
+    return {value.id: _constant(value) for value in graph.values if value.is_constant}
+
+
+def evaluate_node(graph: Any, node: Any, args: list[np.ndarray], position: int | None = None) -> list[np.ndarray]:
+    """One node's outputs from the real values of its inputs (``args``, in ``node.inputs``
+    order): the handler, the output bounds where the runtime applies them, the reshape of
+    the reshaping kinds, and the snap to each output value's datatype.  What ``interpret``
+    does at every node; ``xq.verify`` calls it on the runtime's own intermediate values.
+    """
+    where = f"node {node.kind}" if position is None else f"node {position} ({node.kind})"
+    handler = HANDLERS.get(node.kind)
+    if handler is None:
+        raise UnsupportedConfigError(f"{where}: the interpreter has no reference for it")
+    results = handler(node, args)
+    out = []
+    for k, (vid, result) in enumerate(zip(node.outputs, results)):
+        value = graph.value(vid)
+        if node.kind == "XNNArgMaxPooling2d" and k == 1:
+            out.append(result)
+            continue
+        if node.kind in CLAMPED_KINDS and node.output_min is not None:
+            result = np.clip(result, node.output_min, node.output_max)
+        if node.kind in RESHAPING_KINDS and result.size == int(np.prod(value.dims, dtype=np.int64)):
+            result = np.reshape(result, value.dims)
+        if tuple(result.shape) != tuple(value.dims):
+            raise XnnquantError(
+                f"{where} computes shape {tuple(result.shape)} but its output value {vid} has dims "
+                f"{tuple(value.dims)}"
+            )
+        out.append(_fit(value, result))
+    return out
