@@ -1,6 +1,9 @@
 """Command line.
 
-* ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (the main job of ``make run``);
+* ``xnnquant export MODEL -o out.pte``: a torch module to one XNNPACK program (``xq.export``);
+* ``xnnquant minilm``: the main job of ``make run``: the MiniLM encoder through ``xq.export``
+  with each scheme and through ExecuTorch's own flow, size, time, latency and accuracy;
+* ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (weight SQNR and bytes);
 * ``xnnquant inspect FILE``: the values and nodes of an XNNGraph payload, or of every
   XNNPACK delegate of an ExecuTorch program (``.pte``), with bytes by datatype;
 * ``xnnquant verify FILE``: run a payload on the real XNNPACK and on the reference
@@ -34,6 +37,65 @@ def _report(args: argparse.Namespace) -> None:
     from .report import main
 
     print(main(group_sizes=args.group_sizes))
+
+
+#: The model ``xnnquant export`` exports when none is named.
+DEFAULT_MODEL = "xnnquant.models.minilm_torch:example"
+
+
+def load_model(spec: str) -> tuple[object, tuple[object, ...] | None]:
+    """``(module, example_inputs)`` from ``package.module:factory`` (the factory's return
+    value), or ``(ExportedProgram, None)`` from a ``.pt2`` file saved by ``torch.export.save``."""
+    import importlib
+
+    if spec.endswith(".pt2"):
+        try:
+            import torch
+        except ImportError:
+            from .errors import missing_extra
+
+            raise missing_extra("torch", "torch", "loading a .pt2 program") from None
+        try:
+            return torch.export.load(spec), None
+        except Exception as exc:  # torch raises many kinds for files it cannot read
+            raise XnnquantError(f"cannot load {spec!r} as a torch.export program (torch.export.save's format): "
+                                f"{type(exc).__name__}: {exc}") from None
+    expected = "expected package.module:factory, a callable returning (module, example_inputs), or a .pt2 file"
+    name, sep, attr = spec.partition(":")
+    if not sep or not name or not attr:
+        raise XnnquantError(f"MODEL {spec!r} does not resolve: {expected}")
+    try:
+        factory = getattr(importlib.import_module(name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise XnnquantError(f"MODEL {spec!r} does not resolve: {exc} ({expected})") from None
+    result = factory()
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], (tuple, list))):
+        raise XnnquantError(f"MODEL {spec!r}: the factory returned {type(result).__name__}, {expected}")
+    return result[0], tuple(result[1])
+
+
+def _export(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    import xnnquant as xq
+
+    module, example = load_model(args.model)
+    with contextlib.redirect_stderr(args.terminal):  # the progress bar shows; libraries' chatter does not
+        exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=args.fallback,
+                             target=args.target, progress=not args.no_progress)
+    path = exported.save(args.output)
+    if args.json:
+        print(exported.to_json())
+        return
+    seconds = sum(exported.timings.values())
+    print(f"{exported}\nwrote {path} ({Path(path).stat().st_size:,} bytes), exported in {seconds:.2f} s")
+
+
+def _minilm(args: argparse.Namespace) -> None:
+    from .main_job import main
+
+    stream = None if args.no_progress else args.terminal
+    print(main(as_json=args.json, with_executorch=not args.no_executorch, progress=stream))
 
 
 def _inspect(args: argparse.Namespace) -> None:
@@ -98,6 +160,29 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64, 128], metavar="G",
                         help="blockwise int4 group sizes (multiples of 32 dividing 384)")
     report.set_defaults(func=_report)
+    export = sub.add_parser("export", help="export a torch module to one XNNPACK program (.pte or .xnn)",
+                            description="Export a torch module with xq.export and write the program.")
+    export.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                        help="package.module:factory (a callable returning (module, example_inputs)) or a .pt2 "
+                             f"file saved by torch.export.save (default: {DEFAULT_MODEL}, the MiniLM encoder)")
+    export.add_argument("-o", "--output", required=True, help="output file: .pte (ExecuTorch program) or .xnn "
+                                                              "(bare XNNGraph payload)")
+    export.add_argument("--weights", default="qb4w:32", help="fp32, qc8w, qc4w or qb4w:G (default qb4w:32)")
+    export.add_argument("--method", default="mse", help="scale choice: minmax or mse (default mse)")
+    export.add_argument("--fallback", default=None, help="schemes for layers that cannot take --weights, tried in "
+                                                          "order, e.g. qc8w,fp32 (default: refuse them)")
+    export.add_argument("--target", default="1.4.1", help="1.4.1 (default) or xn01 (XN01 node kinds only)")
+    export.add_argument("--json", action="store_true", help="print the report as JSON")
+    export.add_argument("--no-progress", action="store_true", help="no progress bar")
+    export.set_defaults(func=_export)
+    minilm = sub.add_parser("minilm", help="the main job: the MiniLM encoder through xq.export and ExecuTorch's flow",
+                            description="Export all-MiniLM-L6-v2's encoder with each scheme, and with ExecuTorch's "
+                                        "own flow; run each .pte on the real XNNPACK; print size, export time, "
+                                        "latency and embedding accuracy side by side.")
+    minilm.add_argument("--json", action="store_true", help="print the rows as JSON")
+    minilm.add_argument("--no-executorch", action="store_true", help="leave out ExecuTorch's own flow")
+    minilm.add_argument("--no-progress", action="store_true", help="no progress lines")
+    minilm.set_defaults(func=_minilm)
     inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload or of every "
                                              "XNNPACK delegate of a .pte")
     inspect.add_argument("file", help="payload file (with or without XNNHeader, XN00 or XN01) or ExecuTorch .pte")
@@ -114,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="stop the isolated runtime after this long (default 300)")
     verify.set_defaults(func=_verify)
-    for command in (report, inspect, verify):
+    for command in (report, export, minilm, inspect, verify):
         command.add_argument("-v", "--verbose", action="store_true",
                              help="also show what torch, executorch and the runtime log")
     for command in (inspect, verify):
@@ -154,6 +239,8 @@ def _held_back(verbose: bool) -> Iterator[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    sys.stderr.flush()
+    args.terminal = os.fdopen(os.dup(2), "w", encoding="utf-8", errors="replace")  # for progress bars
     try:
         with _held_back(args.verbose) as held:
             args.func(args)
@@ -163,4 +250,6 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         sys.stderr.write("".join(held))  # an unexpected failure: show everything
         raise
+    finally:
+        args.terminal.close()
     return 0

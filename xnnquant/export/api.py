@@ -137,8 +137,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     ``torch.export.ExportedProgram`` (e.g. from ``torch.export.load``).  ``example_inputs``:
     a tuple of float32 tensors (static shapes), the module's positional inputs.
     ``weights``: ``"fp32"``, ``"qc8w"``, ``"qc4w"`` or ``"qb4w:G"`` (see ``options``).
-    ``method``: how scales are chosen (``"minmax"``, ``"mse"``, or an activation-aware method,
-    which needs ``calibration``: an iterable of input tuples the module is run on).
+    ``method``: how scales are chosen (``"minmax"``, ``"mse"``, or an activation-aware method).
+    ``calibration``: an iterable of input tuples the float module is run on; the inputs of
+    every linear are kept as statistics (``calibration.py``): the activation-aware methods
+    take them, and with ``minmax`` / ``mse`` the quantized linears that read a layer norm
+    are equalized (per-channel scales moved from their input to their weight).
     ``fallback``: the scheme (or schemes, tried in order) for layers that cannot take
     ``weights``; such layers are refused otherwise, and the report names every fallback.
     ``target``: ``"1.4.1"`` (default; uses XNNGelu, XNNTanh, ...) or ``"xn01"`` (the XN01
@@ -155,9 +158,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if chosen_method in aware and calibration is None and scheme.is_quantized:
         raise XnnquantError(f"method {chosen_method!r} chooses scales from activations: pass calibration= "
                             "(an iterable of input tuples)")
-    if calibration is not None and chosen_method not in aware:
-        raise XnnquantError(f"calibration= is only used by the activation-aware methods "
-                            f"({', '.join(map(repr, aware)) or 'none available'}): got method {chosen_method!r}")
+    if calibration is not None and not scheme.is_quantized:
+        raise XnnquantError("calibration= has no use with fp32 weights: it calibrates quantized layers")
     torch = _torch()
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -176,18 +178,18 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if needs_decomposition(program):
         program = program.run_decompositions(decomposition_table())
     timings["decompose"] = time.perf_counter() - start
-    calibrations = None
+    statistics = None
     if calibration is not None:
-        from .calibration import linear_calibrations
+        from .calibration import linear_statistics
 
         start = time.perf_counter()
-        calibrations = linear_calibrations(module, calibration)
+        statistics = linear_statistics(module, calibration, grams=chosen_method in aware)
         timings["calibrate"] = time.perf_counter() - start
     from .lowering import Lowerer
 
     start = time.perf_counter()
     lowerer = Lowerer(program, weights=scheme, fallback=fallback_schemes, method=chosen_method, target=chosen_target,
-                      calibration=calibrations, progress=_progress(progress, f"export {scheme}"))
+                      statistics=statistics, progress=_progress(progress, f"export {scheme}"))
     graph = lowerer.run()
     timings["lower"] = time.perf_counter() - start
     exported = Exported(graph, lowerer.rows, scheme, chosen_method, chosen_target, lowerer.input_specs,

@@ -29,12 +29,37 @@ from .registry import lowers
 
 aten = torch.ops.aten
 
-DENSE_KINDS = ("XNNFullyConnected", "XNNConvert", "XNNStaticTranspose", "XNNStaticReshape")
+DENSE_KINDS = ("XNNFullyConnected", "XNNConvert", "XNNStaticTranspose", "XNNStaticReshape", "XNNMultiply")
 PRODUCT_KINDS = ("XNNBatchMatrixMultiply", "XNNStaticTranspose", "XNNStaticReshape", "XNNAdd")
 
 
+LAYER_NORMS = (aten.layer_norm.default, aten.native_layer_norm.default)
+
+
+def plan_equalization(ctx: Lowerer, graph: Any) -> None:
+    """Mark every ``aten.linear`` that reads a layer norm's output, with calibration
+    statistics for it, for equalization (``calibration.py``), grouped by that input."""
+    import operator
+
+    stats = ctx.statistics
+    parameters = ctx.program.graph_signature.inputs_to_parameters
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not aten.linear.default or len(node.args) < 2:
+            continue
+        source = node.args[0]
+        produced = source.args[0] if getattr(source, "target", None) is operator.getitem else source
+        name = parameters.get(getattr(node.args[1], "name", ""), "")
+        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        if getattr(produced, "target", None) in LAYER_NORMS and module in stats.absmax:
+            ctx.equalized[node] = source
+
+
 def dense(ctx: Lowerer, x: Tensor, weight: Any, bias: Any, *, transposed: bool = False) -> Tensor:
-    """``x @ weight.T + bias`` with a constant ``weight`` ``[N, K]`` (``[K, N]`` if ``transposed``)."""
+    """``x @ weight.T + bias`` with a constant ``weight`` ``[N, K]`` (``[K, N]`` if ``transposed``).
+
+    A linear marked for equalization (``plan_equalization``) under a quantized scheme reads
+    ``x / s`` and stores ``weight * s`` (``s`` per input channel; see calibration.py).
+    """
     shape = tuple(weight.shape)
     if len(shape) != 2:
         raise XnnquantError(f"a linear weight must be 2-D: got shape {shape}")
@@ -43,6 +68,10 @@ def dense(ctx: Lowerer, x: Tensor, weight: Any, bias: Any, *, transposed: bool =
         raise XnnquantError(f"input features {x.shape[-1]} do not match the weight's {k} (weight {shape})")
     path = ctx.weight_path(weight)
     scheme, note = ctx.weight_scheme(path, lambda s: linear_refusal(s, k))
+    source = ctx.equalized.get(ctx.node) if scheme.is_quantized and not transposed else None
+    scales = None if source is None else ctx.equalization(source, path)
+    if scales is not None:
+        weight = ctx.constant_array(weight) * scales
     wid = ctx.quantized_weight(weight, path, scheme, note, layout=(lambda a: a.T) if transposed else None)
     bid = None
     if bias is not None:
@@ -51,6 +80,8 @@ def dense(ctx: Lowerer, x: Tensor, weight: Any, bias: Any, *, transposed: bool =
             raise XnnquantError(f"bias of {path!r} has shape {b.shape}: expected ({n},)")
         bid = ctx.constant(b, key=bias)
     xin = ctx.canonical(x)
+    if scales is not None:
+        xin = ctx.scaled_input(xin, source, scales)
     if scheme.is_quantized:
         xin = ctx.dynamic(xin, num_nonbatch_dims=1)
     return ctx.tensor(ctx.graph.fully_connected(xin, wid, bid), x.shape[:-1] + (n,))

@@ -94,11 +94,13 @@ class Lowerer:
     """State of one export: the graph under construction and what each ATen node became."""
 
     def __init__(self, program: Any, *, weights: WeightScheme, fallback: tuple[WeightScheme, ...], method: str,
-                 target: Target, calibration: dict[str, Any] | None = None,
+                 target: Target, statistics: Any = None,
                  progress: Callable[[Iterator[Any], int], Iterator[Any]] | None = None) -> None:
         self.program = program
         self.weights, self.fallback, self.method, self.target = weights, fallback, method, target
-        self.calibration = calibration or {}
+        self.statistics = statistics  # calibration.LinearStatistics, or None
+        self.equalized: dict[Any, Any] = {}  # linear ATen node -> its layer norm's (shared input) node
+        self._equalization: dict[Any, np.ndarray] = {}  # input node -> its scales
         self.progress = progress
         # 1.4.1 reads the fp32 blockwise scales; bf16 copies only serve XN01-era runtimes
         self.graph = Graph(target=target, write_scale_bf16=target is Target.XN01)
@@ -110,6 +112,7 @@ class Lowerer:
         self.folded_batch_norms: dict[Any, Any] = {}  # conv node -> the batch-norm node folded into it
         self._layouts: dict[tuple[int, tuple[int, ...]], int] = {}
         self._dynamic: dict[tuple[int, int], int] = {}
+        self._scaled: dict[tuple[int, int], int] = {}
         self._constants: dict[tuple[int, tuple[int, ...]], tuple[Any, int]] = {}
         self.aliases: dict[int, list[Any]] = {}  # value id -> the ATen nodes that lowered to it
         self.origins: dict[int, str] = {}  # id(torch tensor) -> its parameter / buffer name
@@ -137,6 +140,10 @@ class Lowerer:
                 "a delegate cannot hold state; export the module in eval mode without in-place buffer updates")
         user_inputs = list(sig.user_inputs)
         conv.plan_batch_norm_folding(self, program.graph)
+        if self.statistics is not None and not self.statistics.grams:
+            from . import linear
+
+            linear.plan_equalization(self, program.graph)
         nodes = list(program.graph.nodes)
         walk: Iterator[Any] = iter(nodes)
         if self.progress is not None:
@@ -402,6 +409,14 @@ class Lowerer:
             self._dynamic[key] = self.graph.convert(vid, Datatype.qdint8, num_nonbatch_dims=num_nonbatch_dims)
         return self._dynamic[key]
 
+    def scaled_input(self, vid: int, source: Any, scales: np.ndarray) -> int:
+        """``vid / scales`` along the last dim (equalization), one multiply per input."""
+        key = (vid, id(source))
+        if key not in self._scaled:
+            inverse = (np.float32(1) / scales).astype(np.float32)
+            self._scaled[key] = self.graph.multiply(vid, self.constant(inverse))
+        return self._scaled[key]
+
     def copy(self, vid: int) -> int:
         """A copy of ``vid`` (XNNCopy for 1.4.1; a same-shape reshape for XN01)."""
         if "XNNCopy" in self.graph.target.node_kinds:
@@ -432,6 +447,17 @@ class Lowerer:
         return x
 
     # ------------------------------------------------------------ weights
+
+    def equalization(self, source: Any, path: str) -> np.ndarray:
+        """Per-channel scales ``s`` of the input ATen node ``source`` shared by the linears
+        that read it (``calibration.equalization_scales``), computed once."""
+        if source not in self._equalization:
+            from .calibration import equalization_scales
+
+            readers = [n for n, s in self.equalized.items() if s is source]
+            weights = [self.constant_array(self.env[n.args[1]]) for n in readers]
+            self._equalization[source] = equalization_scales(self.statistics.absmax[path], weights)
+        return self._equalization[source]
 
     def weight_path(self, weight: Any) -> str:
         """The module a weight belongs to: its parameter name without ``.weight``."""
@@ -468,7 +494,8 @@ class Lowerer:
         arr = self.constant_array(weight, f"the weight of {path!r}")
         if layout is not None:
             arr = np.ascontiguousarray(layout(arr))
-        q = quantize_weight(arr, scheme, self.method, self.calibration.get(path), axis=axis)
+        grams = {} if self.statistics is None else self.statistics.grams
+        q = quantize_weight(arr, scheme, self.method, grams.get(path), axis=axis)
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
                                    weight_nbytes(q, self.graph.write_scale_bf16), weight_sqnr(arr, q), note))
         if isinstance(q, QuantizedTensor):

@@ -145,6 +145,8 @@ def expand(ctx: Lowerer, x: Any, size: Any, implicit: bool = False) -> Tensor:
         return x
     from .elementwise import binary
 
+    if lead:
+        x = reshaped(ctx, x, (1,) * lead + x.shape)
     return binary(ctx, "add", x, torch.zeros(target))
 
 
