@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    quantize all-MiniLM-L6-v2's linear weights with every scheme, print a table
+#   make run    export all-MiniLM-L6-v2's encoder with each weight scheme and with ExecuTorch's own
+#               flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm)
 #   make test   lint (ruff, mypy), then the whole test suite, notebooks included
 # Both create .venv at the repo root and install the pinned dependencies into it.
 
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml requirements/lock.txt
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m xnnquant report
+	$(BIN)/python -m xnnquant minilm
 
 # lint first: ruff (style and bug patterns) and mypy (types of the library), both
 # configured in pyproject.toml, must be clean before the tests run

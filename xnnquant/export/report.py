@@ -37,13 +37,13 @@ def _sqnr(value: float) -> str:
 
 
 def totals(rows: Sequence[ReportRow]) -> dict[str, Any]:
-    """Weights, bytes, float32 bytes, bits per weight and the overall SQNR (energy-weighted
-    over all weights is not available from the rows, so the mean and worst are given)."""
+    """Rows, parameters, bytes (and as float32), bits per weight, the mean and worst SQNR
+    over the rows, and how many rows took a fallback."""
     numel = sum(r.numel for r in rows)
     nbytes = sum(r.nbytes for r in rows)
     finite = [r.sqnr_db for r in rows if not math.isinf(r.sqnr_db)]
     return {
-        "weights": len(rows),
+        "rows": len(rows),
         "parameters": numel,
         "bytes": nbytes,
         "fp32_bytes": 4 * numel,
@@ -72,7 +72,7 @@ def format_report(rows: Sequence[ReportRow]) -> str:
     mean = "-" if t["mean_sqnr_db"] is None else f"{t['mean_sqnr_db']:.2f} dB"
     worst = "-" if t["worst_sqnr_db"] is None else f"{t['worst_sqnr_db']:.2f} dB"
     lines.append(
-        f"total: {t['weights']} weights, {t['parameters']:,} parameters, {t['bytes']:,} bytes "
+        f"total: {t['rows']} weights, {t['parameters']:,} parameters, {t['bytes']:,} bytes "
         f"({t['bits_per_weight']:.2f} bits per weight; fp32 {t['fp32_bytes']:,}), SQNR mean {mean}, "
         f"worst {worst}, {t['fallbacks']} fallback(s)")
     return "\n".join(lines)

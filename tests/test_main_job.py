@@ -1,0 +1,30 @@
+"""The main job (make run): one xnnquant row end to end, and the table format."""
+
+from __future__ import annotations
+
+import pytest
+
+from xnnquant import main_job
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.xnnpack
+def test_one_row_end_to_end() -> None:
+    (row,) = main_job.run(schemes=[("qb4w:32", "minmax")], with_executorch=False)
+    assert row.flow == "xnnquant" and row.scheme == "qb4w:32 minmax" and row.delegates == 1
+    # 10.6M int4 weights (5.3 MB) and their fp32 scales (1.3 MB), fp32 biases and norms
+    assert 6.5e6 < row.pte_bytes < 7.0e6
+    # the measured cosine (0.9628 mean, 0.9363 worst on Zen 2) within a CPU-independent margin
+    assert 0.955 < row.cos_mean < 0.97 and 0.92 < row.cos_worst <= row.cos_mean
+    assert row.latency_ms > 0 and row.export_s > 0
+
+
+def test_table_format() -> None:
+    rows = [main_job.Row("xnnquant", "fp32", 42_620_000, 1.234, 5.678, 1, 1.0, 0.99999),
+            main_job.Row("ExecuTorch", "int4 g32 (torchao)", 6_180_000, 28.4, 2.24, 24, 0.9625, 0.9327)]
+    assert main_job.format_rows(rows).splitlines() == [
+        "| flow | scheme | .pte size | export time | latency | delegates | cos mean | cos worst |",
+        "|---|---|---|---|---|---|---|---|",
+        "| xnnquant | fp32 | 42.62 MB | 1.23 s | 5.68 ms | 1 | 1.0000 | 1.0000 |",
+        "| ExecuTorch | int4 g32 (torchao) | 6.18 MB | 28.40 s | 2.24 ms | 24 | 0.9625 | 0.9327 |"]
