@@ -155,7 +155,7 @@ def runtime_intermediates(graph: Graph, inputs: list[np.ndarray]) -> dict[int, n
     for start in range(0, len(values), room):
         chunk = values[start:start + room]
         exposed = copy.deepcopy(graph)
-        exposed.declared_num_externs = None  # a loaded graph's count; it grows here
+        exposed.load_info = None  # a loaded graph's declared extern count no longer holds
         for vid in chunk:
             exposed.output(vid)
         results = run(exposed.to_bytes(), inputs)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import XnnquantError
+from ..files import write_atomic
 from ..graph import Graph, Target
 from .options import WeightScheme
 from .report import ReportRow, format_report, totals
@@ -24,27 +24,6 @@ from .report import ReportRow, format_report, totals
 #: File suffixes ``save`` writes, and what each holds.
 SUFFIXES = {".pte": "an ExecuTorch program (one method, the payload as its XNNPACK delegate)",
             ".xnn": "the bare XNNGraph payload (XNNHeader, flatbuffer, constant segment)"}
-
-
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same directory, then rename:
-    the file is either the old one or the whole new one, never a part."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
 
 
 @dataclass
