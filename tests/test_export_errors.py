@@ -98,8 +98,12 @@ def test_bad_modules_and_inputs() -> None:
         xq.export(linear, (x,), target="1.3", progress=False)
     with pytest.raises(XnnquantError, match=r"^unknown method: got 'best'"):
         xq.export(linear, (x,), method="best", progress=False)
-    with pytest.raises(XnnquantError, match=r"^calibration= is only used by the activation-aware methods"):
-        xq.export(linear, (x,), method="mse", calibration=[(x,)], progress=False)
+    with pytest.raises(XnnquantError, match=r"^calibration= has no use with fp32 weights: it calibrates quantized "
+                                            r"layers"):
+        xq.export(linear, (x,), weights="fp32", calibration=[(x,)], progress=False)
+    with pytest.raises(UnsupportedConfigError, match=r"layer '<top level>' cannot take its weights: qb4w:32: group "
+                                                     r"size 32 does not divide in_features 4"):
+        xq.export(linear, (x,), weights="qb4w:32", progress=False)
     with pytest.raises(XnnquantError, match=r"^torch.export.export failed on Linear: RuntimeError: "):
         xq.export(linear, (torch.randn(2, 5),), progress=False)
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import to_numpy
-from ..constants import MAX_NUM_EXTERNS
+from ..constants import FLT_MIN, MAX_NUM_EXTERNS
 from ..datatypes import Datatype
 from ..errors import XnnquantError
 from ..graph import Graph
@@ -184,7 +184,7 @@ def first_divergence(graph: Graph, inputs: list[np.ndarray], sources: list[tuple
                 computed[vid] = result
                 continue
             got = np.asarray(observed[vid], np.float64)
-            scale = max(float(np.max(np.abs(result), initial=0.0)), np.finfo(np.float32).tiny)
+            scale = max(float(np.max(np.abs(result), initial=0.0)), float(FLT_MIN))
             error = float(np.max(np.abs(got - result), initial=0.0)) / scale
             checked += k == 0
             worst = max(worst, error)

@@ -464,6 +464,8 @@ class Lowerer:
         name = self.origins.get(id(weight))
         if name is None:
             return self.module_path()
+        if name == "weight":  # the exported module itself is the layer
+            return ""
         return name[: -len(".weight")] if name.endswith(".weight") else name
 
     def weight_scheme(self, path: str, refusal: Callable[[WeightScheme], str | None]) -> tuple[WeightScheme, str]:
@@ -483,7 +485,7 @@ class Lowerer:
                 return scheme, "; ".join(reasons) + f"; took fallback {scheme}"
             reasons.append(f"fallback {scheme}: {again}")
         hint = "fallback='fp32'" if not self.fallback else "a fallback it can take, e.g. fallback=('qc8w', 'fp32')"
-        self.refuse(f"layer {path!r} cannot take its weights: {'; '.join(reasons)} (pass {hint})")
+        self.refuse(f"layer {path or '<top level>'!r} cannot take its weights: {'; '.join(reasons)} (pass {hint})")
         return FP32, reason
 
     def quantized_weight(self, weight: Any, path: str, scheme: WeightScheme, note: str,
