@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import textwrap
 from pathlib import Path
@@ -94,3 +95,21 @@ def test_help(command: str, capsys: pytest.CaptureFixture) -> None:
         cli.main([command, "--help"])
     assert info.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: xnnquant {command}")
+
+
+@pytest.mark.xnnpack
+def test_verify_accepts_an_exported_pte(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A deep dynamically quantized graph: end to end the interpreter and the runtime part by
+    float ties that per-token quantization amplifies layer by layer, so each delegate is then
+    judged node by node on the runtime's own values (xq.verify's check)."""
+    from export_models import MODELS
+
+    import xnnquant as xq
+
+    module, inputs = MODELS["transformer"]()
+    layers = torch.nn.Sequential(*[copy.deepcopy(module) for _ in range(4)]).eval()
+    xq.export(layers, inputs, weights="qb4w:32", progress=False).save(tmp_path / "t.pte")
+    assert cli.main(["verify", str(tmp_path / "t.pte"), "--no-isolate"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("OK: worst relative error")
+

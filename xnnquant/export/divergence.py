@@ -154,7 +154,9 @@ def runtime_intermediates(graph: Graph, inputs: list[np.ndarray]) -> dict[int, n
     found: dict[int, np.ndarray] = {}
     for start in range(0, len(values), room):
         chunk = values[start:start + room]
-        exposed = copy.deepcopy(graph)
+        exposed = copy.copy(graph)  # values copied (their flags change), nodes and constants shared
+        exposed.values = [copy.copy(v) for v in graph.values]
+        exposed.nodes = list(graph.nodes)
         exposed.load_info = None  # a loaded graph's declared extern count no longer holds
         for vid in chunk:
             exposed.output(vid)

@@ -102,8 +102,11 @@ class Lowerer:
         self.equalized: dict[Any, Any] = {}  # linear ATen node -> its layer norm's (shared input) node
         self._equalization: dict[Any, np.ndarray] = {}  # input node -> its scales
         self.progress = progress
-        # 1.4.1 reads the fp32 blockwise scales; bf16 copies only serve XN01-era runtimes
-        self.graph = Graph(target=target, write_scale_bf16=target is Target.XN01)
+        # for 1.4.1, scales go to the constant segment as ExecuTorch 1.4.1 stores them (blockwise:
+        # bf16, 2 bytes each, 0.65 MB less for MiniLM at qb4w:32); XN01-era runtimes read them
+        # from the flatbuffer, blockwise ones as bf16 copies besides the fp32 list
+        later = target is not Target.XN01
+        self.graph = Graph(target=target, write_scale_bf16=not later, scales_in_segment=later)
         self.env: dict[Any, Any] = {}
         self.node: Any = None  # the ATen node being lowered
         self.refusals: list[str] = []
@@ -499,7 +502,7 @@ class Lowerer:
         grams = {} if self.statistics is None else self.statistics.grams
         q = quantize_weight(arr, scheme, self.method, grams.get(path), axis=axis)
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
-                                   weight_nbytes(q, self.graph.write_scale_bf16), weight_sqnr(arr, q), note))
+                                   weight_nbytes(q, self.graph.scales_in_segment), weight_sqnr(arr, q), note))
         if isinstance(q, QuantizedTensor):
             return self.graph.constant(q)
         return self.constant(q)

@@ -47,13 +47,17 @@ def quantize_weight(weight: Any, scheme: WeightScheme, method: str = "mse", cali
     return quantize_per_channel(weight, bits=bits, axis=axis, method=chosen, **extra)
 
 
-def weight_nbytes(q: QuantizedTensor | np.ndarray, bf16_copies: bool = False) -> int:
-    """Bytes the weight takes in the payload: its data plus its scales (fp32 each; blockwise
-    scales also as bf16 when ``bf16_copies``, as XN01-era runtimes read those)."""
+def weight_nbytes(q: QuantizedTensor | np.ndarray, scales_in_segment: bool = False) -> int:
+    """Bytes the weight takes in the payload: its data plus its scales.  Per-channel scales
+    are fp32; blockwise ones are bf16 in the constant segment (``scales_in_segment``, target
+    1.4.1), or fp32 plus bf16 copies in the flatbuffer (XN01)."""
     if not isinstance(q, QuantizedTensor):
         return int(q.nbytes)
     scales = int(np.asarray(q.scale).size)
-    per_scale = 6 if bf16_copies and q.group_size is not None else 4
+    if q.group_size is None:
+        per_scale = 4
+    else:
+        per_scale = 2 if scales_in_segment else 6
     return len(q.to_bytes()) + scales * per_scale
 
 

@@ -57,8 +57,8 @@ def totals(rows: Sequence[ReportRow]) -> dict[str, Any]:
 def format_report(rows: Sequence[ReportRow]) -> str:
     """The rows as an aligned text table, then a totals line."""
     header = ("module", "shape", "scheme", "bytes", "SQNR dB", "fallback")
-    body = [(r.path or "<top level>", "x".join(map(str, r.shape)), r.scheme, f"{r.nbytes:,}", _sqnr(r.sqnr_db), r.fallback)
-            for r in rows]
+    body = [(r.path or "<top level>", "x".join(map(str, r.shape)), r.scheme, f"{r.nbytes:,}", _sqnr(r.sqnr_db),
+             r.fallback) for r in rows]
     widths = [max(len(header[i]), *(len(b[i]) for b in body)) if body else len(header[i]) for i in range(5)]
     right = {3, 4}
 
