@@ -11,6 +11,8 @@ from . import graph, packing
 # and ``xnnquant.verify`` (``xnnquant verify``'s helpers) are modules.  Importing a module
 # binds its name in this package only the first time, so each module is imported here
 # before the function of the same name is bound; later imports leave the functions be.
+# Import the modules' contents with ``from xnnquant.export import lowering`` (``import
+# xnnquant.export.lowering as m`` resolves ``xnnquant.export`` to the function).
 # torch is imported only when ``export`` or ``verify`` runs.
 from . import verify as _verify_module  # noqa: F401  (imported first, see above)
 from .datatypes import STORAGE, Datatype, QuantParamsKind, from_xnn_c, storage, to_xnn_c
