@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import XnnquantError
-from .lowering import NHWC, Lowerer, Tensor
+from .lowering import NHWC, Lowerer, Tensor, pair
 from .options import WeightScheme
 from .quantize import conv_refusal
 from .registry import lowers
@@ -71,10 +71,6 @@ def _batch_norm_affine(ctx: Lowerer, weight: Any, bias: Any, mean: Any, var: Any
     return scale, arr(bias, 0.0) - arr(mean, 0.0) * scale
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    t = tuple(int(d) for d in (v if isinstance(v, (list, tuple)) else (v,)))
-    return (t[0], t[0]) if len(t) == 1 else (t[0], t[1])
-
 
 @lowers(aten.conv2d.default, emits=CONV_KINDS)
 def conv2d(ctx: Lowerer, x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
@@ -96,11 +92,11 @@ def convolution(ctx: Lowerer, x: Any, weight: Any, bias: Any, stride: Any, paddi
         raise XnnquantError("convolution with a computed filter or bias is not supported: expected constants")
     w = ctx.constant_array(weight, "convolution weight").astype(np.float64)
     b = None if bias is None else ctx.constant_array(bias, "convolution bias").astype(np.float64)
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     g = ctx.graph
     path = ctx.weight_path(weight)
     if transposed:
-        return _transposed(ctx, x, w, b, path, (sh, sw), (ph, pw), (dh, dw), _pair(output_padding), int(groups))
+        return _transposed(ctx, x, w, b, path, (sh, sw), (ph, pw), (dh, dw), pair(output_padding), int(groups))
     oc, channels = w.shape[0], x.shape[1]
     batch_norm = ctx.folded_batch_norms.get(ctx.node)
     if batch_norm is not None:

@@ -83,6 +83,19 @@ class Tensor:
         return self.perm.index(dim % self.rank)
 
 
+def pair(v: Any, default: tuple[int, int] | None = None) -> tuple[int, int]:
+    """An ATen int-or-list argument (kernel, stride, padding, ...) as (height, width);
+    an empty list is ``default`` (``max_pool2d``'s stride defaults to its kernel so)."""
+    if isinstance(v, (list, tuple)):
+        if not v:
+            if default is None:
+                raise XnnquantError("an empty size list where one or two sizes were expected")
+            return default
+        t = tuple(int(d) for d in v)
+        return (t[0], t[0]) if len(t) == 1 else (t[0], t[1])
+    return int(v), int(v)
+
+
 def moves_only_ones(shape: tuple[int, ...], perm: tuple[int, ...]) -> bool:
     """True when permuting ``shape`` by ``perm`` keeps every dim larger than 1 in order,
     so the elements stay in the same memory order (a reshape does the transpose)."""

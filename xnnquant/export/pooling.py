@@ -22,19 +22,11 @@ import numpy as np
 import torch
 
 from ..errors import XnnquantError
-from .lowering import NHWC, Lowerer, Tensor
+from .lowering import NHWC, Lowerer, Tensor, pair
 from .registry import lowers
 
 aten = torch.ops.aten
 
-
-def _pair(v: Any, default: tuple[int, int] | None = None) -> tuple[int, int]:
-    if isinstance(v, (list, tuple)):
-        if not v and default is not None:
-            return default
-        t = tuple(int(d) for d in v)
-        return (t[0], t[0]) if len(t) == 1 else (t[0], t[1])
-    return int(v), int(v)
 
 
 def _spatial(x: Tensor) -> tuple[int, int]:
@@ -64,8 +56,8 @@ def max_pool2d(ctx: Lowerer, x: Any, kernel_size: Any, stride: Any = (), padding
     """``aten::max_pool2d`` (and ``_with_indices``, whose indices are refused if used)."""
     x = ctx.value(x)
     h, w = _spatial(x)
-    k = _pair(kernel_size)
-    s, p, d = _pair(stride, k), _pair(padding), _pair(dilation)
+    k = pair(kernel_size)
+    s, p, d = pair(stride, k), pair(padding), pair(dilation)
     extra = (_ceil_extra(h, k[0], s[0], p[0], d[0]), _ceil_extra(w, k[1], s[1], p[1], d[1])) if ceil_mode else (0, 0)
     out = ctx.graph.max_pooling_2d(ctx.in_layout(x, NHWC), kernel=k, stride=s, dilation=d,
                                    padding=(p[0], p[1] + extra[1], p[0] + extra[0], p[1]))
@@ -83,8 +75,8 @@ def avg_pool2d(ctx: Lowerer, x: Any, kernel_size: Any, stride: Any = (), padding
     if ceil_mode or divisor_override is not None:
         raise XnnquantError(f"avg_pool2d with ceil_mode={ceil_mode}, divisor_override={divisor_override} is not "
                             "supported: expected False and None")
-    k = _pair(kernel_size)
-    s, p = _pair(stride, k), _pair(padding)
+    k = pair(kernel_size)
+    s, p = pair(stride, k), pair(padding)
     g = ctx.graph
     xin = ctx.in_layout(x, NHWC)
     pads = (p[0], p[1], p[0], p[1])
@@ -100,7 +92,7 @@ def adaptive_avg_pool2d(ctx: Lowerer, x: Any, output_size: Any) -> Tensor:
     """To 1x1: XNNGlobalAvgPooling2d; to a size dividing the input: an average pooling."""
     x = ctx.value(x)
     h, w = _spatial(x)
-    oh, ow = _pair(output_size)
+    oh, ow = pair(output_size)
     if (oh, ow) == (1, 1):
         return _nchw_result(ctx, ctx.graph.global_avg_pooling_2d(ctx.in_layout(x, NHWC)))
     if (oh, ow) == (h, w):
