@@ -123,11 +123,11 @@ def convolution(ctx: Lowerer, x: Any, weight: Any, bias: Any, stride: Any, paddi
     xin = ctx.in_layout(x, NHWC)
     if scheme.is_quantized:
         xin = ctx.dynamic(xin, num_nonbatch_dims=3)
-    geometry = dict(padding=(ph, pw, ph, pw), stride=(sh, sw), dilation=(dh, dw))
     if depthwise:
-        out = g.depthwise_conv2d(xin, wid, bid, **geometry)
+        out = g.depthwise_conv2d(xin, wid, bid, padding=(ph, pw, ph, pw), stride=(sh, sw), dilation=(dh, dw))
     else:
-        out = g.conv2d(xin, wid, bid, groups=int(groups), **geometry)
+        out = g.conv2d(xin, wid, bid, padding=(ph, pw, ph, pw), stride=(sh, sw), dilation=(dh, dw),
+                       groups=int(groups))
     n, oh, ow, _ = g.value(out).dims
     return ctx.tensor(out, (n, oc, oh, ow), NHWC)
 
