@@ -58,7 +58,7 @@ def linear_statistics(module: Any, batches: Iterable[Any], *, grams: bool = Fals
     calibration_type = None
     if grams:
         try:
-            from ..schemes import Calibration  # type: ignore[attr-defined]
+            from ..schemes import Calibration
         except ImportError:
             raise XnnquantError("activation-aware methods need xnnquant.schemes.Calibration") from None
         calibration_type = Calibration
