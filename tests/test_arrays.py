@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from xnnquant import XnnquantError
-from xnnquant.arrays import as_float32, as_int_codes
+from xnnquant.arrays import as_float32, as_int_codes, first_not_positive_normal
 
 torch = pytest.importorskip("torch")
 
@@ -39,3 +39,16 @@ def test_integer_input_is_refused_for_floats():
 
 def test_codes_from_torch_int8():
     assert as_int_codes(torch.tensor([-8, 7], dtype=torch.int8)).tolist() == [-8, 7]
+
+
+def test_positive_normal_scales_by_the_float32_bits():
+    # The thresholds are exact float32 facts: 2**-126 is the least normal, the next float
+    # below it is subnormal; a float64 that rounds below it in float32 is refused too.
+    tiny = float(np.finfo(np.float32).tiny)
+    assert first_not_positive_normal(np.array([tiny, 1.0, 3.4e38], np.float32)) is None
+    assert first_not_positive_normal(np.float32(2.0)) is None
+    below = np.nextafter(np.float32(tiny), np.float32(0))
+    for bad in (below, 0.0, -1.0, np.nan, np.inf):
+        assert first_not_positive_normal(np.array([[1.0, 1.0], [1.0, bad]], np.float32)) == (1, 1)
+    assert first_not_positive_normal(np.float32(0.0)) == ()
+    assert first_not_positive_normal(np.array([tiny * 0.9999999])) == (0,)

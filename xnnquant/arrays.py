@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from .constants import FLT_MIN
 from .errors import XnnquantError
 
 #: An array argument: a numpy array (bf16 as ``ml_dtypes.bfloat16``), a torch tensor (read
@@ -89,6 +90,19 @@ def check_finite(x: np.ndarray, name: str = "x") -> None:
             f"{name} must be finite: got {x[where]} at index {where} "
             f"({int(bad.sum())} non-finite value(s) in all)"
         )
+
+
+def first_not_positive_normal(scale: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first value of ``scale`` that is not a positive normal float32, or None.
+
+    XNNPACK refuses a scale that is NaN, infinite, zero, negative or subnormal (below
+    ``FLT_MIN``); every scale check of the project asks this one question.
+    """
+    as32 = np.asarray(scale).astype(np.float32)
+    bad = ~(np.isfinite(as32) & (as32 >= FLT_MIN))
+    if not bad.any():
+        return None
+    return tuple(int(i) for i in np.argwhere(bad)[0]) if as32.ndim else ()
 
 
 def as_int_codes(codes: ArrayInput, name: str = "codes") -> np.ndarray:

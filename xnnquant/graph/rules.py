@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..arrays import first_not_positive_normal
 from ..constants import (
-    FLT_MIN,
     MAX_NUM_EXTERNS,
     XNN_FLAG_TENSORFLOW_SAME_PADDING,
     XNN_FLAG_TRANSIENT_INDIRECTION_BUFFER,
@@ -92,9 +92,9 @@ def expected_nbytes(v: Value) -> int:
 
 
 def _check_scales(what: str, scale: np.ndarray) -> None:
-    bad = ~(np.isfinite(scale) & (scale >= FLT_MIN))
-    if bad.any():
-        i = int(np.argmax(bad))
+    where = first_not_positive_normal(scale.ravel())
+    if where is not None:
+        (i,) = where
         raise _fail(what, f"scales must be positive normal floats: got {scale.ravel()[i]!r} at index {i}")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import ArrayInput
+from ..arrays import ArrayInput, first_not_positive_normal
 from ..constants import FLT_MIN
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
@@ -53,9 +53,9 @@ def _choose(arr: np.ndarray, input_scale: ArrayInput, weight_scale: ArrayInput) 
         )
     with np.errstate(over="ignore", under="ignore"):
         scale = (s_in * s_w).astype(np.float32)
-    bad = ~(np.isfinite(scale) & (scale >= FLT_MIN))
-    if bad.any():
-        where = int(np.argmax(bad.reshape(-1)))
+    bad = first_not_positive_normal(scale.reshape(-1))
+    if bad is not None:
+        (where,) = bad
         raise XnnquantError(
             f"bias scale input_scale * weight_scale must be a positive normal float32: got "
             f"{scale.reshape(-1)[where]:.9g} (channel {where}), expected a finite value >= {FLT_MIN:.9g}"

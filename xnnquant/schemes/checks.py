@@ -16,7 +16,7 @@ from typing import Literal, cast
 
 import numpy as np
 
-from ..arrays import ArrayInput, as_float32, float_array, is_int, to_numpy
+from ..arrays import ArrayInput, as_float32, first_not_positive_normal, float_array, is_int, to_numpy
 from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
 from ..datatypes import Datatype
 from ..errors import XnnquantError
@@ -121,9 +121,8 @@ def user_scale(scale: ArrayInput, name: str = "scale") -> np.ndarray:
     except (TypeError, ValueError):
         raise XnnquantError(f"{name} must be a number or an array of numbers: got {scale!r}") from None
     as32 = arr.astype(np.float32)
-    bad = ~(np.isfinite(as32) & (as32 >= FLT_MIN))
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0]) if arr.ndim else ()
+    where = first_not_positive_normal(as32)
+    if where is not None:
         raise XnnquantError(
             f"{name} must be a positive normal float32 (XNNPACK rejects others): got {arr[where]}"
             f"{f' at index {where}' if where else ''}, expected a finite value >= {FLT_MIN:.9g}"
