@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import xnnquant as xq
 from xnnquant.graph import Deferred, Graph, load, writer
@@ -57,3 +58,21 @@ def test_listing_values_of_a_large_payload_reads_no_constant(tmp_path: Path) -> 
     assert summary[1] == (1, "fp32", BIG, 4 * BIG[0] * BIG[1])
     assert grown < 64 << 20, f"loading grew resident memory by {grown >> 20} MiB"  # 512 MiB if read
     assert bytes(loaded.values[1].constant[-8:]) == bytes(8)  # the data is there when asked for
+
+
+def test_read_pte_maps_the_program_file(tmp_path: Path) -> None:
+    """A .pte read from a path: the delegate's payload and its constants are views of the mapped file."""
+    pytest.importorskip("executorch")
+    from xnnquant.graph import to_pte
+    from xnnquant.pte import read_pte
+
+    g = Graph()
+    x = g.input((2, 64))
+    g.output(g.fully_connected(x, g.constant(np.ones((32, 64), np.float32))))
+    path = tmp_path / "m.pte"
+    path.write_bytes(to_pte(g.to_bytes()))
+    (delegate,) = read_pte(path).delegates
+    assert isinstance(delegate.payload, memoryview) and isinstance(delegate.payload.obj, mmap.mmap)
+    weight = delegate.graph.values[1].constant
+    assert isinstance(weight, memoryview) and isinstance(weight.obj, mmap.mmap)
+    assert bytes(delegate.payload) == g.to_bytes()

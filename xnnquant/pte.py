@@ -72,6 +72,8 @@ PTD_IDENTIFIER = b"FT01"
 XNNPACK_BACKEND_ID = "XnnpackBackend"
 
 Source = bytes | bytearray | memoryview | str | os.PathLike
+#: Bytes read from a program or data file: a view of the mapped file when read from a path.
+Blob = bytes | memoryview
 
 
 class ProgramError(XnnquantError):
@@ -93,9 +95,9 @@ class Delegate:
     method: str
     index: int
     location: str
-    payload: bytes = field(repr=False)
+    payload: Blob = field(repr=False)
     graph: Any = field(repr=False)
-    named_data: dict[str, bytes] = field(repr=False)
+    named_data: dict[str, Blob] = field(repr=False)
 
     @property
     def name(self) -> str:
@@ -118,10 +120,10 @@ class PteProgram:
     methods: tuple[str, ...]
     delegates: tuple[Delegate, ...]
     other_delegates: tuple[tuple[str, int, str], ...]
-    named_data: dict[str, bytes] = field(repr=False)
+    named_data: dict[str, Blob] = field(repr=False)
     named_data_origin: dict[str, str] = field(repr=False)
-    data: bytes = field(repr=False)
-    data_files: tuple[bytes, ...] = field(repr=False, default=())
+    data: Blob = field(repr=False)
+    data_files: tuple[Blob, ...] = field(repr=False, default=())
 
     def method_delegates(self, method: str) -> tuple[Delegate, ...]:
         """The XNNPACK delegates of ``method``, by index."""
@@ -156,15 +158,22 @@ def _executorch() -> SimpleNamespace:
     return SimpleNamespace(Program=Program, DataLocation=DataLocation, extended_header=_get_extended_header)
 
 
-def _read(source: Source, what: str) -> tuple[bytes, str]:
-    """(bytes, name for messages) of a path or a bytes-like object."""
+def _read(source: Source, what: str) -> tuple[Blob, str]:
+    """(bytes, name for messages) of a path or a bytes-like object.
+
+    A file is memory-mapped (``graph.reader.map_file``), and delegates and named data are
+    views of it: reading a multi-GB program reads its flatbuffer and the pages a caller
+    then touches, not the whole file.
+    """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), f"the {what} bytes"
     if isinstance(source, (str, os.PathLike)):
+        from .graph.reader import map_file
+
         try:
-            return Path(source).read_bytes(), repr(os.fspath(source))
-        except OSError as exc:
-            raise ProgramError(f"cannot read {what} file {os.fspath(source)!r}: {exc.strerror or exc}") from None
+            return map_file(source), repr(os.fspath(source))
+        except XnnquantError as exc:
+            raise ProgramError(f"cannot read {what} file {os.fspath(source)!r}: {exc}") from None
     raise XnnquantError(f"a {what} must be given as bytes or a path: got {type(source).__name__}")
 
 
@@ -209,7 +218,7 @@ _DECODE_ERRORS = (struct.error, IndexError, TypeError, ValueError, OverflowError
                   AttributeError, UnicodeDecodeError)
 
 
-def read_ptd(source: Source) -> dict[str, bytes]:
+def read_ptd(source: Source) -> dict[str, Blob]:
     """The named blobs of an ExecuTorch data file (``.ptd``): key -> bytes.
 
     Raises ``ProgramError`` for anything that is not a well-formed FlatTensor file.
@@ -217,7 +226,7 @@ def read_ptd(source: Source) -> dict[str, bytes]:
     return _ptd_blobs(*_read(source, ".ptd"))
 
 
-def _ptd_blobs(data: bytes, name: str) -> dict[str, bytes]:
+def _ptd_blobs(data: Blob, name: str) -> dict[str, Blob]:
     if len(data) < 48 or data[4:8] != PTD_IDENTIFIER:
         raise ProgramError(
             f"{name} is not an ExecuTorch data file: got identifier {data[4:8]!r} ({len(data)} bytes), "
@@ -242,7 +251,7 @@ def _ptd_blobs(data: bytes, name: str) -> dict[str, bytes]:
     except Exception as exc:  # flatc failed (exit status) or its JSON did not fit the schema
         raise ProgramError(f"{name}: ExecuTorch's flatc could not decode the FlatTensor table: "
                            f"{type(exc).__name__}: {str(exc)[:200]}") from None
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, Blob] = {}
     for entry in flat.named_data:
         where = f"named data {entry.key!r}"
         if not 0 <= entry.segment_index < len(flat.segments):
@@ -308,19 +317,19 @@ class _Found:
     method: str
     index: int
     location: str
-    payload: bytes
+    payload: Blob
 
 
 class _Walk:
     """The methods, delegates and named data of a program, every offset checked."""
 
-    def __init__(self, data: bytes, name: str, et: SimpleNamespace) -> None:
+    def __init__(self, data: Blob, name: str, et: SimpleNamespace) -> None:
         self.data, self.name, self.et = data, name, et
         self.bounds = _Bounds(len(data), name)
         self.methods: list[str] = []
         self.xnnpack: list[_Found] = []
         self.others: list[tuple[str, int, str]] = []
-        self.named_data: dict[str, bytes] = {}
+        self.named_data: dict[str, Blob] = {}
         try:
             self._walk()
         except (ProgramError, MemoryError):
@@ -375,7 +384,7 @@ class _Walk:
                     raise ProgramError(f"{self.name}: {where} has data location {location}, "
                                        "expected 0 (inline) or 1 (segment)")
 
-    def _segment(self, index: int, what: str) -> bytes:
+    def _segment(self, index: int, what: str) -> Blob:
         if self.segment_base is None:
             raise ProgramError(f"{self.name}: {what} lives in segment {index}, but the file has no "
                                "extended header, so no segments")
@@ -386,7 +395,7 @@ class _Walk:
         return self.data[start:end]
 
 
-def _delegate(found: _Found, named: Mapping[str, bytes], validate: bool, name: str,
+def _delegate(found: _Found, named: Mapping[str, Blob], validate: bool, name: str,
               files: list[Source], beside: str) -> Delegate:
     from .graph import load
 

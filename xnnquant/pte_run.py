@@ -72,7 +72,22 @@ def _data_map(program: PteProgram) -> bytes | None:
         raise UnsupportedConfigError(
             f"the ExecuTorch runtime's Python loader takes one data file: got {len(program.data_files)}"
         )
-    return program.data_files[0] if program.data_files else None
+    return _runtime_bytes(program)[1]
+
+
+def _runtime_bytes(program: PteProgram) -> tuple[bytes, bytes | None]:
+    """The program's bytes and its data file's, as ``bytes`` the runtime's loader takes.
+
+    The loader keeps pointers into them, not references, so they must live as long as the
+    program (a temporary copy of a mapped file crashed it): they are kept on the program.
+    """
+    kept = program.__dict__.get("_runtime_bytes")
+    if kept is None:
+        data = program.data if isinstance(program.data, bytes) else bytes(program.data)
+        files = program.data_files
+        kept = (data, None if not files else files[0] if isinstance(files[0], bytes) else bytes(files[0]))
+        object.__setattr__(program, "_runtime_bytes", kept)
+    return kept
 
 
 @contextlib.contextmanager
@@ -84,6 +99,7 @@ def _runtime_errors(what: str) -> Iterator[None]:
 
 
 def _load(program_bytes: bytes, data_map: bytes | None) -> Any:
+    """The runtime's module; both buffers must outlive it (see ``_runtime_bytes``)."""
     lib = _portable_lib()
     with _runtime_errors("to load the program"):
         return lib._load_for_executorch_from_buffer(program_bytes, data_map)
@@ -100,7 +116,7 @@ class InputSpec:
 def method_inputs(program: PteProgram | Source, method: str, data_files: Any = ()) -> list[InputSpec]:
     """The shapes and dtypes a method takes, from the runtime's ``MethodMeta``."""
     program = _as_program(program, data_files)
-    module = _load(program.data, _data_map(program))
+    module = _load(_runtime_bytes(program)[0], _data_map(program))
     if method not in program.methods:
         raise XnnquantError(f"no method {method!r} in the program: it has {', '.join(program.methods)}")
     meta = module.method_meta(method)
@@ -147,7 +163,7 @@ def run_method(program: PteProgram | Source, method: str, inputs: Sequence[Any],
     program = _as_program(program, data_files)
     if method not in program.methods:
         raise XnnquantError(f"no method {method!r} in the program: it has {', '.join(program.methods)}")
-    return _execute(_load(program.data, _data_map(program)), method, inputs)
+    return _execute(_load(_runtime_bytes(program)[0], _data_map(program)), method, inputs)
 
 
 class _Cutter:
@@ -157,7 +173,7 @@ class _Cutter:
         from executorch.exir._serialize import _deserialize_pte_binary
 
         self.program = program
-        self.pte_file = _deserialize_pte_binary(program.data)
+        self.pte_file = _deserialize_pte_binary(_runtime_bytes(program)[0])
         self.plans = {plan.name: plan for plan in self.pte_file.program.execution_plan}
 
     def call_site(self, delegate: Delegate) -> tuple[int, list[int]]:
@@ -275,7 +291,7 @@ def check_delegates(program: PteProgram, method: str, inputs: Sequence[Any]) -> 
         ins, outs = delegate_io(program, delegate, inputs, _cutter=cutter)
         ins = _fit_to_payload(delegate.graph, ins)
         reference = interpret(delegate.graph, ins)
-        alone = run(delegate.payload, ins, named_data=delegate.named_data)
+        alone = run(delegate.payload, ins, named_data={k: bytes(v) for k, v in delegate.named_data.items()})
         identical = all(a.shape == o.shape and a.tobytes() == o.tobytes() for a, o in zip(alone, outs))
         errors = tuple(compare(reference, outs))
         node_error = None
@@ -349,8 +365,9 @@ def _isolated(program: PteProgram, seed: int, timeout: float) -> tuple[list[floa
 
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_verify_in_child, args=(sender, program.data, program.data_files, seed),
-                            daemon=True)
+    data, data_map = _runtime_bytes(program)  # a mapped file's view cannot be pickled
+    child = context.Process(target=_verify_in_child, args=(sender, data, () if data_map is None else (data_map,),
+                                                           seed), daemon=True)
     child.start()
     sender.close()
     try:
