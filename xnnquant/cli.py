@@ -82,8 +82,8 @@ def _export(args: argparse.Namespace) -> None:
     module, example = load_model(args.model)
     with contextlib.redirect_stderr(args.terminal):  # the progress bar shows; libraries' chatter does not
         exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=args.fallback,
-                             target=args.target, progress=not args.no_progress)
-    path = exported.save(args.output)
+                             target=args.target, progress=not args.no_progress, state_dict=args.weights_from)
+        path = exported.save(args.output)  # a streaming export quantizes here
     if args.json:
         print(exported.to_json())
         return
@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--fallback", default=None, help="schemes for layers that cannot take --weights, tried in "
                                                           "order, e.g. qc8w,fp32 (default: refuse them)")
     export.add_argument("--target", default="1.4.1", help="1.4.1 (default) or xn01 (XN01 node kinds only)")
+    export.add_argument("--weights-from", default=None, metavar="FILE.safetensors",
+                        help="streaming export: the module is built on the meta device and its tensors are read "
+                             "from this file one at a time while the output is written")
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export)

@@ -17,6 +17,7 @@ torch is imported here, on first use; ``import xnnquant`` does not import it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -130,7 +131,7 @@ def _progress(enabled: bool, desc: str) -> Any:
 
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = None, progress: bool = True,
-           target: Any = "1.4.1") -> Exported:
+           target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None) -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -146,6 +147,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     ``weights``; such layers are refused otherwise, and the report names every fallback.
     ``target``: ``"1.4.1"`` (default; uses XNNGelu, XNNTanh, ...) or ``"xn01"`` (the XN01
     schema's node kinds only; ``"seed"`` is the same).
+    ``state_dict``: a safetensors file holding the module's parameters and buffers, for a
+    module built on the ``meta`` device (example inputs on ``meta`` too): a streaming
+    export (``streaming.py``).  Layer weights are then read and quantized only when the
+    result is written (``Exported.save``, one weight at a time), so neither the float
+    model nor the payload is ever whole in memory; the bytes are those of the same module
+    exported with its weights in memory.  Needs target 1.4.1; no calibration.
 
     Raises ``UnsupportedConfigError`` listing every operator and layer that cannot be
     lowered, each with its module path; ``XnnquantError`` for bad arguments.
@@ -160,6 +167,17 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
                             "(an iterable of input tuples)")
     if calibration is not None and not scheme.is_quantized:
         raise XnnquantError("calibration= has no use with fp32 weights: it calibrates quantized layers")
+    weight_file = None
+    if state_dict is not None:
+        if chosen_target is not Target.ET_1_4_1:
+            raise XnnquantError(f"a streaming export (state_dict=) writes its scales as constant data, which "
+                                f"ExecuTorch 1.4.1 reads: got target {str(chosen_target)!r}, expected '1.4.1'")
+        if calibration is not None:
+            raise XnnquantError("a streaming export (state_dict=) cannot calibrate: the module on the meta "
+                                "device cannot run; calibrate on the module with its weights instead")
+        from .streaming import WeightFile
+
+        weight_file = WeightFile(state_dict)
     torch = _torch()
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -189,13 +207,14 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
     start = time.perf_counter()
     lowerer = Lowerer(program, weights=scheme, fallback=fallback_schemes, method=chosen_method, target=chosen_target,
-                      statistics=statistics, progress=_progress(progress, f"export {scheme}"))
+                      statistics=statistics, progress=_progress(progress, f"export {scheme}"), weight_file=weight_file)
     graph = lowerer.run()
     timings["lower"] = time.perf_counter() - start
     exported = Exported(graph, lowerer.rows, scheme, chosen_method, chosen_target, lowerer.input_specs,
                         lowerer.output_specs, timings, lowerer.sources)
-    start = time.perf_counter()
-    exported.to_bytes()
-    timings["write"] = time.perf_counter() - start
+    if weight_file is None:  # a streaming export writes (and quantizes) when saved
+        start = time.perf_counter()
+        exported.to_bytes()
+        timings["write"] = time.perf_counter() - start
     return exported
 

@@ -61,11 +61,20 @@ class Exported:
         return to_pte(self.to_bytes(), validate=False)  # validated when the payload was written
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``to_pte()`` (suffix ``.pte``) or ``to_bytes()`` (suffix ``.xnn``) atomically."""
+        """Write ``to_pte()`` (suffix ``.pte``) or ``to_bytes()`` (suffix ``.xnn``) atomically.
+
+        A graph with its scales in the constant segment (target 1.4.1) is written one
+        constant at a time (``graph.pte_chunks``, ``Graph.save``): the same bytes, and a
+        streaming export's weights are read and quantized only now.
+        """
         suffix = Path(path).suffix.lower()
         if suffix not in SUFFIXES:
             raise XnnquantError(f"cannot tell what to write from the suffix of {os.fspath(path)!r}: expected "
                                 + " or ".join(f"{s} ({what})" for s, what in SUFFIXES.items()))
+        if self._payload is None and self.graph.scales_in_segment:
+            from ..graph import pte_chunks
+
+            return self.graph.save(path) if suffix == ".xnn" else write_atomic(path, pte_chunks(self.graph))
         return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
 
     def source(self, node_index: int) -> tuple[str, str, str] | None:

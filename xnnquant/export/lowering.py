@@ -46,6 +46,7 @@ from .options import FP32, WeightScheme
 from .quantize import quantize_weight, weight_nbytes, weight_sqnr
 from .registry import LOWERINGS, op_name
 from .report import ReportRow
+from .streaming import WeightFile, is_meta, meta_tensor_refusal
 
 NHWC = (0, 2, 3, 1)
 
@@ -108,7 +109,8 @@ class Lowerer:
 
     def __init__(self, program: Any, *, weights: WeightScheme, fallback: tuple[WeightScheme, ...], method: str,
                  target: Target, statistics: Any = None,
-                 progress: Callable[[Iterator[Any], int], Iterator[Any]] | None = None) -> None:
+                 progress: Callable[[Iterator[Any], int], Iterator[Any]] | None = None,
+                 weight_file: WeightFile | None = None) -> None:
         self.program = program
         self.weights, self.fallback, self.method, self.target = weights, fallback, method, target
         self.statistics = statistics  # calibration.LinearStatistics, or None
@@ -120,6 +122,8 @@ class Lowerer:
         # from the flatbuffer, blockwise ones as bf16 copies besides the fp32 list
         later = target is not Target.XN01
         self.graph = Graph(target=target, write_scale_bf16=not later, scales_in_segment=later)
+        self.weight_file = weight_file  # streaming export: where meta tensors' values are
+        self.stored: dict[int, str] = {}  # id(torch tensor) -> its name, for parameters and buffers only
         self.env: dict[Any, Any] = {}
         self.node: Any = None  # the ATen node being lowered
         self.refusals: list[str] = []
@@ -171,6 +175,7 @@ class Lowerer:
                     if node.name in sources:
                         tensor = named[sources[node.name]]
                         self.origins[id(tensor)] = sources[node.name]
+                        self.stored[id(tensor)] = sources[node.name]
                         self.env[node] = tensor
                     elif node.name in user_inputs:
                         self.env[node] = self._input(node)
@@ -354,7 +359,13 @@ class Lowerer:
         if not (x.dtype.is_floating_point or x.dtype in (torch.int64, torch.int32)):
             raise XnnquantError(f"{what} has dtype {x.dtype}: expected a float tensor")
         if x.device.type == "meta":
-            raise XnnquantError(f"{what} is on the meta device: its values are needed here")
+            name = self.stored.get(id(x))
+            if self.weight_file is None:
+                raise XnnquantError(f"{what} is on the meta device: its values are needed here (pass "
+                                    "state_dict= with a safetensors file holding the module's tensors)")
+            if name is None:
+                raise XnnquantError(meta_tensor_refusal(what, self.origins.get(id(x))))
+            return self.weight_file.array(name, tuple(int(d) for d in x.shape), what)
         return x.detach().to(torch.float32).contiguous().numpy()
 
     def constant(self, arr: np.ndarray, key: Any = None, dims: tuple[int, ...] | None = None) -> int:
@@ -508,7 +519,15 @@ class Lowerer:
                          layout: Callable[[np.ndarray], np.ndarray] | None = None,
                          axis: int = 0) -> int:
         """Quantize a layer's weight (in the layout the node reads), record it in the report,
-        and place it in the graph; returns the value id."""
+        and place it in the graph; returns the value id.  A meta weight of a streaming export
+        is quantized only when the payload is written (``streaming.WeightFile.weight``)."""
+        if is_meta(weight) and self.weight_file is not None:
+            name = self.stored.get(id(weight))
+            if name is None:
+                raise XnnquantError(meta_tensor_refusal(f"the weight of {path!r}", self.origins.get(id(weight))))
+            shape = tuple(int(d) for d in weight.shape)
+            deferred = self.weight_file.weight(name, shape, path, scheme, self.method, note, layout, axis, self.rows)
+            return self.graph.constant(deferred)
         arr = self.constant_array(weight, f"the weight of {path!r}")
         if layout is not None:
             arr = np.ascontiguousarray(layout(arr))

@@ -61,12 +61,40 @@ def weight_nbytes(q: QuantizedTensor | np.ndarray, scales_in_segment: bool = Fal
     return len(q.to_bytes()) + scales * per_scale
 
 
+#: Rows of a weight dequantized at a time by ``weight_sqnr``.
+SQNR_ROWS = 256
+
+
 def weight_sqnr(weight: np.ndarray, q: QuantizedTensor | np.ndarray) -> float:
-    """SQNR of the stored weight against the float one, in dB (inf when exact)."""
-    approx = q.dequantize() if isinstance(q, QuantizedTensor) else q
-    if np.array_equal(approx, weight):
+    """SQNR of the stored weight against the float one, in dB (inf when exact).
+
+    A quantized weight is dequantized ``SQNR_ROWS`` output channels at a time (float64
+    sums, as ``metrics.sqnr_db``), so a weight of any size costs a few MB of temporaries.
+    """
+    if not isinstance(q, QuantizedTensor):
+        return float("inf") if np.array_equal(q, weight) else float(sqnr_db(weight, q))
+    signal = noise = 0.0
+    rows = q.shape[q.channel_dim or 0]
+    for start in range(0, rows, SQNR_ROWS):
+        part = _rows(q, start, min(rows, start + SQNR_ROWS))
+        w = np.take(weight, range(start, start + part.shape[q.channel_dim or 0]), axis=q.channel_dim or 0)
+        w64 = w.astype(np.float64).ravel()
+        d64 = w64 - part.dequantize().astype(np.float64).ravel()
+        signal += float(w64 @ w64)
+        noise += float(d64 @ d64)
+    if noise == 0:
         return float("inf")
-    return float(sqnr_db(weight, approx))
+    with np.errstate(divide="ignore"):
+        return float(10.0 * np.log10(signal / noise))
+
+
+def _rows(q: QuantizedTensor, start: int, stop: int) -> QuantizedTensor:
+    """Output channels ``start:stop`` of a per-channel or blockwise weight."""
+    axis = q.channel_dim or 0
+    codes = np.take(q.codes, range(start, stop), axis=axis)
+    scale = np.asarray(q.scale)[start:stop]
+    return QuantizedTensor(q.datatype, codes, scale, q.zero_point, channel_dim=q.channel_dim,
+                           group_size=q.group_size)
 
 
 def linear_refusal(scheme: WeightScheme, in_features: int) -> str | None:

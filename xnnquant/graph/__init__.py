@@ -18,7 +18,7 @@ from .model import (
     PerTokenDynamicQuant,
     Value,
 )
-from .program import run, to_pte
+from .program import pte_chunks, run, to_pte
 from .reader import load
 from .rules import validate
 from .targets import Target
@@ -38,6 +38,7 @@ __all__ = [
     "XNNHeader",
     "interpret",
     "load",
+    "pte_chunks",
     "run",
     "to_pte",
     "validate",

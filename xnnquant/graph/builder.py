@@ -256,8 +256,9 @@ class Graph:
         externs.append(v)
         return v.id
 
-    def constant(self, data: QuantizedTensor | ArrayInput) -> int:
-        """A constant: a ``QuantizedTensor`` or a float32 / float16 array (or torch tensor).
+    def constant(self, data: QuantizedTensor | Deferred | ArrayInput) -> int:
+        """A constant: a ``QuantizedTensor``, a ``Deferred`` one (made when the payload is
+        written), or a float32 / float16 array (or torch tensor).
 
         Quantized constants take the quantization parameters of their datatype:
         qint8 / quint8 / qint32 ``PerTensorQuant``; qcint8 / qcint4 / qcint32

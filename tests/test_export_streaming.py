@@ -1,0 +1,133 @@
+"""Streaming export: a Llama-shaped decoder on the meta device, its weights in a safetensors file.
+
+The oracle for the bytes is the in-memory export of the same decoder with its weights
+loaded: the streamed ``.pte`` must be identical, for every weight scheme.  The fp32 one
+must also compute what torch computes.  Bad files stop the export with an error naming
+the tensor and leave no output file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xnnquant as xq
+
+torch = pytest.importorskip("torch")
+
+from xnnquant.models.llama import LlamaConfig, decoder, random_tensors, write_random_safetensors  # noqa: E402
+
+pytestmark = pytest.mark.xnnpack
+
+CONFIG = LlamaConfig(hidden=64, intermediate=128, layers=2, heads=4, seq=8)
+X = torch.from_numpy(np.random.default_rng(0).standard_normal((1, CONFIG.seq, CONFIG.hidden)).astype(np.float32))
+META_X = torch.empty(1, CONFIG.seq, CONFIG.hidden, device="meta")
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_safetensors(tmp_path_factory.mktemp("llama") / "model.safetensors", CONFIG, seed=3)
+
+
+def stream(path: Path, weights: str = "qb4w:32", method: str = "minmax") -> xq.export.Exported:  # type: ignore[name-defined]
+    return xq.export(decoder(CONFIG), (META_X,), weights=weights, method=method, state_dict=path, progress=False)
+
+
+@pytest.mark.parametrize(("weights", "method"), [("qb4w:32", "mse"), ("qc8w", "minmax"), ("fp32", "minmax")])
+def test_streamed_pte_is_the_in_memory_pte(weights_file: Path, tmp_path: Path, weights: str, method: str) -> None:
+    module = decoder(CONFIG, "cpu", seed=3)
+    in_memory = xq.export(module, (X,), weights=weights, method=method, progress=False)
+    streamed = stream(weights_file, weights, method)
+    assert all(math.isnan(row.sqnr_db) for row in streamed.report)  # nothing read yet
+    path = streamed.save(tmp_path / "streamed.pte")
+    assert path.read_bytes() == in_memory.save(tmp_path / "in_memory.pte").read_bytes()
+    assert [(r.path, r.nbytes, r.sqnr_db) for r in streamed.report] == \
+        [(r.path, r.nbytes, r.sqnr_db) for r in in_memory.report]
+    assert streamed.save(tmp_path / "streamed.xnn").read_bytes() == in_memory.to_bytes()
+    if weights == "fp32":
+        (out,) = in_memory.run(X)
+        with torch.no_grad():
+            expected = module(X).numpy()
+        # float32 kernels of XNNPACK against torch's: a few ulps per op through two layers
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def rewrite(path: Path, change: dict[str, np.ndarray | None], out: Path) -> Path:
+    """A copy of the file with tensors replaced (None: removed), through the safetensors package."""
+    from safetensors.numpy import save_file
+
+    tensors = dict(random_tensors(CONFIG, seed=3))
+    for name, array in change.items():
+        if array is None:
+            del tensors[name]
+        else:
+            tensors[name] = array
+    save_file(tensors, str(out))
+    return out
+
+
+def test_bad_files_name_the_tensor_and_leave_no_output(weights_file: Path, tmp_path: Path) -> None:
+    q = "layers.1.self_attn.q_proj.weight"
+    cases = {
+        "missing": ({q: None}, rf"no tensor '{q}' in the file"),
+        "shape": ({q: np.zeros((64, 32), np.float32)},
+                  rf"tensor '{q}' has shape \(64, 32\), but the weight of 'layers.1.self_attn.q_proj' has "
+                  r"shape \(64, 64\)"),
+        "dtype": ({q: np.zeros((64, 64), np.int32)}, rf"tensor '{q}' is int32, but the weight of .* needs a "
+                                                      r"floating-point tensor"),
+        "norm": ({"norm.weight": np.zeros(3, np.float32)}, r"tensor 'norm.weight' has shape \(3,\)"),
+    }
+    for label, (change, message) in cases.items():
+        path = rewrite(weights_file, change, tmp_path / f"{label}.safetensors")
+        with pytest.raises(xq.XnnquantError, match=message):
+            stream(path)
+    nan = np.full((64, 64), np.nan, np.float32)
+    exported = stream(rewrite(weights_file, {q: nan}, tmp_path / "nan.safetensors"))
+    with pytest.raises(xq.XnnquantError, match=rf"nan.safetensors: tensor '{q}': w must be finite: got nan"):
+        exported.save(tmp_path / "out.pte")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(weights_file.read_bytes()[:-100])
+    with pytest.raises(xq.XnnquantError, match=r"tensor '.*': its data ends at byte \d+ of the data section, "
+                                               r"which has only \d+ bytes \(the file is truncated\)"):
+        stream(truncated)
+    corrupt = tmp_path / "corrupt.safetensors"
+    data = bytearray(weights_file.read_bytes())
+    header_length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_length])
+    header[q]["data_offsets"][1] += 4  # a header whose offsets disagree with the shape
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    corrupt.write_bytes(len(text).to_bytes(8, "little") + text + bytes(data[8 + header_length:]))
+    with pytest.raises(xq.XnnquantError, match=rf"tensor '{q}': holds 16388 bytes, but F32 \(64, 64\) needs 16384"):
+        stream(corrupt)
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".safetensors"] * 7  # no output, no temporary
+
+
+def test_streaming_needs_target_141_and_no_calibration(weights_file: Path) -> None:
+    with pytest.raises(xq.XnnquantError, match=r"got target 'xn01', expected '1\.4\.1'"):
+        xq.export(decoder(CONFIG), (META_X,), state_dict=weights_file, target="xn01", progress=False)
+    with pytest.raises(xq.XnnquantError, match=r"cannot calibrate: the module on the meta device cannot run"):
+        xq.export(decoder(CONFIG), (META_X,), state_dict=weights_file, calibration=[(X,)], progress=False)
+    with pytest.raises(xq.XnnquantError, match=r"on the meta device: its values are needed here \(pass state_dict="):
+        xq.export(decoder(CONFIG), (META_X,), progress=False)
+
+
+def test_cli_weights_from(weights_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    import types
+
+    from xnnquant.cli import main
+
+    factory = types.ModuleType("llama_meta_factory")
+    factory.make = lambda: (decoder(CONFIG), (META_X,))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_meta_factory", factory)
+    out = tmp_path / "cli.pte"
+    main(["export", "llama_meta_factory:make", "-o", str(out), "--weights", "qb4w:32", "--method", "minmax",
+          "--weights-from", str(weights_file), "--no-progress"])
+    assert out.read_bytes() == stream(weights_file).save(tmp_path / "api.pte").read_bytes()
+    assert "wrote" in capsys.readouterr().out

@@ -1,0 +1,137 @@
+"""Streaming export: a module on the ``meta`` device, its weights in a safetensors file.
+
+``xq.export(module, inputs, state_dict="model.safetensors")`` lowers a module whose
+parameters and buffers hold no data (built on ``torch.device("meta")``), so the float
+model is never in memory.  Every layer weight becomes a ``graph.Deferred`` constant:
+it is read from the file (memory-mapped, one tensor at a time), quantized and written
+into the payload's constant segment only when the payload is written (``Exported.save``),
+and its report row (bytes, SQNR) is filled in then.  The graph has its scales in the
+constant segment (``Graph(scales_in_segment=True)``, target 1.4.1), so its flatbuffer
+depends on shapes alone; the same module exported with its weights in memory gives the
+same bytes.
+
+Other constants the lowering needs (norm weights, biases, tables, masks) are read when
+lowered, at full size; they are small next to the layer weights of the models this is
+for.  Values computed from the module's tensors ahead of time (a lowering folding an op
+on a parameter) cannot be read from the file and are refused, naming the tensor.
+
+Before anything is written, every tensor the graph reads is checked against the file:
+present, of the module's shape, floating point.  A tensor whose bytes turn out bad while
+the payload is written (a non-finite value) stops the writing with an error naming it,
+and ``save`` leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import XnnquantError
+from ..graph import Deferred
+from ..safetensors_file import SafetensorsFile, TensorInfo
+from ..tensor import QuantizedTensor
+from .options import SchemeKind, WeightScheme
+from .quantize import quantize_weight, weight_nbytes, weight_sqnr
+from .report import ReportRow
+
+#: safetensors dtypes a weight may have (read as float32).
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+Layout = Callable[[np.ndarray], np.ndarray]
+
+
+class WeightFile:
+    """The safetensors file a streaming export reads its tensors from."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.file = SafetensorsFile(path)
+
+    @property
+    def path(self) -> str:
+        return str(self.file.path)
+
+    def check(self, name: str, shape: tuple[int, ...], what: str) -> TensorInfo:
+        """The file's tensor ``name`` after checking that it fits ``what`` (of ``shape``)."""
+        info = self.file.info(name)
+        if info.shape != shape:
+            raise XnnquantError(f"{self.path}: tensor {name!r} has shape {info.shape}, but {what} has shape {shape}")
+        if info.dtype.kind != "f" and str(info.dtype) != "bfloat16":
+            raise XnnquantError(f"{self.path}: tensor {name!r} is {info.dtype}, but {what} needs a floating-point "
+                                f"tensor ({', '.join(FLOAT_DTYPES)})")
+        return info
+
+    def array(self, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+        """Tensor ``name`` read now, as float32 (a copy)."""
+        self.check(name, shape, what)
+        with self.file.tensor(name) as mapped:
+            return np.array(mapped, np.float32)
+
+    def weight(self, name: str, shape: tuple[int, ...], path: str, scheme: WeightScheme, method: str, note: str,
+               layout: Layout | None, axis: int, rows: list[ReportRow]) -> Deferred:
+        """A layer weight as a ``Deferred`` constant: read, laid out, quantized when written.
+
+        A report row is appended now (bytes known, SQNR ``nan``) and replaced with the
+        measured one when the weight is made.
+        """
+        self.check(name, shape, f"the weight of {path!r}")
+        dims = _laid_out_shape(shape, layout)
+        datatype = scheme.datatype
+        row_index = len(rows)
+        rows.append(ReportRow(path, dims, str(scheme), _nbytes(scheme, dims, axis), math.nan, note))
+        where = f"{self.path}: tensor {name!r}"
+
+        def make() -> QuantizedTensor | np.ndarray:
+            with self.file.tensor(name) as mapped:
+                weight = np.asarray(mapped, np.float32)  # float32 in the file: the mapping itself
+                if layout is not None:
+                    weight = np.ascontiguousarray(layout(weight))
+                try:
+                    stored = quantize_weight(weight, scheme, method, None, axis=axis)
+                except XnnquantError as exc:
+                    raise XnnquantError(f"{where}: {exc}") from None
+                rows[row_index] = ReportRow(path, dims, str(scheme), weight_nbytes(stored, scales_in_segment=True),
+                                            weight_sqnr(weight, stored), note)
+                if isinstance(stored, np.ndarray):
+                    stored = np.array(stored, np.float32)  # not a view of the mapping, which closes now
+            return stored
+
+        group = scheme.group_size if scheme.kind is SchemeKind.QB4W else None
+        return Deferred(datatype, dims, make, where, group_size=group, channel_dim=axis)
+
+
+def _laid_out_shape(shape: tuple[int, ...], layout: Layout | None) -> tuple[int, ...]:
+    """The shape ``layout`` gives an array of ``shape``, found on a stand-in of no memory."""
+    if layout is None:
+        return shape
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape, (0,) * len(shape))
+    return tuple(int(d) for d in layout(stand_in).shape)
+
+
+def _nbytes(scheme: WeightScheme, dims: tuple[int, ...], axis: int) -> int:
+    """Bytes a weight of ``dims`` takes in the payload with scales in the segment (as
+    ``quantize.weight_nbytes``: data, plus 2 bytes a blockwise scale, 4 a per-channel one)."""
+    count = math.prod(dims)
+    if scheme.kind is SchemeKind.FP32:
+        return 4 * count
+    if scheme.is_4bit:
+        data = (count // dims[-1]) * ((dims[-1] + 1) // 2)
+    else:
+        data = count
+    if scheme.group_size:
+        return data + 2 * (count // scheme.group_size)
+    return data + 4 * dims[axis]
+
+
+def meta_tensor_refusal(what: str, name: str | None) -> str:
+    """Why a meta tensor that is not one of the file's tensors cannot be read."""
+    origin = f" (computed from {name!r})" if name else ""
+    return (f"{what} is on the meta device{origin}: a streaming export reads parameters and buffers as they are "
+            "stored, and this value is computed from them ahead of time")
+
+
+def is_meta(x: Any) -> bool:
+    return getattr(getattr(x, "device", None), "type", None) == "meta"
