@@ -251,8 +251,11 @@ def cache_dir() -> Path:
     return Path(base) / "xnnquant"
 
 
-def read_seconds(path: Path) -> float:
-    """Wall time of reading the whole file once, 16 MiB at a time."""
+def read_seconds(path: Path, cold: bool) -> float:
+    """Wall time of reading the whole file once, 16 MiB at a time; ``cold``: after asking
+    the kernel to drop the file's pages from its cache (``posix_fadvise(DONTNEED)``)."""
+    if cold:
+        drop_cache(path)
     buffer = bytearray(16 << 20)
     start = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
@@ -261,22 +264,30 @@ def read_seconds(path: Path) -> float:
     return time.perf_counter() - start
 
 
+def drop_cache(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def stream_child(source: str, out: str, method: str) -> None:
     """The export, in a process of its own so that its peak RSS is its own."""
     import resource
 
+    import torch
+
     from xnnquant.models.llama import LlamaConfig, decoder
 
     config = LlamaConfig.large()
-    import torch
-
+    module = decoder(config, "meta")
     start = time.perf_counter()
-    exported = xq.export(decoder(config, "meta"), (torch.empty(1, config.seq, config.hidden, device="meta"),),
+    exported = xq.export(module, (torch.empty(1, config.seq, config.hidden, device="meta"),),
                          weights="qb4w:32", method=method, state_dict=source, progress=False)
+    lowered = time.perf_counter() - start
     exported.save(out)
     wall = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"wall": wall, "peak_rss_bytes": peak_kib * 1024, "size": os.path.getsize(out)}))
+    print(json.dumps({"wall": wall, "lower": lowered, "timings": exported.timings, "peak_rss_bytes": peak_kib * 1024,
+                      "size": os.path.getsize(out)}))
 
 
 def bench_stream(repeat: int) -> None:
@@ -286,8 +297,9 @@ def bench_stream(repeat: int) -> None:
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / "llama-1b-f32.safetensors"
-    print(f"\n== streaming export of a {config.num_parameters / 1e9:.2f}e9-parameter Llama-shaped decoder "
-          f"({config.layers} layers, hidden {config.hidden}, MLP {config.intermediate}) from {source}; "
+    print(f"\n== streaming export (.xnn payload, .pte program) of a {config.num_parameters / 1e9:.2f}e9-parameter "
+          f"Llama-shaped decoder "
+          f"({config.layers} layers, hidden {config.hidden}, MLP {config.intermediate}), qb4w:32, from {source}; "
           f"{load_note()}")
     need = 4 * config.num_parameters + (1 << 30)
     if not source.exists():
@@ -298,21 +310,27 @@ def bench_stream(repeat: int) -> None:
         start = time.perf_counter()
         write_random_safetensors(source, config)
         print(f"wrote the input once: {source.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - start:.1f}s")
-    out = directory / "llama-1b-qb4w32.pte"
-    for method in ("minmax", "mse")[: 1 if repeat < 3 else 2]:
-        read_before = read_seconds(source)
+    methods = ("minmax", "mse") if repeat >= 3 else ("minmax",)
+    # the input in the page cache (warm), or read from the disk (cold); the payload alone
+    # (.xnn) or in an ExecuTorch program (.pte, which imports executorch.exir to build it)
+    for method, suffix, cache in [(m, s, c) for m in methods for s in (".xnn", ".pte") for c in ("warm", "cold")]:
+        out = directory / f"llama-1b-qb4w32{suffix}"
+        read = read_seconds(source, cold=cache == "cold")
+        if cache == "cold":
+            drop_cache(source)
+        else:
+            read_seconds(source, cold=False)  # the whole file cached again before the export
         child = subprocess.run([sys.executable, __file__, "--stream-child", str(source), str(out), method],
                                capture_output=True, text=True, check=False)
-        if child.returncode:
-            print(f"streaming export ({method}) failed:\n{child.stderr[-3000:]}")
-            return
-        result = json.loads(child.stdout.strip().splitlines()[-1])
-        read_after = read_seconds(source)
-        read = statistics.median([read_before, read_after])
-        print(f"method {method}: wall {result['wall']:.1f}s, peak RSS {result['peak_rss_bytes'] / 2**30:.2f} GiB, "
-              f"output {result['size'] / 1e9:.2f} GB; one read of the input {read:.1f}s "
-              f"(before {read_before:.1f}s, after {read_after:.1f}s): wall / read = {result['wall'] / read:.1f}x")
         out.unlink(missing_ok=True)
+        if child.returncode:
+            print(f"streaming export ({method}, {suffix}, {cache}) failed:\n{child.stderr[-3000:]}")
+            return
+        r = json.loads(child.stdout.strip().splitlines()[-1])
+        print(f"{method:6} {suffix} {cache} cache: wall {r['wall']:5.1f}s (torch.export {r['timings']['export']:.1f}s, "
+              f"lowering {r['timings']['lower']:.1f}s, read + quantize + write {r['wall'] - r['lower']:.1f}s), "
+              f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB, output {r['size'] / 1e9:.2f} GB; one read of the "
+              f"input {read:.1f}s: wall / read = {r['wall'] / read:.1f}x", flush=True)
     print(f"goal: peak RSS < 1.5 GB, wall <= 3x one read; {load_note()}")
 
 

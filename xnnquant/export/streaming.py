@@ -49,6 +49,7 @@ class WeightFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.file = SafetensorsFile(path)
+        self.order: list[str] = []  # the layer weights, in the order they are written
 
     @property
     def path(self) -> str:
@@ -83,8 +84,12 @@ class WeightFile:
         row_index = len(rows)
         rows.append(ReportRow(path, dims, str(scheme), _nbytes(scheme, dims, axis), math.nan, note))
         where = f"{self.path}: tensor {name!r}"
+        position = len(self.order)
+        self.order.append(name)
 
         def make() -> QuantizedTensor | np.ndarray:
+            if position + 1 < len(self.order):  # the disk reads the next weight while this one is quantized
+                self.file.prefetch(self.order[position + 1])
             with self.file.tensor(name) as mapped:
                 weight = np.asarray(mapped, np.float32)  # float32 in the file: the mapping itself
                 if layout is not None:
