@@ -47,14 +47,16 @@ def test_inspect_json_of_an_8da4w_program(et_programs: Path, capsys: pytest.Capt
     assert record["named_data"]["origins"] == ([str(et_programs / "model.ptd")] if data else ["program"])
 
 
-def test_inspect_text_of_a_two_method_program(et_programs: Path, capsys: pytest.CaptureFixture) -> None:
+def test_inspect_text_of_a_three_method_program(et_programs: Path, capsys: pytest.CaptureFixture) -> None:
+    """xnnquant.pte: fc1 qb4w:32 [64, 128], fc2 qc4w [96, 64] (written as group 64), fc3 qc8w
+    [16, 96], proj qb4w:64 [24, 128], and weight_only's proj folded to fp32 [24, 128]."""
     assert cli.main(["inspect", str(et_programs / "xnnquant.pte")]) == 0
     out = capsys.readouterr().out
-    assert "methods forward, head; 3 XNNPACK delegate(s)" in out
+    assert "methods forward, head, weight_only; 4 XNNPACK delegate(s)" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("delegate ")] == [
-        "forward/0", "forward/1", "head/0"]
-    assert out.rstrip().endswith("bytes by datatype, all delegates: qbint4 3 constants 8,704 B + 800 B scales; "
-                                 "qcint8 1 constant 1,536 B + 64 B scales; fp32 3 constants 416 B")
+        "forward/0", "forward/1", "head/0", "weight_only/0"]
+    assert out.rstrip().endswith("bytes by datatype, all delegates: fp32 5 constants 12,800 B; qbint4 3 constants "
+                                 "8,704 B + 800 B scales; qcint8 1 constant 1,536 B + 64 B scales")
 
 
 def test_inspect_without_the_data_file(et_programs: Path, capsys: pytest.CaptureFixture) -> None:
@@ -73,8 +75,10 @@ def test_verify_programs(et_programs: Path, capsys: pytest.CaptureFixture, name:
     assert cli.main(["verify", *args] + ([] if isolate else ["--no-isolate"])) == 0
     lines = capsys.readouterr().out.splitlines()
     delegates = [line for line in lines if line.startswith("  delegate ")]
-    assert len(delegates) == (3 if name == "xnnquant.pte" else 1)
-    assert all(line.endswith("payload run alone: identical") for line in delegates)
+    assert len(delegates) == (4 if name == "xnnquant.pte" else 1)
+    alone = [line.rsplit("payload run alone: ", 1)[1] for line in delegates]
+    assert alone == ["identical"] * (3 if name == "xnnquant.pte" else 1) + (
+        ["not possible (unused delegate arguments)"] if name == "xnnquant.pte" else [])
     assert lines[-1].startswith("OK: worst relative error")
 
 

@@ -200,9 +200,21 @@ def test_external_ids_unique_and_dense() -> None:
     g.values[b].external_id = 0
     _refused(g, "graph: external id 0 is used by more than one value")
     g.values[b].external_id = 5
-    _refused(g, r"value 1: external ids must be dense, inputs first: got 5 for an input, expected \[0, 2\)")
+    with pytest.raises(XnnquantError, match=r"value 1: external ids must be dense, inputs first: got 5 for an "
+                                            r"input, expected \[0, 2\)"):
+        g.to_bytes()
+    # read back, gaps below num_externs are allowed (ExecuTorch leaves unused arguments), not beyond it
+    with pytest.raises(XnnquantError, match=r"value 1: external id 5 is out of range: num_externs is 3"):
+        load(_payload_unchecked(g))
     g.values[b].external_id = None
     _refused(g, "value 1: external values need both an external_id and a flag")
+    g.values[b].external_id = 1
+    out = g.outputs[0]
+    g.values[out].external_id, g.values[a].external_id = 0, 2
+    with pytest.raises(XnnquantError, match=r"graph: external ids must put inputs before outputs: got inputs "
+                                            r"\[1, 2\], outputs \[0\]"):
+        load(_payload_unchecked(g))
+    g.values[out].external_id, g.values[a].external_id = 2, 0
     g.values[b].external_id, g.values[b].flags = 1, 3
     _refused(g, "value 1: a value cannot be both external input and output")
     g.values[b].flags = 4

@@ -82,13 +82,32 @@ def test_interpreter_on_the_delegate_matches_the_program_run(et_programs: Path, 
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_methods_and_delegates_of_a_two_method_program(et_programs: Path) -> None:
+def test_methods_and_delegates_of_a_three_method_program(et_programs: Path) -> None:
     program = read_pte(et_programs / "xnnquant.pte")
-    assert program.methods == ("forward", "head")
-    assert [d.name for d in program.delegates] == ["forward/0", "forward/1", "head/0"]
+    assert program.methods == ("forward", "head", "weight_only")
+    assert [d.name for d in program.delegates] == ["forward/0", "forward/1", "head/0", "weight_only/0"]
     assert [d.name for d in program.method_delegates("head")] == ["head/0"]
-    with pytest.raises(XnnquantError, match="no method 'tail' in the program: it has forward, head"):
+    with pytest.raises(XnnquantError, match="no method 'tail' in the program: it has forward, head, weight_only"):
         program.method_delegates("tail")
+
+
+def test_unused_delegate_arguments(et_programs: Path) -> None:
+    """ExecuTorch 1.4.1 passes a weight-only linear's delegate its scale and zero point,
+    which the payload does not use: externals 0 and 1 of 4 are no value's."""
+    from xnnquant.graph import run
+    from xnnquant.pte_run import delegate_io
+
+    (delegate,) = read_pte(et_programs / "xnnquant.pte").method_delegates("weight_only")
+    graph = delegate.graph
+    assert graph.load_info.num_externs == 4
+    assert [graph.value(i).external_id for i in graph.inputs + graph.outputs] == [2, 3]
+    x = np.load(et_programs / "input_weight_only.npy")
+    inputs, outputs = delegate_io(et_programs / "xnnquant.pte", delegate.name, [x])
+    np.testing.assert_array_equal(inputs[0], x)
+    np.testing.assert_array_equal(outputs[0], np.load(et_programs / "output_weight_only.npy"))
+    assert np.abs(interpret(graph, inputs)[0] - outputs[0]).max() <= 1e-5 * np.abs(outputs[0]).max()
+    with pytest.raises(XnnquantError, match=r"leaves delegate arguments unused \(external ids \[2, 3\]"):
+        run(delegate.payload, inputs, named_data=delegate.named_data)
 
 
 # ----------------------------------------------------------------------------- our own .pte files

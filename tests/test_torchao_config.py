@@ -71,6 +71,28 @@ def test_the_pte_holds_exactly_our_codes_and_scales(et_programs: Path) -> None:
 
 
 @pytest.mark.xnnpack
+def test_executorch_lowers_weight_only_linears_wrongly(et_programs: Path) -> None:
+    """activations=None, measured with ExecuTorch 1.4.1 (torchao's own IntxWeightOnlyConfig does
+    the same): the delegate holds an fp32 weight equal to the integer *codes*, and the scale
+    and zero point, passed to the delegate as arguments, are used by nothing, so the program
+    computes ``x @ codes.T`` instead of ``x @ (codes * scale).T``.  If this test fails,
+    ExecuTorch changed: revisit XnnquantConfig's warning."""
+    from xnnquant.pte import read_pte
+
+    (weight,) = fc_weights(read_pte(et_programs / "xnnquant.pte"), "weight_only")
+    ours = XnnquantConfig("qc8w", method="mse").scheme.quantize(np.load(et_programs / "float_weight_only_proj.npy"),
+                                                                 "mse")
+    assert weight.datatype is D.fp32 and weight.dims == (24, 128) and len(weight.constant) == 24 * 128 * 4
+    np.testing.assert_array_equal(weight.array(), ours.codes.astype(np.float32))
+    eager, program = np.load(et_programs / "eager_weight_only.npy"), np.load(et_programs / "output_weight_only.npy")
+    assert np.abs(program).max() > 100 * np.abs(eager).max()  # int8 codes are ~1 / scale ~ 1000x the weights
+
+
+def test_weight_only_config_warns() -> None:
+    with pytest.warns(UserWarning, match="ExecuTorch 1.4.1's XnnpackPartitioner drops the scales of weight-only"):
+        XnnquantConfig("qc8w", activations=None)
+
+
 def test_the_runtime_computes_what_the_payloads_say(et_programs: Path) -> None:
     """forward = delegate 0, cumsum (not delegated), delegate 1 (whose first node divides by the
     program constant 8, an input of the delegate); head = delegate 0."""
@@ -122,7 +144,9 @@ def test_quantize_swaps_in_torchaos_tensor_with_our_numbers(weights: str, target
 
 def test_weight_only_keeps_the_activations_float() -> None:
     model = Mlp()
-    quantize_(model, XnnquantConfig("qc8w", activations=None))
+    with pytest.warns(UserWarning):
+        config = XnnquantConfig("qc8w", activations=None)
+    quantize_(model, config)
     assert model.fc2.weight.activation_quantization is None
 
 

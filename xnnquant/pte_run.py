@@ -24,6 +24,11 @@ Methods with control flow (``JumpFalseCall``) or several chains are refused.
 
 Programs are loaded with ``executorch.extension.pybindings.portable_lib
 ._load_for_executorch_from_buffer``, which also takes one ``.ptd`` data file.
+
+What this checks, and what it cannot: that each payload computes, on the real runtime and
+inside its program, what its own values and nodes say (the reference interpreter).  A
+lowering that wrote the wrong numbers into a payload passes; comparing the program with
+the eager model catches that (see ``xnnquant.torchao`` on weight-only linears).
 """
 
 from __future__ import annotations
@@ -244,7 +249,9 @@ class DelegateCheck:
 
     ``errors``: per output, ``max |runtime - interpreter| / max |interpreter|``.
     ``alone_identical``: the payload run alone (``xnnquant.graph.run``, its named data as
-    read by ``read_pte``) gave exactly the outputs it gave inside the program.
+    read by ``read_pte``) gave exactly the outputs it gave inside the program; None when
+    it cannot run alone (a payload with unused delegate arguments, see
+    ``graph.rules._check_externals``).
     ``node_error``: when the outputs differ by more than ``NODE_CHECK_ABOVE`` (a deep graph
     with dynamically quantized layers amplifies float ties from layer to layer), the
     worst relative error of any node computed by the interpreter on the runtime's own
@@ -256,7 +263,7 @@ class DelegateCheck:
     input_shapes: tuple[tuple[int, ...], ...]
     output_shapes: tuple[tuple[int, ...], ...]
     errors: tuple[float, ...]
-    alone_identical: bool
+    alone_identical: bool | None
     node_error: float | None = None
 
     @property
@@ -291,17 +298,21 @@ def check_delegates(program: PteProgram, method: str, inputs: Sequence[Any]) -> 
         ins, outs = delegate_io(program, delegate, inputs, _cutter=cutter)
         ins = _fit_to_payload(delegate.graph, ins)
         reference = interpret(delegate.graph, ins)
-        alone = run(delegate.payload, ins, named_data={k: bytes(v) for k, v in delegate.named_data.items()})
-        identical = all(a.shape == o.shape and a.tobytes() == o.tobytes() for a, o in zip(alone, outs))
+        graph = delegate.graph
+        ids = [graph.value(i).external_id for i in graph.inputs + graph.outputs]
+        identical: bool | None = None
+        if ids == list(range(len(ids))):
+            alone = run(delegate.payload, ins, named_data={k: bytes(v) for k, v in delegate.named_data.items()})
+            identical = all(a.shape == o.shape and a.tobytes() == o.tobytes() for a, o in zip(alone, outs))
         errors = tuple(compare(reference, outs))
         node_error = None
-        info = delegate.graph.load_info
+        info = graph.load_info
         rewritable = info is None or not info.named_keys  # constants in the payload itself: it can be re-run
-        if max(errors, default=0.0) > NODE_CHECK_ABOVE and rewritable:
+        if max(errors, default=0.0) > NODE_CHECK_ABOVE and rewritable and identical is not None:
             from .export.divergence import first_divergence
 
             try:
-                _, _, node_error = first_divergence(delegate.graph, list(ins), [], tolerance=math.inf)
+                _, _, node_error = first_divergence(graph, list(ins), [], tolerance=math.inf)
             except XnnquantError:
                 node_error = None
         checks.append(DelegateCheck(delegate.name, tuple(x.shape for x in ins), tuple(o.shape for o in outs),
@@ -334,8 +345,9 @@ def verify_pte(source: PteProgram | Source, data_files: Any = (), seed: int = 0,
         lines.append(f"method {method}: inputs {', '.join(str(x.shape) for x in inputs)} -> outputs "
                      f"{', '.join(str(y.shape) for y in outputs)} on the ExecuTorch runtime")
         for check in check_delegates(program, method, inputs):
-            errors.extend(check.judged_errors if check.alone_identical else [float("inf")])
-            alone = "identical" if check.alone_identical else "DIFFERENT"
+            errors.extend([float("inf")] if check.alone_identical is False else check.judged_errors)
+            alone = {True: "identical", False: "DIFFERENT", None: "not possible (unused delegate arguments)"}[
+                check.alone_identical]
             worst = max(check.errors, default=0.0)
             node = "" if check.node_error is None else (
                 f"; node by node on the runtime's own values: worst relative error {check.node_error:.3g}")

@@ -32,9 +32,12 @@ writes (measured, and checked bit for bit by the tests):
 
 ``activations="int8_dynamic"`` (the default) makes XNNPACK quantize each linear's input
 per token at run time (qdint8), as torchao's 8da4w/8da8w configs do.  ``activations=None``
-keeps weight-only tensors; ExecuTorch 1.4.1 does not run those quantized: it folds the
-dequantized weight into an fp32 fully-connected constant (measured: a 16 x 64 int4 weight
-becomes 4096 bytes of fp32), so the ``.pte`` is no smaller than the float one.
+keeps weight-only tensors, which torch runs correctly, but which ExecuTorch 1.4.1's
+``XnnpackPartitioner`` lowers wrongly (measured, and the same with torchao's own
+``IntxWeightOnlyConfig``): the delegate gets an fp32 weight holding the integer codes, the
+scales are passed to it as arguments that nothing uses, and the program's outputs come out
+about ``1 / scale`` times too large (1500x for int8, 90x for int4 on a small linear).  The
+config warns when it is made so.
 
 A layer the config does not fit (not a 2-D linear weight, ``K`` not divisible by the group
 size, ``K`` not a multiple of 32 for int4) is refused with an ``XnnquantError`` naming it.
@@ -53,6 +56,7 @@ Importing this module imports torch and torchao (the ``torchao`` extra:
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -156,6 +160,11 @@ class XnnquantConfig(AOBaseConfig):
             raise XnnquantError(f"unknown method: got {self.method!r}, expected one of {', '.join(METHODS)}")
         if self.activations not in ACTIVATIONS:
             raise XnnquantError(f"unknown activations: got {self.activations!r}, expected 'int8_dynamic' or None")
+        if self.activations is None:
+            warnings.warn(
+                "activations=None: ExecuTorch 1.4.1's XnnpackPartitioner drops the scales of weight-only int-x "
+                "linears (the .pte computes with the integer codes; measured 1500x too large for int8); use "
+                "activations='int8_dynamic' for ExecuTorch", UserWarning, stacklevel=3)
 
     @property
     def scheme(self) -> WeightScheme:

@@ -19,14 +19,16 @@ file                     what
 ``torchao_ext.pte``      the same model, its constants tagged for an external file
 ``model.ptd``            (``unwrap_tensor_subclass``, then ExecuTorch's
                          ``delegate_external_constants_pass_unlifted`` with tag "model")
-``xnnquant.pte``         two methods.  ``forward``: ``Split``, fc1 ``qb4w:32`` mse, a cumsum
+``xnnquant.pte``         three methods.  ``forward``: ``Split``, fc1 ``qb4w:32`` mse, a cumsum
                          (not delegated) between fc1 and fc2, fc2 ``qc4w`` minmax, fc3
                          ``qc8w`` mse: two XNNPACK delegates.  ``head``: ``Head``, one
-                         linear ``qb4w:64`` minmax.  All through ``XnnquantConfig``
+                         linear ``qb4w:64`` minmax.  ``weight_only``: ``Head``, ``qc8w``
+                         with ``activations=None``.  All through ``XnnquantConfig``
 ``torchao_<layer>_{qdata,scale,zero_point}.npy``  torchao's tensors of torchao.pte's layers
 ``float_<method>_<layer>.npy``   xnnquant.pte's float weights before quantization
 ``input_<name>.npy``, ``output_<name>.npy``   an input and what the ExecuTorch runtime
-                         computed on it (name: torchao, torchao_ext, forward, head)
+                         computed on it (name: torchao, torchao_ext, forward, head,
+                         weight_only)
 ``eager_<name>.npy``     what the quantized torch module computed on the same input
 =======================  ================================================================
 """
@@ -91,6 +93,7 @@ XNNQUANT = {
     ("forward", "fc2"): XnnquantConfig("qc4w", method="minmax"),
     ("forward", "fc3"): XnnquantConfig("qc8w", method="mse"),
     ("head", "proj"): XnnquantConfig("qb4w:64", method="minmax"),
+    ("weight_only", "proj"): XnnquantConfig("qc8w", method="mse", activations=None),
 }
 
 
@@ -137,7 +140,7 @@ def torchao_programs(out: Path) -> None:
 
 def xnnquant_program(out: Path) -> None:
     torch.manual_seed(1)
-    models = {"forward": Split().eval(), "head": Head().eval()}
+    models = {"forward": Split().eval(), "head": Head().eval(), "weight_only": Head().eval()}
     for method, layer in XNNQUANT:
         np.save(out / f"float_{method}_{layer}.npy", getattr(models[method], layer).weight.detach().numpy())
     for method, model in models.items():

@@ -137,6 +137,12 @@ def external_specs(graph: Graph) -> tuple[list[TensorSpec], list[TensorSpec]]:
     writes 32-bit indices into it; it is declared int64, as ExecuTorch does, and the
     runtime widens the indices into that buffer.
     """
+    ids = [v.external_id for v in map(graph.value, graph.inputs + graph.outputs) if v.external_id is not None]
+    if ids and max(ids) >= len(ids) and len(set(ids)) == len(ids):  # gaps (not duplicates, a separate fault)
+        raise UnsupportedConfigError(
+            f"the payload leaves delegate arguments unused (external ids {ids}, as ExecuTorch 1.4.1 writes "
+            "for weight-only linears): it runs only inside its own program (xnnquant.pte_run.run_method)"
+        )
     index_outputs = {n.outputs[1] for n in graph.nodes if n.kind == "XNNArgMaxPooling2d" and len(n.outputs) > 1}
     return ([_value_spec(graph.value(i), "input") for i in graph.inputs],
             [TensorSpec(tuple(int(d) for d in graph.value(i).dims), np.dtype(np.int64))

@@ -179,12 +179,18 @@ def _check_group(what: str, v: Value, q: PerChannelGroupQuant) -> None:
 
 
 def _check_externals(graph: Graph) -> None:
+    """External ids: dense, inputs first, for graphs built here.  A payload read back may
+    declare more externals than it has external values: the delegate call's argument at
+    position ``external_id`` feeds each value, and ExecuTorch 1.4.1 passes arguments that
+    no value uses (measured: a weight-only int-x linear's delegate gets the unused scale
+    and zero-point tensors as externals 0 and 1, its input and output are 2 and 3 of 4).
+    There the ids must lie below ``num_externs`` and inputs still come before outputs."""
     externals = [v for v in graph.values if v.flags or v.external_id is not None]
     declared = None if graph.load_info is None else graph.load_info.num_externs
     n = len(externals) if declared is None else declared
     if n > MAX_NUM_EXTERNS:
         raise XnnquantError(f"graph: num_externs {n} exceeds the runtime's limit of {MAX_NUM_EXTERNS}")
-    if declared is not None and declared != len(externals):
+    if declared is not None and declared < len(externals):
         raise XnnquantError(f"graph: num_externs is {declared} but {len(externals)} values are external")
     n_in = sum(1 for v in externals if v.is_input)
     for v in externals:
@@ -194,10 +200,20 @@ def _check_externals(graph: Graph) -> None:
                               f"{v.external_id}, flags {v.flags}")
         if v.flags == XNN_VALUE_FLAG_EXTERNAL_INPUT | XNN_VALUE_FLAG_EXTERNAL_OUTPUT:
             raise _fail(what, "a value cannot be both external input and output (ExecuTorch refuses pass-through)")
+        if declared is not None:
+            if not 0 <= v.external_id < declared:
+                raise _fail(what, f"external id {v.external_id} is out of range: num_externs is {declared}")
+            continue
         lo, hi = (0, n_in) if v.is_input else (n_in, n)
         if not lo <= v.external_id < hi:
             raise _fail(what, f"external ids must be dense, inputs first: got {v.external_id} for an "
                               f"{'input' if v.is_input else 'output'}, expected [{lo}, {hi})")
+    if declared is not None:
+        ins = [v.external_id for v in externals if v.is_input and v.external_id is not None]
+        outs = [v.external_id for v in externals if v.is_output and v.external_id is not None]
+        if ins and outs and max(ins) > min(outs):
+            raise XnnquantError(f"graph: external ids must put inputs before outputs: got inputs {sorted(ins)}, "
+                                f"outputs {sorted(outs)}")
     dup = _first_duplicate([v.external_id for v in externals])
     if dup is not None:
         raise XnnquantError(f"graph: external id {dup} is used by more than one value")
