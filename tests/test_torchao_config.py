@@ -31,7 +31,7 @@ except ImportError:
         raise
     pytest.skip("needs torch and torchao (the torchao extra)", allow_module_level=True)
 
-from xnnquant.torchao import WeightScheme, XnnquantConfig
+from xnnquant.torchao import WeightScheme, XnnquantConfig, calibrate
 
 #: (method, layer) -> (config, datatype and group size ExecuTorch 1.4.1 writes), as in the oracle.
 EXPECTED = {
@@ -195,3 +195,45 @@ def test_import_xnnquant_stays_free_of_torch_and_a_missing_torchao_names_the_ext
     assert proc.stdout.startswith("MissingExtraError xnnquant.torchao (quantize_ configs for ExecuTorch) needs the "
                                   "'torchao' package, which is not installed: install the extra with  pip install "
                                   "'xnnquant[torchao]'"), proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------- activation-aware methods
+
+
+def test_gptq_through_quantize_with_calibrate() -> None:
+    """calibrate() collects each linear's inputs as XNNPACK's dynamic path sees them; the
+    config then gives each layer exactly what quantize_blockwise / quantize_per_channel give
+    for the same weight and calibration."""
+    import xnnquant as xq
+
+    torch.manual_seed(0)
+    model = Mlp()
+    weights = {name: getattr(model, name).weight.detach().numpy().copy() for name in ("fc1", "fc2")}
+    batches = [torch.randn(64, 128) for _ in range(3)]
+    calibration = calibrate(model, batches)
+    assert sorted(calibration) == ["fc1", "fc2"] and calibration["fc1"].tokens == 192
+    assert calibration["fc1"].runtime_quantized
+    expected = xq.Calibration(128, runtime_quantized=True)
+    for x in batches:  # batch by batch as the hook adds them: the same float32 chunks, summed alike
+        expected.add(x)
+    np.testing.assert_array_equal(calibration["fc1"].gram, expected.gram)
+    quantize_(model, XnnquantConfig("qb4w:32", method="gptq", calibration=calibration), filter_fn=lambda m, n: n == "fc1")
+    quantize_(model, XnnquantConfig("qc8w", method="act_mse", calibration={model.fc2: calibration["fc2"]}),
+              filter_fn=lambda m, n: n == "fc2")
+    ours = xq.quantize_blockwise(weights["fc1"], 32, method="gptq", calibration=calibration["fc1"])
+    np.testing.assert_array_equal(model.fc1.weight.qdata.numpy(), ours.codes)
+    np.testing.assert_array_equal(model.fc1.weight.scale.numpy(), ours.scale)
+    ours = xq.quantize_per_channel(weights["fc2"], bits=8, method="act_mse", calibration=calibration["fc2"])
+    np.testing.assert_array_equal(model.fc2.weight.qdata.numpy(), ours.codes)
+    np.testing.assert_array_equal(model.fc2.weight.scale.numpy().reshape(-1), ours.scale)
+
+
+def test_activation_aware_refusals() -> None:
+    with pytest.raises(XnnquantError, match=r"method 'gptq' needs calibration: got none"):
+        XnnquantConfig(method="gptq")
+    with pytest.raises(XnnquantError, match=r"method 'mse' does not use calibration: got a calibration mapping"):
+        XnnquantConfig(method="mse", calibration={"fc1": np.ones((4, 128), np.float32)})
+    config = XnnquantConfig(method="gptq", calibration={"fc1": np.ones((200, 128), np.float32)})
+    with pytest.raises(XnnquantError, match=r"layer 'fc2': method 'gptq' needs its calibration, and the mapping has "
+                                            r"none for it \(keys: 'fc1'\)"):
+        quantize_(Mlp(), config)

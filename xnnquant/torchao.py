@@ -39,15 +39,32 @@ scales are passed to it as arguments that nothing uses, and the program's output
 about ``1 / scale`` times too large (1500x for int8, 90x for int4 on a small linear).  The
 config warns when it is made so.
 
+Activation-aware methods (``"act_mse"``, ``"gptq"``) take per-layer calibration through the
+config itself, ``calibration={layer name or module: Calibration or array}``, which
+``calibrate(model, batches)`` collects with forward pre-hooks on the model's linears::
+
+    calibration = calibrate(model, batches)      # {"layer.0.attention.self.query": Calibration, ...}
+    quantize_(model, XnnquantConfig("qb4w:32", method="gptq", calibration=calibration))
+
+rather than torchao's observe-then-convert two-step (``quantize_`` once to insert observers,
+run the model, ``quantize_`` again to convert): the statistics often come from elsewhere
+than the torch model being converted (the numpy MiniLM, a sequential calibration that
+re-runs each layer after quantizing the previous ones, stored ``Calibration`` objects), a
+mapping takes all of them, the config stays a plain value that one ``quantize_`` call
+applies, and the model carries no observer state between two calls.  Keys are layer names
+as ``named_modules`` gives them (they survive ``copy.deepcopy`` of the model) or the module
+objects themselves.
+
 A layer the config does not fit (not a 2-D linear weight, ``K`` not divisible by the group
-size, ``K`` not a multiple of 32 for int4) is refused with an ``XnnquantError`` naming it.
+size, ``K`` not a multiple of 32 for int4, no calibration for an activation-aware method)
+is refused with an ``XnnquantError`` naming it.
 To skip such layers instead, pass the config's own filter:
 ``quantize_(model, config, filter_fn=config.fits)``.
 
-torchao's handler signature gives the module but not its name; the name in refusals is
-read from the frame of torchao's ``quantize_`` walk that called the handler (its
-``cur_fqn`` / ``fqn`` local), and falls back to the module's shape when that frame is not
-there.
+torchao's handler signature gives the module but not its name; the name (for refusals and
+for ``calibration`` keys) is read from the frame of torchao's ``quantize_`` walk that called
+the handler (its ``cur_fqn`` / ``fqn`` local); when that frame is not there, refusals
+describe the module by its shape and calibration must be keyed by module.
 
 Importing this module imports torch and torchao (the ``torchao`` extra:
 ``pip install 'xnnquant[torchao]'``); ``import xnnquant`` does not.
@@ -57,7 +74,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -67,7 +85,8 @@ from .constants import XNN_MIN_BLOCKSIZE
 from .errors import XnnquantError, missing_extra
 from .schemes import quantize_blockwise, quantize_per_channel
 from .schemes.blockwise import valid_group_sizes
-from .schemes.checks import Method
+from .schemes.calibration import Calibration
+from .schemes.checks import ACTIVATION_AWARE_METHODS, Method
 from .tensor import QuantizedTensor
 
 try:
@@ -85,7 +104,7 @@ except ImportError:
 WEIGHT_SCHEMES = ("qb4w:<group size>", "qc4w", "qc8w")
 #: Activation schemes, by name.
 ACTIVATIONS = {"int8_dynamic": IntxUnpackedToInt8TensorActivationQuantization.INT8_ASYM_PER_TOKEN, None: None}
-METHODS = ("minmax", "mse")
+METHODS = ("minmax", "mse", *ACTIVATION_AWARE_METHODS)
 
 
 @dataclass(frozen=True)
@@ -133,11 +152,13 @@ class WeightScheme:
                     f"blocks are multiples of {XNN_MIN_BLOCKSIZE}; fits: {fits})")
         return None
 
-    def quantize(self, w: Any, method: Method) -> QuantizedTensor:
-        """Codes and scales of ``w`` ``[N, K]``: qcint8, or qbint4 (group K for ``qc4w``)."""
+    def quantize(self, w: Any, method: Method, calibration: Calibration | Any = None) -> QuantizedTensor:
+        """Codes and scales of ``w`` ``[N, K]``: qcint8, or qbint4 (group K for ``qc4w``);
+        ``calibration`` for the activation-aware methods."""
         if self.bits == 8:
-            return quantize_per_channel(w, bits=8, axis=0, method=method)
-        return quantize_blockwise(w, group_size=self.group_size or int(w.shape[1]), method=method)
+            return quantize_per_channel(w, bits=8, axis=0, method=method, calibration=calibration)
+        return quantize_blockwise(w, group_size=self.group_size or int(w.shape[1]), method=method,
+                                  calibration=calibration)
 
 
 @dataclass(frozen=True)
@@ -145,7 +166,9 @@ class XnnquantConfig(AOBaseConfig):
     """torchao ``quantize_`` config: linear weights quantized by xnnquant, for ExecuTorch.
 
     ``weights``: ``"qb4w:32"`` (any multiple of 32 dividing ``in_features``), ``"qc4w"`` or
-    ``"qc8w"``.  ``method``: ``"mse"`` (scale search, the default) or ``"minmax"``.
+    ``"qc8w"``.  ``method``: ``"mse"`` (scale search, the default), ``"minmax"``, or the
+    activation-aware ``"act_mse"`` / ``"gptq"`` with ``calibration``: layer name (or
+    module) -> ``Calibration`` or float array ``(tokens, in_features)``, see ``calibrate``.
     ``activations``: ``"int8_dynamic"`` or None (weight-only; see the module docstring).
     Bad values raise ``XnnquantError`` at construction.
     """
@@ -153,6 +176,7 @@ class XnnquantConfig(AOBaseConfig):
     weights: str = "qb4w:32"
     method: Method = "mse"
     activations: str | None = "int8_dynamic"
+    calibration: Mapping[Any, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         WeightScheme.parse(self.weights)
@@ -160,6 +184,16 @@ class XnnquantConfig(AOBaseConfig):
             raise XnnquantError(f"unknown method: got {self.method!r}, expected one of {', '.join(METHODS)}")
         if self.activations not in ACTIVATIONS:
             raise XnnquantError(f"unknown activations: got {self.activations!r}, expected 'int8_dynamic' or None")
+        aware = self.method in ACTIVATION_AWARE_METHODS
+        if aware and not self.calibration:
+            raise XnnquantError(f"method {self.method!r} needs calibration: got none, expected calibration="
+                                "{layer name: Calibration or (tokens, in_features) array} (see calibrate)")
+        if not aware and self.calibration is not None:
+            raise XnnquantError(f"method {self.method!r} does not use calibration: got a calibration mapping, "
+                                f"expected one of the activation-aware methods {', '.join(ACTIVATION_AWARE_METHODS)}")
+        if self.calibration is not None and not isinstance(self.calibration, Mapping):
+            raise XnnquantError(f"calibration must map layer names (or modules) to calibrations: got "
+                                f"{type(self.calibration).__name__}")
         if self.activations is None:
             warnings.warn(
                 "activations=None: ExecuTorch 1.4.1's XnnpackPartitioner drops the scales of weight-only int-x "
@@ -174,11 +208,20 @@ class XnnquantConfig(AOBaseConfig):
         """A ``quantize_`` filter: True for linears this config can quantize, False otherwise."""
         return isinstance(module, torch.nn.Linear) and self.scheme.refusal(tuple(module.weight.shape)) is None
 
-    def quantize_weight(self, weight: Any) -> IntxUnpackedToInt8Tensor:
+    def calibration_for(self, module: Any, name: str | None) -> Any:
+        """This layer's calibration (keyed by module, else by name), or None."""
+        if not self.calibration:
+            return None
+        for key, value in self.calibration.items():
+            if key is module:
+                return value
+        return self.calibration.get(name) if name is not None else None
+
+    def quantize_weight(self, weight: Any, calibration: Any = None) -> IntxUnpackedToInt8Tensor:
         """torchao's tensor holding our codes and scales for ``weight`` ``[N, K]`` (no checks
         beyond the scheme's own)."""
         scheme = self.scheme
-        qt = scheme.quantize(weight.detach(), self.method)
+        qt = scheme.quantize(weight.detach(), self.method, calibration)
         codes = torch.from_numpy(np.ascontiguousarray(qt.codes))
         scale = torch.from_numpy(np.ascontiguousarray(qt.scale.reshape(qt.codes.shape[0], -1)))
         group = qt.codes.shape[1] // scale.shape[1]
@@ -193,9 +236,9 @@ class XnnquantConfig(AOBaseConfig):
         )
 
 
-def _layer_name(module: Any) -> str:
-    """The module's name in the model being quantized, read from torchao's walk (see the
-    module docstring), or a description of the module."""
+def _layer_fqn() -> str | None:
+    """The name of the module being quantized, read from torchao's ``quantize_`` walk (see
+    the module docstring), or None."""
     frame: FrameType | None = sys._getframe(2)
     for _ in range(8):
         if frame is None:
@@ -203,25 +246,75 @@ def _layer_name(module: Any) -> str:
         if frame.f_globals.get("__name__", "").startswith("torchao."):
             local = frame.f_locals
             if isinstance(local.get("cur_fqn"), str):
-                return repr(local["cur_fqn"].rstrip(".") or "<model>")
+                return str(local["cur_fqn"]).rstrip(".")
             if isinstance(local.get("fqn"), str):
-                return repr(local["fqn"] or "<model>")
+                return str(local["fqn"])
         frame = frame.f_back
+    return None
+
+
+def _describe(module: Any, fqn: str | None) -> str:
+    if fqn is not None:
+        return repr(fqn or "<model>")
     return f"{type(module).__name__} with weight {list(getattr(module, 'weight', torch.empty(0)).shape)}"
 
 
 @register_quantize_module_handler(XnnquantConfig)
 def _quantize_module(module: Any, config: XnnquantConfig, *, parameter_name: str = "weight") -> Any:
     """torchao's handler: swap ``module.<parameter_name>`` for our quantized tensor."""
+    fqn = _layer_fqn()
     weight = getattr(module, parameter_name, None)
     if not isinstance(weight, torch.Tensor):
-        raise XnnquantError(f"layer {_layer_name(module)} has no tensor {parameter_name!r} to quantize")
+        raise XnnquantError(f"layer {_describe(module, fqn)} has no tensor {parameter_name!r} to quantize")
     why = config.scheme.refusal(tuple(weight.shape))
     if why is not None:
         raise XnnquantError(
-            f"layer {_layer_name(module)} does not fit weights={config.weights!r}: {why}; "
+            f"layer {_describe(module, fqn)} does not fit weights={config.weights!r}: {why}; "
             "to skip such layers pass filter_fn=config.fits to quantize_"
         )
-    new = config.quantize_weight(weight)
+    calibration = config.calibration_for(module, fqn)
+    if config.method in ACTIVATION_AWARE_METHODS and calibration is None:
+        named = ", ".join(repr(k) if isinstance(k, str) else type(k).__name__ for k in config.calibration or {})
+        raise XnnquantError(
+            f"layer {_describe(module, fqn)}: method {config.method!r} needs its calibration, and the mapping "
+            f"has none for it (keys: {named}); key it by the name named_modules gives, or by the module"
+        )
+    new = config.quantize_weight(weight, calibration)
     setattr(module, parameter_name, torch.nn.Parameter(new, requires_grad=False))
     return module
+
+
+def _accumulate_into(calibration: Calibration) -> Any:
+    """A forward pre-hook adding a linear's input rows to ``calibration`` (it returns None:
+    a hook's return value would replace the input)."""
+    def hook(_module: Any, args: tuple[Any, ...]) -> None:
+        calibration.add(args[0].detach())
+    return hook
+
+
+def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = True,
+              filter_fn: Any = None) -> dict[str, Calibration]:
+    """The inputs every ``torch.nn.Linear`` of ``model`` sees on ``batches``, one
+    ``Calibration`` per layer name (``named_modules``), for ``XnnquantConfig(calibration=)``.
+
+    ``batches``: each a tensor or a tuple of positional arguments of ``model``.
+    ``runtime_quantized`` (default True): accumulate each row as XNNPACK's dynamic int8
+    path sees it (``Calibration(runtime_quantized=True)``), right for
+    ``activations="int8_dynamic"``.  ``filter_fn(module, name)``: which linears (default:
+    all).  Every row a linear sees counts, padding tokens included.
+    """
+    calibrations: dict[str, Calibration] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and (filter_fn is None or filter_fn(module, name)):
+            calibration = Calibration(module.in_features, runtime_quantized=runtime_quantized)
+            calibrations[name] = calibration
+            hooks.append(module.register_forward_pre_hook(_accumulate_into(calibration)))
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                model(*batch) if isinstance(batch, tuple) else model(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calibrations
