@@ -7,7 +7,9 @@ Stages, each timed in ``Exported.timings`` (seconds):
 ``decompose``   ``run_decompositions`` to core ATen, keeping the ops that have a
                 lowering of their own (``linear``, ``layer_norm``, ``gelu``, ...);
                 skipped when every op already has one (``needs_decomposition``)
-``calibrate``   running the module on ``calibration`` batches (when given)
+``calibrate``   running the module on ``calibration`` batches (when given); for an
+                activation-aware method, sequentially, quantizing each linear on
+                the way (``calibration.sequential_statistics``)
 ``lower``       lowering node by node, quantizing each weight on the way
 ``write``       the payload bytes (``Graph.to_bytes``)
 ==============  ===============================================================
@@ -129,6 +131,20 @@ def _progress(enabled: bool, desc: str) -> Any:
     return bar
 
 
+def _linear_quantizer(scheme: WeightScheme, fallback: tuple[WeightScheme, ...], method: str) -> Any:
+    """What sequential calibration quantizes a linear with: the scheme the lowering will
+    give it (None for a float or refused layer)."""
+    from .quantize import linear_scheme, quantize_weight
+
+    def quantize(path: str, weight: Any, calibration: Any) -> Any:
+        chosen = linear_scheme(scheme, fallback, weight.shape[1])
+        if chosen is None or not chosen.is_quantized:
+            return None
+        return quantize_weight(weight, chosen, method, calibration)
+
+    return quantize
+
+
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = None, progress: bool = True,
            target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None) -> Exported:
@@ -139,9 +155,10 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     a tuple of float32 tensors (static shapes), the module's positional inputs.
     ``weights``: ``"fp32"``, ``"qc8w"``, ``"qc4w"`` or ``"qb4w:G"`` (see ``options``).
     ``method``: how scales are chosen (``"minmax"``, ``"mse"``, or an activation-aware method).
-    ``calibration``: an iterable of input tuples the float module is run on; the inputs of
+    ``calibration``: an iterable of input tuples the module is run on; the inputs of
     every linear are kept as statistics (``calibration.py``): the activation-aware methods
-    take them, and with ``minmax`` / ``mse`` the quantized linears that read a layer norm
+    take them, each linear calibrated on what the already-quantized linears before it
+    produce (sequential calibration), and with ``minmax`` / ``mse`` the quantized linears that read a layer norm
     are equalized (per-channel scales moved from their input to their weight).
     ``fallback``: the scheme (or schemes, tried in order) for layers that cannot take
     ``weights``; such layers are refused otherwise, and the report names every fallback.
@@ -198,10 +215,14 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     timings["decompose"] = time.perf_counter() - start
     statistics = None
     if calibration is not None:
-        from .calibration import linear_statistics
+        from . import calibration as calibrating
 
         start = time.perf_counter()
-        statistics = linear_statistics(module, calibration, grams=chosen_method in aware)
+        if chosen_method in aware:
+            statistics = calibrating.sequential_statistics(
+                module, calibration, _linear_quantizer(scheme, fallback_schemes, chosen_method))
+        else:
+            statistics = calibrating.linear_statistics(module, calibration)
         timings["calibrate"] = time.perf_counter() - start
     from .lowering import Lowerer
 

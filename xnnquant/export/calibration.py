@@ -12,6 +12,24 @@ keeps, per module path (the names ``Exported.report`` shows):
 The inputs are the float model's (not the inputs that earlier quantized layers would
 produce).
 
+Sequential calibration (``sequential_statistics``, what the activation-aware methods get).
+A deployed layer reads what the quantized layers before it produce, so each linear is
+calibrated on those inputs, as ``models.sequential`` does for the numpy MiniLM: the batches
+run through the module in stages, in the order the linears are called::
+
+    stage     the next linear not yet quantized, with every other one reading the same
+              input tensor (query, key, value), gathers X^T X over all batches; each
+              forward stops (an exception from the hook) as soon as a linear outside the
+              stage, not yet quantized, is reached
+    quantize  each linear of the stage: ``quantize(path, weight, calibration)``; it then
+              computes with the dequantized weight in the stages after
+
+A model of ``S`` stages costs about ``S / 2`` full forwards over the batches.  The module's
+own weights are swapped for the dequantized ones while it runs and put back afterwards;
+the ``QuantizedTensor``s are kept (``LinearStatistics.quantized``) and stored by the
+lowering as they are.  A linear that the forward never calls through its module (e.g.
+``nn.MultiheadAttention``'s projections, called functionally) gets no statistics.
+
 Equalization.  A layer norm's output often has a few channels far larger than the rest,
 and per-token int8 quantization of such a row gives the small channels few levels.  For a
 linear reading it, ``x W^T = (x / s) (W s)^T`` for any positive per-channel ``s``: the
@@ -28,7 +46,8 @@ their weights, so they keep sharing one conversion.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +61,36 @@ EQUALIZATION_ALPHA = 0.5
 
 @dataclass
 class LinearStatistics:
-    """Per linear module path: input channel maxima, and ``Calibration``s when asked."""
+    """Per linear module path: input channel maxima, ``Calibration``s when asked, and the
+    weights quantized by sequential calibration."""
 
     absmax: dict[str, np.ndarray] = field(default_factory=dict)
     grams: dict[str, Any] = field(default_factory=dict)
     batches: int = 0
+    quantized: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``quantize(module path, weight float32 [N, K], calibration)``: the weight's
+#: ``QuantizedTensor``, or None to leave the layer float while calibrating.
+Quantize = Callable[[str, np.ndarray, Any], Any]
+
+
+class _StageDone(Exception):
+    """Raised by a hook once the forward reaches a linear outside the stage."""
+
+
+def _input_batches(batches: Iterable[Any]) -> list[tuple[Any, ...]]:
+    import torch
+
+    out = []
+    for i, batch in enumerate(batches):
+        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        if not all(isinstance(x, torch.Tensor) for x in inputs):
+            raise XnnquantError(f"calibration batch {i} must be a tuple of tensors: got {type(batch).__name__}")
+        out.append(inputs)
+    if not out:
+        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
+    return out
 
 
 def linear_statistics(module: Any, batches: Iterable[Any], *, grams: bool = False) -> LinearStatistics:
@@ -65,6 +109,7 @@ def linear_statistics(module: Any, batches: Iterable[Any], *, grams: bool = Fals
     stats = LinearStatistics()
     maxima: dict[str, Any] = {}
     hooks = []
+    batches = _input_batches(batches)
     for path, layer in module.named_modules():
         if isinstance(layer, torch.nn.Linear):
             if calibration_type is not None:
@@ -80,18 +125,72 @@ def linear_statistics(module: Any, batches: Iterable[Any], *, grams: bool = Fals
             hooks.append(layer.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
-            for i, batch in enumerate(batches):
-                inputs = batch if isinstance(batch, (tuple, list)) else (batch,)
-                if not all(isinstance(x, torch.Tensor) for x in inputs):
-                    raise XnnquantError(f"calibration batch {i} must be a tuple of tensors: got {type(batch).__name__}")
+            for inputs in batches:
                 module(*inputs)
                 stats.batches += 1
     finally:
         for handle in hooks:
             handle.remove()
-    if stats.batches == 0:
-        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
     stats.absmax = {path: top.float().numpy() for path, top in maxima.items()}
+    return stats
+
+
+def sequential_statistics(module: Any, batches: Iterable[Any], quantize: Quantize) -> LinearStatistics:
+    """Calibrate and quantize ``module``'s linears stage by stage (module docstring):
+    ``grams`` and ``quantized`` per module path (``absmax`` stays empty)."""
+    import torch
+
+    from ..schemes import Calibration
+
+    if not isinstance(module, torch.nn.Module):
+        raise XnnquantError("calibration= needs the torch.nn.Module itself (not a saved program) to run it")
+    inputs = _input_batches(batches)
+    linears = {layer: path for path, layer in module.named_modules() if isinstance(layer, torch.nn.Linear)}
+    stats = LinearStatistics(batches=len(inputs))
+    originals = {layer: layer.weight for layer in linears}
+    stage: dict[Any, Any] = {}  # linear -> its Calibration, in call order
+    seen: list[Any] = []  # the stage's input tensor in the current forward
+    open_ = [True]  # members may still join (first batch only)
+
+    def hook(layer: Any, args: tuple[Any, ...]) -> None:
+        path = linears[layer]
+        if path in stats.quantized or path in stats.grams:
+            return
+        x = args[0].detach()
+        if layer not in stage:
+            if not (open_[0] and (not stage or (seen and x is seen[0]))):
+                raise _StageDone
+            stage[layer] = Calibration(layer.in_features)
+        if not seen:
+            seen.append(x)
+        stage[layer].add(x.reshape(-1, x.shape[-1]))
+
+    hooks = [layer.register_forward_pre_hook(hook) for layer in linears]
+    try:
+        with torch.no_grad():
+            while True:
+                stage.clear()
+                open_[0] = True
+                for batch in inputs:
+                    seen.clear()
+                    with contextlib.suppress(_StageDone):  # the stage's inputs are all seen
+                        module(*batch)
+                    open_[0] = False
+                if not stage:
+                    break
+                for layer, calibration in stage.items():
+                    path = linears[layer]
+                    stats.grams[path] = calibration
+                    weight = originals[layer].detach().numpy()
+                    qt = quantize(path, weight, calibration)
+                    if qt is not None:
+                        stats.quantized[path] = qt
+                        layer.weight = torch.nn.Parameter(torch.from_numpy(qt.dequantize()), requires_grad=False)
+    finally:
+        for handle in hooks:
+            handle.remove()
+        for layer, weight in originals.items():
+            layer.weight = weight
     return stats
 
 

@@ -43,7 +43,7 @@ from ..graph import Graph, Target
 from ..graph.model import Node
 from ..tensor import QuantizedTensor
 from .options import FP32, WeightScheme
-from .quantize import quantize_weight, weight_nbytes, weight_sqnr
+from .quantize import is_stored_as, quantize_weight, weight_nbytes, weight_sqnr
 from .registry import LOWERINGS, op_name
 from .report import ReportRow
 from .streaming import WeightFile, is_meta, meta_tensor_refusal
@@ -532,7 +532,11 @@ class Lowerer:
         if layout is not None:
             arr = np.ascontiguousarray(layout(arr))
         grams = {} if self.statistics is None else self.statistics.grams
-        q = quantize_weight(arr, scheme, self.method, grams.get(path), axis=axis)
+        done = None if self.statistics is None else self.statistics.quantized.get(path)
+        if done is not None and axis == 0 and is_stored_as(done, scheme, arr.shape):
+            q = done  # quantized by sequential calibration (calibration.sequential_statistics)
+        else:
+            q = quantize_weight(arr, scheme, self.method, grams.get(path), axis=axis)
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
                                    weight_nbytes(q, self.graph.scales_in_segment), weight_sqnr(arr, q), note))
         if isinstance(q, QuantizedTensor):

@@ -47,6 +47,21 @@ def quantize_weight(weight: Any, scheme: WeightScheme, method: str = "mse", cali
     return quantize_per_channel(weight, bits=bits, axis=axis, method=chosen, **extra)
 
 
+def linear_scheme(weights: WeightScheme, fallback: tuple[WeightScheme, ...], in_features: int) -> WeightScheme | None:
+    """The scheme a linear with ``in_features`` inputs gets: ``weights``, else the first
+    ``fallback`` it can take, else None (it is refused); as ``Lowerer.weight_scheme`` chooses."""
+    for scheme in (weights, *fallback):
+        if linear_refusal(scheme, in_features) is None:
+            return scheme
+    return None
+
+
+def is_stored_as(q: QuantizedTensor, scheme: WeightScheme, shape: tuple[int, ...]) -> bool:
+    """True when ``q`` is a weight of ``shape`` quantized as ``scheme`` (per output channel)."""
+    return (scheme.is_quantized and q.datatype is scheme.datatype and q.group_size == scheme.group_size
+            and q.codes.shape == tuple(shape) and q.channel_dim == 0)
+
+
 def weight_nbytes(q: QuantizedTensor | np.ndarray, scales_in_segment: bool = False) -> int:
     """Bytes the weight takes in the payload: its data plus its scales.  Per-channel scales
     are fp32; blockwise ones are bf16 in the constant segment (``scales_in_segment``, target
