@@ -1,4 +1,5 @@
-"""SafetensorsFile against the safetensors package (the oracle for the format), and its errors."""
+"""SafetensorsFile: tensors as the safetensors package writes them, offsets for read-ahead,
+and refused files named down to the tensor where the header tells."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import xnnquant as xq
-from xnnquant.safetensors_file import SafetensorsFile
+from xnnquant.safetensors_file import SafetensorsFile, TensorInfo, _data_offsets
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -26,62 +27,77 @@ def tensors() -> dict[str, np.ndarray]:
     }
 
 
-def test_every_tensor_reads_as_the_safetensors_package_writes_it(tmp_path: Path) -> None:
+def test_every_tensor_reads_as_written_and_the_offsets_hold_its_bytes(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     given = tensors()
     safetensors_numpy.save_file(given, str(path), metadata={"format": "np"})
-    with SafetensorsFile(path) as f:
-        assert set(f.tensors) == set(given)
-        for name, array in given.items():
-            with f.tensor(name) as got:
-                assert got.dtype == array.dtype and got.shape == array.shape, name
-                assert got.tobytes() == array.tobytes(), name
-                assert not got.flags.writeable
+    f = SafetensorsFile(path)
+    data = path.read_bytes()
+    offsets = _data_offsets(path)
+    assert set(f.tensors) == set(given) == set(offsets)
+    for name, array in given.items():
+        got = f.read(name)
+        assert got.dtype == array.dtype and got.shape == array.shape, name
+        assert got.tobytes() == array.tobytes(), name
+        begin, end = offsets[name]
+        assert data[begin:end] == array.tobytes(), name
+        f.prefetch(name)
+    assert f.info("c") == TensorInfo("c", "BF16", (2, 3))
 
 
-def header_file(path: Path, header: object, data: bytes = b"") -> Path:
+def good_file(path: Path) -> tuple[Path, dict, int]:
+    safetensors_numpy.save_file({"x": np.zeros((2, 2), np.float32), "y": np.ones(3, np.float32)}, str(path))
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return path, json.loads(data[8:8 + n]), 8 + n
+
+
+def with_header(path: Path, header: dict, data: bytes) -> Path:
     text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
     path.write_bytes(len(text).to_bytes(8, "little") + text + data)
     return path
 
 
-@pytest.mark.parametrize(("header", "data", "message"), [
-    ({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, b"\0" * 12,
-     "tensor 'w': its data ends at byte 16 of the data section, which has only 12 bytes (the file is truncated)"),
-    ({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 16]}}, b"\0" * 16,
-     "tensor 'w': holds 16 bytes, but F32 (2, 3) needs 24"),
-    ({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 1]}}, b"\0",
-     "tensor 'w': unknown dtype 'Q4', expected one of F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL"),
-    ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4,
-     "tensor 'w': shape must be a list of non-negative integers: got [-1]"),
-    ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, b"\0" * 4,
-     "tensor 'w': data_offsets must be [begin, end] with 0 <= begin <= end: got [4, 0]"),
-    ([1, 2], b"", "corrupt safetensors header: expected a JSON object, got list"),
-])
-def test_defects_name_the_file_and_tensor(tmp_path: Path, header: object, data: bytes, message: str) -> None:
-    path = header_file(tmp_path / "bad.safetensors", header, data)
+def test_refused_files_name_the_tensor_that_does_not_fit(tmp_path: Path) -> None:
+    path, header, start = good_file(tmp_path / "good.safetensors")
+    data = path.read_bytes()[start:]
+    last = max(header, key=lambda k: header[k]["data_offsets"][1] if k != "__metadata__" else -1)
+    first = min(header, key=lambda k: header[k]["data_offsets"][0] if k != "__metadata__" else 1 << 60)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(path.read_bytes()[:-4])
+    end = header[last]["data_offsets"][1]
     with pytest.raises(xq.XnnquantError) as info:
-        SafetensorsFile(path)
-    assert str(info.value) == f"{path}: {message}"
+        SafetensorsFile(truncated)
+    assert str(info.value) == (f"{truncated}: not a valid safetensors file (Error while deserializing header: "
+                               f"incomplete metadata, file not fully covered): tensor {last!r}: its data ends at "
+                               f"byte {end} of the data section, which has only {end - 4} bytes (the file is "
+                               f"truncated)")
+    header[first]["data_offsets"][1] += 4  # overlaps the next tensor
+    overlap = with_header(tmp_path / "overlap.safetensors", header, data)
+    with pytest.raises(xq.XnnquantError, match=rf"overlap.safetensors: not a valid safetensors file \(.*\): "
+                                               rf"tensor '{first}' ends at byte 20, tensor '{last}' begins at "
+                                               r"byte 16 of the data section \(an overlap\)"):
+        SafetensorsFile(overlap)
 
 
-def test_truncated_header_and_tiny_files(tmp_path: Path) -> None:
-    path = tmp_path / "t.safetensors"
-    path.write_bytes(b"\x05\0\0")
-    with pytest.raises(xq.XnnquantError, match=r"not a safetensors file: 3 bytes, expected at least 8"):
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\x05\0\0", r"not a valid safetensors file \(Error while deserializing header: header too small\)$"),
+    ((1000).to_bytes(8, "little") + b"{}", r"not a valid safetensors file \(.*\)$"),
+    ((4).to_bytes(8, "little") + b"\xff\xfe{}", r"not a valid safetensors file \(.*\)$"),
+    ((8).to_bytes(8, "little") + b'{"w": 1}', r"not a valid safetensors file \(.*\)$"),
+])
+def test_not_safetensors(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(xq.XnnquantError, match=message):
         SafetensorsFile(path)
-    path.write_bytes((1000).to_bytes(8, "little") + b"{}")
-    with pytest.raises(xq.XnnquantError, match=r"the header length field says 1000 bytes, the file holds 2"):
-        SafetensorsFile(path)
-    path.write_bytes((4).to_bytes(8, "little") + b"\xff\xfe{}")
-    with pytest.raises(xq.XnnquantError, match=r"corrupt safetensors header: not UTF-8 JSON"):
-        SafetensorsFile(path)
+
+
+def test_missing_file_and_tensor_are_named(tmp_path: Path) -> None:
     with pytest.raises(xq.XnnquantError, match=r"cannot open safetensors file .*nothing.safetensors"):
         SafetensorsFile(tmp_path / "nothing.safetensors")
-
-
-def test_missing_tensor_is_named(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     safetensors_numpy.save_file({"x": np.zeros(2, np.float32)}, str(path))
-    with SafetensorsFile(path) as f, pytest.raises(xq.XnnquantError, match=r"no tensor 'y' in the file \(1 tensors: x"):
-        f.info("y")
+    with pytest.raises(xq.XnnquantError, match=r"no tensor 'y' in the file \(1 tensors: x"):
+        SafetensorsFile(path).read("y")

@@ -3,7 +3,7 @@
 ``xq.export(module, inputs, state_dict="model.safetensors")`` lowers a module whose
 parameters and buffers hold no data (built on ``torch.device("meta")``), so the float
 model is never in memory.  Every layer weight becomes a ``graph.Deferred`` constant:
-it is read from the file (memory-mapped, one tensor at a time), quantized and written
+it is read from the file (one tensor at a time, ``safetensors_file``), quantized and written
 into the payload's constant segment only when the payload is written (``Exported.save``),
 and its report row (bytes, SQNR) is filled in then.  The graph has its scales in the
 constant segment (``Graph(scales_in_segment=True)``, target 1.4.1), so its flatbuffer
@@ -60,7 +60,7 @@ class WeightFile:
         info = self.file.info(name)
         if info.shape != shape:
             raise XnnquantError(f"{self.path}: tensor {name!r} has shape {info.shape}, but {what} has shape {shape}")
-        if info.dtype.kind != "f" and str(info.dtype) != "bfloat16":
+        if info.dtype not in FLOAT_DTYPES:
             raise XnnquantError(f"{self.path}: tensor {name!r} is {info.dtype}, but {what} needs a floating-point "
                                 f"tensor ({', '.join(FLOAT_DTYPES)})")
         return info
@@ -68,8 +68,7 @@ class WeightFile:
     def array(self, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
         """Tensor ``name`` read now, as float32 (a copy)."""
         self.check(name, shape, what)
-        with self.file.tensor(name) as mapped:
-            return np.array(mapped, np.float32)
+        return self.file.read(name).astype(np.float32, copy=False)
 
     def weight(self, name: str, shape: tuple[int, ...], path: str, scheme: WeightScheme, method: str, note: str,
                layout: Layout | None, axis: int, rows: list[ReportRow]) -> Deferred:
@@ -90,18 +89,15 @@ class WeightFile:
         def make() -> QuantizedTensor | np.ndarray:
             if position + 1 < len(self.order):  # the disk reads the next weight while this one is quantized
                 self.file.prefetch(self.order[position + 1])
-            with self.file.tensor(name) as mapped:
-                weight = np.asarray(mapped, np.float32)  # float32 in the file: the mapping itself
-                if layout is not None:
-                    weight = np.ascontiguousarray(layout(weight))
-                try:
-                    stored = quantize_weight(weight, scheme, method, None, axis=axis)
-                except XnnquantError as exc:
-                    raise XnnquantError(f"{where}: {exc}") from None
-                rows[row_index] = ReportRow(path, dims, str(scheme), weight_nbytes(stored, scales_in_segment=True),
-                                            weight_sqnr(weight, stored), note)
-                if isinstance(stored, np.ndarray):
-                    stored = np.array(stored, np.float32)  # not a view of the mapping, which closes now
+            weight = self.file.read(name).astype(np.float32, copy=False)
+            if layout is not None:
+                weight = np.ascontiguousarray(layout(weight))
+            try:
+                stored = quantize_weight(weight, scheme, method, None, axis=axis)
+            except XnnquantError as exc:
+                raise XnnquantError(f"{where}: {exc}") from None
+            rows[row_index] = ReportRow(path, dims, str(scheme), weight_nbytes(stored, scales_in_segment=True),
+                                        weight_sqnr(weight, stored), note)
             return stored
 
         group = scheme.group_size if scheme.kind is SchemeKind.QB4W else None
