@@ -109,3 +109,13 @@ def test_act_mse_too_and_refused_layers_stay_refused() -> None:
                      progress=False)
     expected = xq.quantize_per_channel(module.a.weight.detach().numpy(), 8, method="gptq", calibration=first)
     assert expected.to_bytes() in fell.to_bytes()
+
+
+def test_a_layer_without_statistics_is_refused_by_name() -> None:
+    """A convolution gets no calibration: refused saying why, not 'calibration=None'."""
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 32)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(xq.UnsupportedConfigError,
+                       match=r"module 0\): method 'gptq' has no calibration statistics for this layer: got none, "
+                             r"expected the inputs of a torch.nn.Linear called as a module"):
+        xq.export(module, (x,), weights="qc8w", method="gptq", calibration=[(x,)], progress=False)

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import XnnquantError
 from ..metrics import sqnr_db
 from ..parallel import for_ranges
 from ..schemes import quantize_blockwise, quantize_per_channel
 from ..schemes.blockwise import valid_group_sizes
-from ..schemes.checks import check_method
+from ..schemes.checks import ACTIVATION_AWARE_METHODS, check_method
 from ..tensor import QuantizedTensor
 from .options import SchemeKind, WeightScheme
 
@@ -42,6 +43,12 @@ def quantize_weight(weight: Any, scheme: WeightScheme, method: str = "mse", cali
     chosen = check_method(method)
     if scheme.kind is SchemeKind.FP32:
         return np.ascontiguousarray(np.asarray(weight, np.float32))
+    if chosen in ACTIVATION_AWARE_METHODS and calibration is None:
+        raise XnnquantError(
+            f"method {chosen!r} has no calibration statistics for this layer: got none, expected the inputs of a "
+            "torch.nn.Linear called as a module by the calibration batches (convolutions and linears computed "
+            "functionally, e.g. inside nn.MultiheadAttention, are not calibrated); export such a model with "
+            "method='mse'")
     if scheme.kind is SchemeKind.QB4W:
         return quantize_blockwise(weight, group_size=int(scheme.group_size or 0), method=chosen, **extra)
     bits = 8 if scheme.kind is SchemeKind.QC8W else 4
