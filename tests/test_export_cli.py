@@ -23,12 +23,18 @@ FACTORY = textwrap.dedent("""
 
     def wrong():
         return 3
+
+    def broken():
+        raise FileNotFoundError("weights.bin")
+
+    not_a_factory = 3
 """)
 
 
 @pytest.fixture
 def factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "my_models.py").write_text(FACTORY)
+    (tmp_path / "bad_syntax.py").write_text("def f(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return "my_models:small"
 
@@ -64,6 +70,10 @@ def test_export_from_a_pt2_file(tmp_path: Path, capsys: pytest.CaptureFixture) -
     ("no_such_module_here:f", "MODEL 'no_such_module_here:f' does not resolve: No module named 'no_such_module_here'"),
     ("my_models:absent", "MODEL 'my_models:absent' does not resolve: module 'my_models' has no attribute 'absent'"),
     ("my_models:wrong", "MODEL 'my_models:wrong': the factory returned int, expected package.module:factory"),
+    ("my_models:broken", "MODEL 'my_models:broken': the factory raised FileNotFoundError: weights.bin"),
+    ("my_models:not_a_factory", "MODEL 'my_models:not_a_factory': 'not_a_factory' is int, not callable (expected "
+                                "package.module:factory"),
+    ("bad_syntax:f", "MODEL 'bad_syntax:f': importing 'bad_syntax' failed: SyntaxError: "),
 ])
 def test_bad_models_are_clear_errors(spec: str, message: str, factory: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture) -> None:
@@ -86,7 +96,7 @@ def test_an_export_that_fails_leaves_no_file(factory: str, tmp_path: Path, capsy
     assert cli.main(["export", factory, "-o", str(out), "--weights", "qb4w:64"]) == 2
     assert "layer '2' cannot take its weights: qb4w:64: group size 64 does not divide in_features 32" in \
         capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == [tmp_path / "my_models.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_syntax.py", "my_models.py"]
 
 
 @pytest.mark.parametrize("command", ["export", "minilm"])

@@ -143,3 +143,16 @@ def test_save_writes_by_suffix_atomically(tmp_path: Path, monkeypatch: pytest.Mo
         exported.save(tmp_path / "m.pte")
     assert pte.read_bytes()[4:8] == b"ET12"  # the old file is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte", "m.xnn"]  # no temporary left
+
+
+def test_missing_executorch_names_the_extra_and_writes_nothing(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    exported = xq.export(nn.Linear(32, 8).eval(), (torch.randn(2, 32),), weights="qc8w", progress=False)
+    for name in [m for m in sys.modules if m == "executorch" or m.startswith("executorch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "executorch", None)  # import executorch -> ImportError
+    with pytest.raises(MissingExtraError, match=r"needs the 'executorch' package, which is not installed: install "
+                                                r"the extra with  pip install 'xnnquant\[xnnpack\]'"):
+        exported.save(tmp_path / "m.pte")
+    assert list(tmp_path.iterdir()) == []
+    assert exported.save(tmp_path / "m.xnn").read_bytes() == exported.to_bytes()  # the payload needs no executorch

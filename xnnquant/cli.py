@@ -68,7 +68,16 @@ def load_model(spec: str) -> tuple[object, tuple[object, ...] | None]:
         factory = getattr(importlib.import_module(name), attr)
     except (ImportError, AttributeError) as exc:
         raise XnnquantError(f"MODEL {spec!r} does not resolve: {exc} ({expected})") from None
-    result = factory()
+    except Exception as exc:  # the module itself fails while it is imported
+        raise XnnquantError(f"MODEL {spec!r}: importing {name!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not callable(factory):
+        raise XnnquantError(f"MODEL {spec!r}: {attr!r} is {type(factory).__name__}, not callable ({expected})")
+    try:
+        result = factory()
+    except XnnquantError:
+        raise
+    except Exception as exc:  # whatever the user's factory raises: say which factory it was
+        raise XnnquantError(f"MODEL {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], (tuple, list))):
         raise XnnquantError(f"MODEL {spec!r}: the factory returned {type(result).__name__}, {expected}")
     return result[0], tuple(result[1])
@@ -92,10 +101,14 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _minilm(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
     from .main_job import main
 
     stream = None if args.no_progress else args.terminal
-    print(main(as_json=args.json, with_executorch=not args.no_executorch, progress=stream))
+    if args.save is not None and not Path(args.save).is_dir():
+        raise XnnquantError(f"--save must name an existing directory: got {args.save!r}")
+    print(main(as_json=args.json, with_executorch=not args.no_executorch, progress=stream, save=args.save))
 
 
 def _inspect(args: argparse.Namespace) -> None:
@@ -184,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "latency and embedding accuracy side by side.")
     minilm.add_argument("--json", action="store_true", help="print the rows as JSON")
     minilm.add_argument("--no-executorch", action="store_true", help="leave out ExecuTorch's own flow")
-    minilm.add_argument("--no-progress", action="store_true", help="no progress lines")
+    minilm.add_argument("--no-progress", action="store_true", help="no progress bar")
+    minilm.add_argument("--save", metavar="DIR", default=None,
+                        help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse.pte), for xnnquant verify")
     minilm.set_defaults(func=_minilm)
     inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload or of every "
                                              "XNNPACK delegate of a .pte")

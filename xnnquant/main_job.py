@@ -1,12 +1,21 @@
 """The main job (``make run``, ``xnnquant minilm``): all-MiniLM-L6-v2's encoder through
 ``xq.export`` with each weight scheme, and through ExecuTorch's own flow, side by side.
 
-For each flow and scheme: the ``.pte`` is built (timed from the float module to the
-program bytes), loaded by ``executorch.runtime`` (the real XNNPACK), and run on each of
-the sample sentences (``minilm.SAMPLE_SENTENCES``, one sentence of 32 tokens per call);
-the table gives the ``.pte`` size, the export time, the median latency of one call, the
+For each flow and scheme the ``.pte`` is built, timed from the float module to the
+program bytes.  Then every program is run by ``executorch.runtime`` (the real XNNPACK) on
+each of the sample sentences (``minilm.SAMPLE_SENTENCES``, one sentence of 32 tokens per
+call); the table gives the ``.pte`` size, the export time, the latency of one call, the
 number of XNNPACK delegates in the program, and the sentence embeddings' cosine
 similarity to the float model's (mean and worst over the sentences).
+
+Latency is measured in a fresh process holding only these programs, each input given to
+every program in turn (so a change of machine load falls on all of them alike), twice:
+
+* ``latency``: the median wall-clock time of one call with the runtime's own threads
+  (one per core), what a user of the program waits;
+* ``CPU 1 thread``: the median CPU time of one call with the runtime set to one thread.
+  It counts only this process's work, so it stays put when other processes load the
+  machine: the figure to compare programs by on a shared machine.
 
 ExecuTorch's flow is its documented one: torchao's
 ``Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(32))``
@@ -15,25 +24,34 @@ with its default scale choice, ``torch.export``, ``to_edge_transform_and_lower``
 process does not change our programs: ``to_pte`` builds its ``LoweredBackendModule``
 directly (tests/test_export_pte.py checks the bytes).
 
-Both flows are timed after one untimed ``torch.export`` of the module, which pays the
-one-off cost of torch's first export in a process (seconds of imports and set-up).
+Neither flow's export time includes the one-off costs of a process: before any timing,
+one ``torch.export`` of the module is run and both flows' modules (torch.export,
+ExecuTorch's serializer and partitioner, torchao) are imported.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-#: (weights, method) exported by xnnquant, in table order.
+from .errors import XnnquantError, missing_extra
+
+#: (weights, method) exported by xnnquant, in table order.  Activation-aware methods
+#: (``gptq``, which take ``calibration=``) are added here as rows of their own.
 SCHEMES: tuple[tuple[str, str], ...] = (("fp32", "mse"), ("qc8w", "mse"), ("qb4w:32", "minmax"), ("qb4w:32", "mse"))
 TOKENS = 32
-REPEATS = 5  # timed calls per sentence, after one untimed call
+REPEATS = 5  # timed calls per program and sentence, after one untimed call
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,7 @@ class Row:
     pte_bytes: int
     export_s: float
     latency_ms: float
+    cpu_ms: float
     delegates: int
     cos_mean: float
     cos_worst: float
@@ -53,28 +72,95 @@ def _delegates(pte: bytes) -> int:
     return pte.count(b"XnnpackBackend")
 
 
-def measure(pte: bytes, inputs: Sequence[tuple[Any, Any]], reference: np.ndarray, masks: np.ndarray,
-            repeats: int = REPEATS) -> tuple[float, float, float]:
-    """(median latency of one call in ms, mean cosine, worst cosine) of the program ``pte``
-    on each ``(hidden, mask)`` pair; ``reference``: float sentence embeddings ``(S, 384)``."""
+def _check_extras(with_executorch: bool) -> None:
+    """``MissingExtraError`` naming the extra to install for what the job imports."""
+    import importlib.util
+
+    needed = [("torch", "torch"), ("xnnpack", "executorch"), ("models", "safetensors"), ("models", "tokenizers")]
+    if with_executorch:
+        needed.append(("torchao", "torchao"))
+    for extra, package in needed:
+        if importlib.util.find_spec(package) is None:
+            raise missing_extra(extra, package, "the main job (xnnquant minilm)")
+
+
+def _warm_up(module: Any, example: tuple[Any, ...], with_executorch: bool) -> None:
+    """One untimed ``torch.export``, and both flows' imports (see the module docstring)."""
+    import torch
+    from executorch.exir.lowered_backend_module import LoweredBackendModule  # noqa: F401
+
+    torch.export.export(module, example, strict=False)
+    if with_executorch:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # noqa: F401
+        from executorch.exir import to_edge_transform_and_lower  # noqa: F401
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_  # noqa: F401
+
+
+def _timed_rounds(directory: Path, threads: int | None, repeats: int) -> None:
+    """In a fresh process (``python -m xnnquant.main_job DIR THREADS REPEATS``): run every
+    ``DIR/N.pte`` on ``DIR/inputs.npz``, each input given to every program in turn; write ``DIR/times.npz``
+    (wall and CPU seconds per program, ``(repeats * sentences,)``) and ``DIR/outputs.npz``
+    (each program's outputs from the untimed first round)."""
     from executorch.runtime import Runtime
 
+    if threads is not None:
+        # before any program is loaded: a loaded XNNPACK delegate keeps the pool it was built with
+        from executorch.extension.pybindings import portable_lib
+
+        portable_lib._unsafe_reset_threadpool(threads)
+    arrays = np.load(directory / "inputs.npz")
+    hidden, mask = arrays["hidden"], arrays["mask"]
+    import torch
+
+    inputs = [(torch.from_numpy(hidden[i:i + 1]), torch.from_numpy(mask[i:i + 1])) for i in range(len(hidden))]
+    paths = sorted(directory.glob("*.pte"), key=lambda p: int(p.stem))
+    programs = [Runtime.get().load_program(p.read_bytes()) for p in paths]  # kept: methods need their program
+    methods = [p.load_method("forward") for p in programs]
+    outputs = [np.concatenate([m.execute(list(x))[0].numpy() for x in inputs]) for m in methods]
+    wall: list[list[float]] = [[] for _ in methods]
+    cpu: list[list[float]] = [[] for _ in methods]
+    for _ in range(repeats):
+        for x in inputs:
+            for i, method in enumerate(methods):
+                start_wall, start_cpu = time.perf_counter(), time.thread_time()
+                method.execute(list(x))
+                cpu[i].append(time.thread_time() - start_cpu)
+                wall[i].append(time.perf_counter() - start_wall)
+    np.savez(directory / "outputs.npz", *outputs)
+    np.savez(directory / "times.npz", wall=np.array(wall), cpu=np.array(cpu))
+
+
+def _run_rounds(directory: Path, threads: int | None, repeats: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """``_timed_rounds`` in a child process: (wall, CPU seconds, outputs per program)."""
+    command = [sys.executable, "-m", __name__, str(directory), str(threads or 0), str(repeats)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise XnnquantError(f"running the programs failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    times = np.load(directory / "times.npz")
+    outputs = np.load(directory / "outputs.npz")
+    return times["wall"], times["cpu"], [outputs[f"arr_{i}"] for i in range(len(outputs.files))]
+
+
+def measure(ptes: Sequence[bytes], hidden: np.ndarray, mask: np.ndarray, reference: np.ndarray,
+            repeats: int = REPEATS) -> list[tuple[float, float, float, float]]:
+    """For each program: (median wall ms, runtime's threads; median CPU ms, one thread;
+    mean cosine; worst cosine) on the sentences ``hidden`` float32 ``(S, T, 384)``, ``mask``
+    float32 ``(S, T)``; ``reference``: float sentence embeddings ``(S, 384)``."""
     from .models.minilm import mean_pooled
 
-    program = Runtime.get().load_program(pte)
-    method = program.load_method("forward")
-    hidden = []
-    times = []
-    for h, m in inputs:
-        (out,) = method.execute([h, m])
-        hidden.append(np.array(out.numpy()))
-        for _ in range(repeats):
-            start = time.perf_counter()
-            method.execute([h, m])
-            times.append(time.perf_counter() - start)
-    embeddings = mean_pooled(np.concatenate(hidden), masks)
-    cos = np.sum(embeddings * reference, axis=1)
-    return 1e3 * statistics.median(times), float(cos.mean()), float(cos.min())
+    with tempfile.TemporaryDirectory(prefix="xnnquant-main-job-") as name:
+        directory = Path(name)
+        np.savez(directory / "inputs.npz", hidden=hidden, mask=mask)
+        for i, pte in enumerate(ptes):
+            (directory / f"{i}.pte").write_bytes(pte)
+        wall, _, outputs = _run_rounds(directory, None, repeats)
+        _, cpu, _ = _run_rounds(directory, 1, repeats)
+    results = []
+    for i, out in enumerate(outputs):
+        cos = np.sum(mean_pooled(out, mask) * reference, axis=1)
+        results.append((1e3 * statistics.median(wall[i]), 1e3 * statistics.median(cpu[i]), float(cos.mean()),
+                        float(cos.min())))
+    return results
 
 
 def executorch_flow(module: Any, example: tuple[Any, ...]) -> bytes:
@@ -95,70 +181,107 @@ def executorch_flow(module: Any, example: tuple[Any, ...]) -> bytes:
     return bytes(edge.to_executorch().buffer)
 
 
+def file_name(flow: str, scheme: str) -> str:
+    """Where ``run(save=DIR)`` writes a row's program, e.g. ``xnnquant-qb4w_32-mse.pte``."""
+    words = scheme.replace(":", "_").replace("(", "").replace(")", "").split()
+    return "-".join([flow.lower(), *words]) + ".pte"
+
+
 def run(schemes: Sequence[tuple[str, str]] = SCHEMES, with_executorch: bool = True,
-        progress: Callable[[str], None] | None = None) -> list[Row]:
-    """Every row of the table (see the module docstring)."""
+        progress: Callable[[str], None] | None = None, repeats: int = REPEATS,
+        save: str | os.PathLike[str] | None = None) -> list[Row]:
+    """Every row of the table (see the module docstring).  ``progress`` is called with what
+    each step is about to do; ``save``: a directory to write every program to (``file_name``)."""
+    _check_extras(with_executorch)
+    say = progress or (lambda _: None)
+    say("importing torch")
     import torch
 
     import xnnquant as xq
 
     from .models import minilm, minilm_torch
 
-    say = progress or (lambda _: None)
     say("loading all-MiniLM-L6-v2")
     module = minilm_torch.encoder()
-    sentences = minilm.SAMPLE_SENTENCES
-    hidden, mask = minilm_torch.encoder_inputs(sentences, TOKENS)
+    hidden, mask = minilm_torch.encoder_inputs(minilm.SAMPLE_SENTENCES, TOKENS)
     with torch.no_grad():
         reference = minilm.mean_pooled(module(hidden, mask).numpy(), mask.numpy())
-    inputs = [(hidden[i:i + 1], mask[i:i + 1]) for i in range(len(sentences))]
-    example = inputs[0]
-    say("warming up torch.export (not timed)")
-    torch.export.export(module, example, strict=False)
-    rows = []
+    example = (hidden[:1], mask[:1])
+    say("warming up torch.export and imports (not timed)")
+    _warm_up(module, example, with_executorch)
+    built: list[tuple[str, str, bytes, float]] = []  # flow, scheme, .pte, export seconds
     for weights, method in schemes:
         say(f"xnnquant: {weights} {method}")
         start = time.perf_counter()
         exported = xq.export(module, example, weights=weights, method=method, progress=False)
         pte = exported.to_pte()
-        seconds = time.perf_counter() - start
-        latency, cos_mean, cos_worst = measure(pte, inputs, reference, mask.numpy())
-        rows.append(Row("xnnquant", f"{weights} {method}" if weights != "fp32" else weights, len(pte), seconds,
-                        latency, _delegates(pte), cos_mean, cos_worst))
+        built.append(("xnnquant", f"{weights} {method}" if weights != "fp32" else weights, pte,
+                      time.perf_counter() - start))
     if with_executorch:
         say("ExecuTorch: torchao int4 group 32, to_edge_transform_and_lower (tens of seconds)")
         start = time.perf_counter()
         pte = executorch_flow(module, example)
-        seconds = time.perf_counter() - start
-        latency, cos_mean, cos_worst = measure(pte, inputs, reference, mask.numpy())
-        rows.append(Row("ExecuTorch", "int4 g32 (torchao)", len(pte), seconds, latency, _delegates(pte), cos_mean,
-                        cos_worst))
-    return rows
+        built.append(("ExecuTorch", "int4 g32 (torchao)", pte, time.perf_counter() - start))
+    if save is not None:
+        from .files import write_atomic
+
+        for flow, scheme, pte, _ in built:
+            write_atomic(Path(save) / file_name(flow, scheme), pte)
+    say(f"running the {len(built)} programs on XNNPACK ({repeats} rounds, then again on one thread)")
+    measured = measure([pte for _, _, pte, _ in built], hidden.numpy(), mask.numpy(), reference, repeats)
+    return [Row(flow, scheme, len(pte), seconds, latency, cpu, _delegates(pte), cos_mean, cos_worst)
+            for (flow, scheme, pte, seconds), (latency, cpu, cos_mean, cos_worst) in zip(built, measured)]
 
 
 def format_rows(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table (pasted into the README as is)."""
-    header = ("flow", "scheme", ".pte size", "export time", "latency", "delegates", "cos mean", "cos worst")
+    header = ("flow", "scheme", ".pte size", "export time", "latency", "CPU 1 thread", "delegates", "cos mean",
+              "cos worst")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = (r.flow, r.scheme, f"{r.pte_bytes / 1e6:.2f} MB", f"{r.export_s:.2f} s", f"{r.latency_ms:.2f} ms",
-                 str(r.delegates), f"{r.cos_mean:.4f}", f"{r.cos_worst:.4f}")
+                 f"{r.cpu_ms:.2f} ms", str(r.delegates), f"{r.cos_mean:.4f}", f"{r.cos_worst:.4f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def main(as_json: bool = False, with_executorch: bool = True, progress: TextIO | None = None) -> str:
-    """The table (or JSON rows) of the main job; ``progress``: where to say what it is doing."""
-    import os
+def main(as_json: bool = False, with_executorch: bool = True, progress: TextIO | None = None,
+         save: str | os.PathLike[str] | None = None) -> str:
+    """The table (or JSON rows) of the main job; ``progress``: where its progress bar goes;
+    ``save``: a directory to write the programs to."""
+    steps = 4 + len(SCHEMES) + with_executorch
+    bar = None
+    if progress is not None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # no bar: one line per step
+            pass
+        else:
+            bar = tqdm(total=steps, file=progress, unit="step", bar_format="{l_bar}{bar:20}| {n}/{total} [{elapsed}]")
 
     def say(text: str) -> None:
-        if progress is not None:
+        if bar is not None:
+            bar.update(bar.desc != "")
+            bar.set_description_str(text)
+        elif progress is not None:
             print(f"[{time.strftime('%H:%M:%S')}] {text}", file=progress, flush=True)
 
-    rows = run(with_executorch=with_executorch, progress=say)
+    try:
+        rows = run(with_executorch=with_executorch, progress=say, save=save)
+        if bar is not None:
+            bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    load = os.getloadavg()[0]
     if as_json:
-        return json.dumps([asdict(r) for r in rows], indent=2)
-    cores = os.cpu_count()
-    note = (f"all-MiniLM-L6-v2 encoder, {TOKENS} tokens per sentence, one sentence per call, "
-            f"{len(rows) and REPEATS} timed calls per sentence; latency = median; {cores} cores")
+        return json.dumps({"cores": os.cpu_count(), "load_average_1min": load, "rows": [asdict(r) for r in rows]},
+                          indent=2)
+    note = (f"all-MiniLM-L6-v2 encoder, {TOKENS} tokens per sentence, one sentence per call, {REPEATS} timed calls "
+            f"per program and sentence; latency: median, the runtime's threads; CPU 1 thread: median CPU time "
+            f"on one thread; {os.cpu_count()} cores, load average {load:.2f} at the end")
     return note + "\n\n" + format_rows(rows)
+
+
+if __name__ == "__main__":  # the child process of ``measure``
+    _timed_rounds(Path(sys.argv[1]), int(sys.argv[2]) or None, int(sys.argv[3]))
