@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 @pytest.mark.xnnpack
 def test_one_row_end_to_end() -> None:
-    (row,) = main_job.run(schemes=[("qb4w:32", "minmax")], with_executorch=False, repeats=1)
+    (row,) = main_job.run(schemes=[main_job.Scheme("qb4w:32", "minmax")], with_executorch=False, repeats=1)
     assert row.flow == "xnnquant" and row.scheme == "qb4w:32 minmax" and row.delegates == 1
     # 10.6M int4 weights (5.31 MB) and their bf16 scales (0.66 MB), fp32 biases and norms
     assert 6.0e6 < row.pte_bytes < 6.3e6
@@ -28,3 +28,11 @@ def test_table_format() -> None:
         "|---|---|---|---|---|---|---|---|---|",
         "| xnnquant | fp32 | 42.62 MB | 1.23 s | 5.68 ms | 9.88 ms | 1 | 1.0000 | 1.0000 |",
         "| ExecuTorch | int4 g32 (torchao) | 6.18 MB | 28.40 s | 2.24 ms | 13.46 ms | 24 | 0.9625 | 0.9327 |"]
+
+
+def test_scheme_labels_and_file_names() -> None:
+    labels = [str(s) for s in main_job.SCHEMES]
+    assert labels == ["fp32", "qc8w mse", "qc8w mse, calibrated", "qb4w:32 minmax", "qb4w:32 mse"]
+    assert [main_job.file_name("xnnquant", label) for label in labels[1:3]] == [
+        "xnnquant-qc8w-mse.pte", "xnnquant-qc8w-mse-calibrated.pte"]
+    assert main_job.file_name("ExecuTorch", "int4 g32 (torchao)") == "executorch-int4-g32-torchao.pte"

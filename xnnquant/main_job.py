@@ -47,11 +47,32 @@ import numpy as np
 
 from .errors import XnnquantError, missing_extra
 
-#: (weights, method) exported by xnnquant, in table order.  Activation-aware methods
-#: (``gptq``, which take ``calibration=``) are added here as rows of their own.
-SCHEMES: tuple[tuple[str, str], ...] = (("fp32", "mse"), ("qc8w", "mse"), ("qb4w:32", "minmax"), ("qb4w:32", "mse"))
 TOKENS = 32
 REPEATS = 5  # timed calls per program and sentence, after one untimed call
+#: Held-out sentences (``models.sentences.calibration_sentences``) a calibrated row runs
+#: the float module on, in batches of ``CALIBRATION_BATCH``.
+CALIBRATION_SENTENCES = 128
+CALIBRATION_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One xnnquant row: ``xq.export(..., weights=, method=)``, with ``calibration=`` (the
+    held-out sentences, timed as part of the export) when ``calibrated``."""
+
+    weights: str
+    method: str = "mse"
+    calibrated: bool = False
+
+    def __str__(self) -> str:
+        text = self.weights if self.weights == "fp32" else f"{self.weights} {self.method}"
+        return text + (", calibrated" if self.calibrated else "")
+
+
+#: xnnquant's rows, in table order.  Activation-aware methods (``gptq``) join as
+#: ``Scheme(weights, "gptq", calibrated=True)``.
+SCHEMES: tuple[Scheme, ...] = (Scheme("fp32"), Scheme("qc8w"), Scheme("qc8w", calibrated=True),
+                               Scheme("qb4w:32", "minmax"), Scheme("qb4w:32"))
 
 
 @dataclass(frozen=True)
@@ -181,13 +202,22 @@ def executorch_flow(module: Any, example: tuple[Any, ...]) -> bytes:
     return bytes(edge.to_executorch().buffer)
 
 
-def file_name(flow: str, scheme: str) -> str:
+def file_name(flow: str, label: str) -> str:
     """Where ``run(save=DIR)`` writes a row's program, e.g. ``xnnquant-qb4w_32-mse.pte``."""
-    words = scheme.replace(":", "_").replace("(", "").replace(")", "").split()
+    words = label.replace(":", "_").replace(",", "").replace("(", "").replace(")", "").split()
     return "-".join([flow.lower(), *words]) + ".pte"
 
 
-def run(schemes: Sequence[tuple[str, str]] = SCHEMES, with_executorch: bool = True,
+def calibration_batches() -> list[tuple[Any, Any]]:
+    """``(hidden, mask)`` batches of the held-out calibration sentences (``CALIBRATION_SENTENCES``)."""
+    from .models import minilm_torch
+    from .models.sentences import calibration_sentences
+
+    text = calibration_sentences()[:CALIBRATION_SENTENCES]
+    return [minilm_torch.encoder_inputs(text[i:i + CALIBRATION_BATCH]) for i in range(0, len(text), CALIBRATION_BATCH)]
+
+
+def run(schemes: Sequence[Scheme] = SCHEMES, with_executorch: bool = True,
         progress: Callable[[str], None] | None = None, repeats: int = REPEATS,
         save: str | os.PathLike[str] | None = None) -> list[Row]:
     """Every row of the table (see the module docstring).  ``progress`` is called with what
@@ -210,13 +240,14 @@ def run(schemes: Sequence[tuple[str, str]] = SCHEMES, with_executorch: bool = Tr
     say("warming up torch.export and imports (not timed)")
     _warm_up(module, example, with_executorch)
     built: list[tuple[str, str, bytes, float]] = []  # flow, scheme, .pte, export seconds
-    for weights, method in schemes:
-        say(f"xnnquant: {weights} {method}")
+    for scheme in schemes:
+        say(f"xnnquant: {scheme}")
         start = time.perf_counter()
-        exported = xq.export(module, example, weights=weights, method=method, progress=False)
+        calibration = calibration_batches() if scheme.calibrated else None
+        exported = xq.export(module, example, weights=scheme.weights, method=scheme.method, calibration=calibration,
+                             progress=False)
         pte = exported.to_pte()
-        built.append(("xnnquant", f"{weights} {method}" if weights != "fp32" else weights, pte,
-                      time.perf_counter() - start))
+        built.append(("xnnquant", str(scheme), pte, time.perf_counter() - start))
     if with_executorch:
         say("ExecuTorch: torchao int4 group 32, to_edge_transform_and_lower (tens of seconds)")
         start = time.perf_counter()
@@ -225,12 +256,12 @@ def run(schemes: Sequence[tuple[str, str]] = SCHEMES, with_executorch: bool = Tr
     if save is not None:
         from .files import write_atomic
 
-        for flow, scheme, pte, _ in built:
-            write_atomic(Path(save) / file_name(flow, scheme), pte)
+        for flow, label, pte, _ in built:
+            write_atomic(Path(save) / file_name(flow, label), pte)
     say(f"running the {len(built)} programs on XNNPACK ({repeats} rounds, then again on one thread)")
     measured = measure([pte for _, _, pte, _ in built], hidden.numpy(), mask.numpy(), reference, repeats)
-    return [Row(flow, scheme, len(pte), seconds, latency, cpu, _delegates(pte), cos_mean, cos_worst)
-            for (flow, scheme, pte, seconds), (latency, cpu, cos_mean, cos_worst) in zip(built, measured)]
+    return [Row(flow, label, len(pte), seconds, latency, cpu, _delegates(pte), cos_mean, cos_worst)
+            for (flow, label, pte, seconds), (latency, cpu, cos_mean, cos_worst) in zip(built, measured)]
 
 
 def format_rows(rows: Sequence[Row]) -> str:
