@@ -288,7 +288,8 @@ def main(as_json: bool = False, with_executorch: bool = True, progress: TextIO |
         except ImportError:  # no bar: one line per step
             pass
         else:
-            bar = tqdm(total=steps, file=progress, unit="step", bar_format="{l_bar}{bar:20}| {n}/{total} [{elapsed}]")
+            bar = tqdm(total=steps, file=progress, unit="step", leave=False,
+                       bar_format="{l_bar}{bar:20}| {n}/{total} [{elapsed}]")
 
     def say(text: str) -> None:
         if bar is not None:
