@@ -3,8 +3,9 @@
 Sections (``--only`` picks some; all run by default):
 
 * ``quantize``: quantize + ``to_bytes`` of qb4w g32, qc4w and qc8w ``minmax`` weights of
-  4096 x 4096 and 11008 x 4096 float32, against a numpy copy of the same input and
-  against torchao's path (``choose_qparams_affine`` + ``quantize_affine`` + nibble
+  4096 x 4096 and 11008 x 4096 float32, against a numpy copy of the same input (into a
+  buffer made once: memory speed; ``w.copy()``, which also maps fresh pages, is printed
+  beside it) and against torchao's path (``choose_qparams_affine`` + ``quantize_affine`` + nibble
   packing in torch).  Goal for qb4w g32: within 4x the copy, at least 8x faster than
   torchao.
 * ``mse``: ``method="mse"`` (qb4w g32) over all-MiniLM-L6-v2's 36 linears against
@@ -18,13 +19,15 @@ Sections (``--only`` picks some; all run by default):
   PerGroup(32))``, ``to_edge_transform_and_lower`` with ``XnnpackPartitioner``,
   ``to_executorch``), int4 group 32 weights with dynamic int8 activations in both: wall
   time of each.  Goal: ours at least 10x faster.
-* ``stream``: streaming export of a 1.07-billion-parameter Llama-shaped decoder
-  (``xnnquant.models.llama``, 16 layers, hidden 2048, MLP 8192) from a float32
-  safetensors file of 4.3 GB that this script writes once into a cache directory
-  (``$XNNQUANT_BENCH_CACHE``, else ``$XDG_CACHE_HOME/xnnquant``, else
-  ``~/.cache/xnnquant``), in a child process: wall time, peak resident memory, and the
-  time of one read of the input file.  Goal: peak RSS under 1.5 GB, wall time within 3x
-  the read.
+* ``stream``: streaming export (``xq.export(..., state_dict=)``, then ``save`` to a
+  ``.pte``; ``.xnn`` too, which needs no ExecuTorch import) of a 1.07-billion-parameter
+  Llama-shaped decoder (``xnnquant.models.llama``, 16 layers, hidden 2048, MLP 8192) from
+  a float32 safetensors file of 4.3 GB that this script writes into a temporary directory
+  (in ``$XNNQUANT_BENCH_TMP``, else the system's) and deletes at the end, each export in
+  a child process: wall time, peak resident memory, and the time of one read of the
+  input file, with the file's pages dropped from the page cache first (cold: the disk,
+  as for a file larger than memory) or cached (warm).  Goal: peak RSS under 1.5 GB, wall
+  time within 3x one read.
 
 Timing: the variants of one case run interleaved, ``--repeat`` rounds, and the median
 of each is printed (other processes share the cores; interleaving spreads their noise
@@ -40,6 +43,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,7 +98,8 @@ def torchao_path(w: np.ndarray, block: tuple[int, int], bits: int) -> Callable[[
 
 def bench_quantize(repeat: int) -> None:
     print(f"\n== quantize + to_bytes, minmax, medians of {repeat} interleaved runs; {load_note()}")
-    print(f"{'scheme':9} {'shape':>12} {'copy':>8} {'ours':>8} {'ours/copy':>9} {'torchao':>8} {'speed-up':>8}")
+    print(f"{'scheme':9} {'shape':>12} {'copy':>8} {'w.copy()':>8} {'ours':>8} {'ours/copy':>9} {'torchao':>8} "
+          f"{'speed-up':>8}")
     rng = np.random.default_rng(0)
     schemes = {
         "qb4w g32": (lambda w: xq.quantize_blockwise(w, 32).to_bytes(), lambda k: (1, 32), 4),
@@ -103,13 +108,16 @@ def bench_quantize(repeat: int) -> None:
     }
     for shape in [(4096, 4096), (11008, 4096)]:
         w = rng.standard_normal(shape, dtype=np.float32)
+        buffer = np.empty_like(w)
         for name, (ours, block, bits) in schemes.items():
             med = interleaved({
-                "copy": lambda: w.copy(),
+                "copy": lambda: np.copyto(buffer, w),
+                "w.copy()": lambda: w.copy(),
                 "ours": lambda: ours(w),
                 "torchao": torchao_path(w, block(shape[1]), bits),
             }, repeat)
-            print(f"{name:9} {'x'.join(map(str, shape)):>12} {1e3 * med['copy']:6.1f}ms {1e3 * med['ours']:6.1f}ms "
+            print(f"{name:9} {'x'.join(map(str, shape)):>12} {1e3 * med['copy']:6.1f}ms {1e3 * med['w.copy()']:6.1f}ms "
+                  f"{1e3 * med['ours']:6.1f}ms "
                   f"{med['ours'] / med['copy']:8.2f}x {1e3 * med['torchao']:6.1f}ms "
                   f"{med['torchao'] / med['ours']:7.1f}x", flush=True)
     print(f"goal (qb4w g32): ours within 4x the copy, torchao at least 8x slower; {load_note()}")
@@ -243,14 +251,6 @@ def bench_export(repeat: int) -> None:
 # ------------------------------------------------------------------ streaming export
 
 
-def cache_dir() -> Path:
-    given = os.environ.get("XNNQUANT_BENCH_CACHE")
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "xnnquant"
-
-
 def read_seconds(path: Path, cold: bool) -> float:
     """Wall time of reading the whole file once, 16 MiB at a time; ``cold``: after asking
     the kernel to drop the file's pages from its cache (``posix_fadvise(DONTNEED)``)."""
@@ -265,7 +265,9 @@ def read_seconds(path: Path, cold: bool) -> float:
 
 
 def drop_cache(path: Path) -> None:
+    """Drop the file's pages from the page cache (written back first: dirty pages stay)."""
     with open(path, "rb") as f:
+        os.fdatasync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
@@ -286,51 +288,73 @@ def stream_child(source: str, out: str, method: str) -> None:
     exported.save(out)
     wall = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"wall": wall, "lower": lowered, "timings": exported.timings, "peak_rss_bytes": peak_kib * 1024,
-                      "size": os.path.getsize(out)}))
+    print(json.dumps({"wall": wall, "trace": exported.timings["export"], "save": wall - lowered,
+                      "peak_rss_bytes": peak_kib * 1024, "size": os.path.getsize(out)}))
 
 
 def bench_stream(repeat: int) -> None:
     from xnnquant.models.llama import LlamaConfig, write_random_safetensors
 
     config = LlamaConfig.large()
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / "llama-1b-f32.safetensors"
-    print(f"\n== streaming export (.xnn payload, .pte program) of a {config.num_parameters / 1e9:.2f}e9-parameter "
-          f"Llama-shaped decoder "
-          f"({config.layers} layers, hidden {config.hidden}, MLP {config.intermediate}), qb4w:32, from {source}; "
-          f"{load_note()}")
+    rounds = max(1, min(repeat, 2))  # an export takes tens of seconds on a loaded machine
+    print(f"\n== streaming export of a {config.num_parameters / 1e9:.2f}e9-parameter Llama-shaped decoder "
+          f"({config.layers} layers, hidden {config.hidden}, MLP {config.intermediate}), qb4w:32, float32 "
+          f"safetensors input; medians of {rounds} interleaved runs; {load_note()}")
+    parent = os.environ.get("XNNQUANT_BENCH_TMP") or tempfile.gettempdir()
     need = 4 * config.num_parameters + (1 << 30)
-    if not source.exists():
-        free = shutil.disk_usage(directory).free
-        if free < 2 * need:
-            print(f"skipped: {free / 1e9:.1f} GB free in {directory}, {2 * need / 1e9:.1f} GB needed")
-            return
+    free = shutil.disk_usage(parent).free
+    if free < need:
+        print(f"skipped: {free / 1e9:.1f} GB free in {parent}, {need / 1e9:.1f} GB needed")
+        return
+    with tempfile.TemporaryDirectory(prefix="xnnquant-bench-", dir=parent) as directory:
+        source = Path(directory) / "llama-1b-f32.safetensors"
         start = time.perf_counter()
         write_random_safetensors(source, config)
-        print(f"wrote the input once: {source.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - start:.1f}s")
-    methods = ("minmax", "mse") if repeat >= 3 else ("minmax",)
-    # the input in the page cache (warm), or read from the disk (cold); the payload alone
-    # (.xnn) or in an ExecuTorch program (.pte, which imports executorch.exir to build it)
-    for method, suffix, cache in [(m, s, c) for m in methods for s in (".xnn", ".pte") for c in ("warm", "cold")]:
-        out = directory / f"llama-1b-qb4w32{suffix}"
-        read = read_seconds(source, cold=cache == "cold")
-        if cache == "cold":
-            drop_cache(source)
-        else:
-            read_seconds(source, cold=False)  # the whole file cached again before the export
-        child = subprocess.run([sys.executable, __file__, "--stream-child", str(source), str(out), method],
-                               capture_output=True, text=True, check=False)
-        out.unlink(missing_ok=True)
-        if child.returncode:
-            print(f"streaming export ({method}, {suffix}, {cache}) failed:\n{child.stderr[-3000:]}")
-            return
-        r = json.loads(child.stdout.strip().splitlines()[-1])
-        print(f"{method:6} {suffix} {cache} cache: wall {r['wall']:5.1f}s (torch.export {r['timings']['export']:.1f}s, "
-              f"lowering {r['timings']['lower']:.1f}s, read + quantize + write {r['wall'] - r['lower']:.1f}s), "
-              f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB, output {r['size'] / 1e9:.2f} GB; one read of the "
-              f"input {read:.1f}s: wall / read = {r['wall'] / read:.1f}x", flush=True)
+        print(f"wrote the input: {source.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - start:.1f}s "
+              f"(deleted at the end)", flush=True)
+        # (method, output suffix, input cold or warm): .pte (what users run) and .xnn (the
+        # payload alone: no ExecuTorch import).  minmax: mse searches scales over 1e9 weights
+        # for minutes (its speed is the mse section's), which would measure that search.
+        cases = [("minmax", ".pte", "cold"), ("minmax", ".pte", "warm"), ("minmax", ".xnn", "warm")]
+        results: dict[tuple[str, str, str], list[dict]] = {case: [] for case in cases}
+        reads: dict[str, list[float]] = {"cold": [], "warm": []}
+        for _ in range(rounds):
+            for cache in ("cold", "warm"):
+                if cache == "warm":
+                    read_seconds(source, cold=False)  # every page cached
+                reads[cache].append(read_seconds(source, cold=cache == "cold"))
+            for method, suffix, cache in cases:
+                if cache == "cold":
+                    drop_cache(source)
+                else:
+                    read_seconds(source, cold=False)
+                out = Path(directory) / f"out{suffix}"
+                start = time.perf_counter()
+                child = subprocess.run([sys.executable, __file__, "--stream-child", str(source), str(out), method],
+                                       capture_output=True, text=True, check=False)
+                out.unlink(missing_ok=True)
+                if child.returncode:
+                    print(f"streaming export ({method}, {suffix}, {cache}) failed:\n{child.stderr[-3000:]}")
+                    return
+                process = time.perf_counter() - start
+                results[(method, suffix, cache)].append(dict(json.loads(child.stdout.strip().splitlines()[-1]),
+                                                             process=process))
+    read = {cache: statistics.median(ts) for cache, ts in reads.items()}
+    print(f"one read of the input file (16 MiB at a time): cold (from the disk) {read['cold']:.1f}s, "
+          f"warm (page cache) {read['warm']:.1f}s")
+    print(f"{'method':6} {'out':4} {'input':5} {'wall':>6} {'trace':>6} {'lower':>6} {'save':>6} {'process':>7} "
+          f"{'peak RSS':>9} {'output':>8} {'wall/cold read':>14} {'wall/warm read':>14}")
+    for (method, suffix, cache), runs in results.items():
+        def med(key: str, runs: list[dict] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+        wall = med("wall")
+        print(f"{method:6} {suffix:4} {cache:5} {wall:5.1f}s {med('trace'):5.1f}s "
+              f"{wall - med('trace') - med('save'):5.1f}s {med('save'):5.1f}s {med('process'):6.1f}s "
+              f"{max(r['peak_rss_bytes'] for r in runs) / 2**30:6.2f}GiB {runs[0]['size'] / 1e9:6.2f}GB "
+              f"{wall / read['cold']:13.1f}x {wall / read['warm']:13.1f}x", flush=True)
+    print("(wall: xq.export + Exported.save; trace: torch.export of the meta module; lower: the rest of xq.export; "
+          "save: read + quantize + write, for a .pte with ExecuTorch's import; process: the child process, "
+          "python and torch imports included; peak RSS: the largest of the runs)")
     print(f"goal: peak RSS < 1.5 GB, wall <= 3x one read; {load_note()}")
 
 
