@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from xnnquant import Datatype as D
-from xnnquant.errors import XnnquantError
+from xnnquant.errors import MissingExtraError, XnnquantError
 from xnnquant.graph import Graph, interpret, to_pte
 from xnnquant.pte import ProgramError, read_ptd, read_pte
 from xnnquant.rounding import to_bf16
@@ -154,6 +155,15 @@ def test_malformed_delegate(small_pte: bytes) -> None:
     with pytest.raises(ProgramError, match="method 'forward' delegate 0: malformed XNNPACK payload: not an XNNGraph "
                                            "payload: got identifier b'XX99'"):
         read_pte(broken)
+
+
+def test_a_missing_executorch_names_the_extra(small_pte: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a None entry makes the import fail even though an earlier test imported the module
+    for name in ("executorch.exir._serialize._flatbuffer_program", "executorch.exir._serialize._program"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(MissingExtraError, match=r"reading ExecuTorch programs \(\.pte\) needs the 'executorch' "
+                                                r"package, which is not installed: .*xnnquant\[xnnpack\]"):
+        read_pte(small_pte)
 
 
 def read_or_error(data: bytes) -> None:
