@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-EXPECTED = ("scheme_accuracy", "bf16_scales", "activations", "outliers", "activation_aware")
+EXPECTED = ("scheme_accuracy", "bf16_scales", "activations", "outliers", "activation_aware", "executorch_flow")
 
 
 def _cells(name: str) -> list[dict]:
