@@ -158,8 +158,9 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     ``calibration``: an iterable of input tuples the module is run on; the inputs of
     every linear are kept as statistics (``calibration.py``): the activation-aware methods
     take them, each linear calibrated on what the already-quantized linears before it
-    produce (sequential calibration), and with ``minmax`` / ``mse`` the quantized linears that read a layer norm
-    are equalized (per-channel scales moved from their input to their weight).
+    produce (sequential calibration; the batches are kept in a list and run once per
+    stage), and with ``minmax`` / ``mse`` the quantized linears that read a layer norm are
+    equalized (per-channel scales moved from their input to their weight).
     ``fallback``: the scheme (or schemes, tried in order) for layers that cannot take
     ``weights``; such layers are refused otherwise, and the report names every fallback.
     ``target``: ``"1.4.1"`` (default; uses XNNGelu, XNNTanh, ...) or ``"xn01"`` (the XN01
