@@ -273,7 +273,6 @@ def drop_cache(path: Path) -> None:
 
 def stream_child(source: str, out: str, method: str) -> None:
     """The export, in a process of its own so that its peak RSS is its own."""
-    import resource
 
     import torch
 
@@ -287,7 +286,9 @@ def stream_child(source: str, out: str, method: str) -> None:
     lowered = time.perf_counter() - start
     exported.save(out)
     wall = time.perf_counter() - start
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # VmHWM: this process image's own peak (ru_maxrss keeps the forking parent's across exec)
+    with open("/proc/self/status") as f:
+        peak_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     print(json.dumps({"wall": wall, "trace": exported.timings["export"], "save": wall - lowered,
                       "peak_rss_bytes": peak_kib * 1024, "size": os.path.getsize(out)}))
 
