@@ -130,7 +130,9 @@ def test_streamed_pte_is_executorchs_pte_of_the_whole_payload() -> None:
     import torch
     from executorch.runtime import Runtime
 
-    method = Runtime.get().load_program(streamed).load_method("forward")
+    # the Method points into its Program, which must outlive it (dropping it crashed the runtime)
+    pte_program = Runtime.get().load_program(streamed)
+    method = pte_program.load_method("forward")
     np.testing.assert_array_equal(method.execute([torch.from_numpy(X)])[0].numpy(), out)
 
 
