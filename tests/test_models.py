@@ -103,6 +103,21 @@ def test_erf_and_gelu_match_exact_float64() -> None:
     assert np.all(err <= bound), f"worst at x = {x32[np.argmax(err / bound)]}: {err.max():.3g}"
 
 
+def test_gelu_in_pieces_is_gelu_of_the_whole_array() -> None:
+    """gelu runs piece by piece on every core: the bytes of the one-expression formula, for a
+    shape that spans pieces unevenly, with signed zeros, infinities, NaN and subnormals."""
+    from xnnquant.special import GELU_PIECE, erf
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, GELU_PIECE + 7)) * 4).astype(np.float32)
+    x[0, :6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40]
+    with np.errstate(invalid="ignore"):
+        whole = (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(np.float32)
+        got = minilm.gelu(x)
+    assert got.shape == x.shape and got.dtype == np.float32
+    assert got.tobytes() == whole.tobytes()
+
+
 def _float64(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in weights.items()}
 
