@@ -131,13 +131,13 @@ def test_our_payload_comes_back_byte_for_byte(small_pte: bytes) -> None:
     assert small_pte.find(delegate.payload) > 0 and delegate.payload[4:8] == b"XH00"
 
 
-def test_not_a_program(small_pte: bytes) -> None:
+def test_not_a_program(small_pte: bytes, tmp_path: Path) -> None:
     payload = read_pte(small_pte).delegates[0].payload
     with pytest.raises(ProgramError, match=r"is not an ExecuTorch program: got identifier b'XH00' \(an XNNGraph "
                                            r"payload: read it with xnnquant.graph.load\)"):
         read_pte(payload)
     with pytest.raises(ProgramError, match=r"cannot read \.pte file"):
-        read_pte("/nonexistent/model.pte")
+        read_pte(tmp_path / "missing.pte")
     with pytest.raises(XnnquantError, match=r"a \.pte must be given as bytes or a path: got int"):
         read_pte(3)
 
