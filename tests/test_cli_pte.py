@@ -117,7 +117,21 @@ def test_node_by_node_check_of_constants_in_named_data(et_programs: Path, name: 
 
 def test_verify_isolated_past_its_timeout(et_programs: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["verify", str(et_programs / "torchao.pte"), "--timeout", "0.01"]) == 2
-    assert "verifying the program took longer than 0.01 s: stopped" in capsys.readouterr().err
+    assert "the isolated runtime did not finish verifying the program within 0.01 s: stopped it" \
+        in capsys.readouterr().err
+
+
+def test_isolated_verify_keeps_the_runtime_log_off_this_process(et_programs: Path,
+                                                                 capfd: pytest.CaptureFixture) -> None:
+    """What the isolated runtime writes (the libraries it imports, the runtime's CPU probe)
+    goes to the worker's log, not to the caller's file descriptors."""
+    from xnnquant.pte_run import verify_pte
+
+    program = read_pte(et_programs / "torchao.pte")
+    capfd.readouterr()  # what this process wrote before: its own imports
+    errors, _ = verify_pte(program, isolate=True)
+    assert max(errors) <= 1e-4
+    assert capfd.readouterr() == ("", "")
 
 
 def test_delegate_inputs_are_what_the_program_computes_between_delegates(et_programs: Path) -> None:

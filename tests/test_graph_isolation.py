@@ -8,6 +8,7 @@ validation.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -90,3 +91,17 @@ def test_a_call_past_its_timeout_stops_the_worker() -> None:
     with pytest.raises(RuntimeTimeoutError, match=r"did not finish running the payload within 0.001 s"):
         run(g, inputs, isolate=True, timeout=1e-3)
     assert worker()._proc is None
+
+
+def test_a_call_in_the_worker_writes_to_its_log_and_may_crash(capfd: pytest.CaptureFixture) -> None:
+    """``worker().call``: what the function writes to file descriptors 1 and 2 goes to the
+    worker's log, not to this process's; a crash is ``RuntimeCrashError`` with that log."""
+    capfd.readouterr()
+    assert worker().call(os.write, (1, b"on stdout\n"), 60.0, "writing") == 10
+    assert worker().call(os.write, (2, b"on stderr\n"), 60.0, "writing") == 10
+    assert capfd.readouterr() == ("", "")
+    assert "on stdout\non stderr\n" in worker().log_text()
+    with pytest.raises(RuntimeCrashError, match=r"killed by signal SIGABRT \(6\) while aborting") as info:
+        worker().call(os.abort, (), 60.0, "aborting")
+    assert info.value.signal_number == signal.SIGABRT
+    assert "Fatal Python error: Aborted" in info.value.log  # the worker's fault handler

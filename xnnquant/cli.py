@@ -15,8 +15,9 @@
 
 Normal runs print only xnnquant's own lines: what libraries write to stderr while they
 load or run (torch and torchao registration warnings, the runtime's log) is held back,
-and shown with ``--verbose``.  ``verify`` runs the payload in a separate process, so a
-payload that crashes the runtime is reported as an error.
+and shown with ``--verbose``.  ``verify`` runs the payload or the program in a separate
+process (``graph.worker``), so one that crashes the runtime is reported as an error with
+the runtime's last log lines; that process's log is shown only with ``--verbose``.
 """
 
 from __future__ import annotations
@@ -141,22 +142,22 @@ def _verify(args: argparse.Namespace) -> None:
 
     from .pte import is_pte
 
-    if is_pte(args.file):
-        from .pte_run import verify_pte
+    try:
+        if is_pte(args.file):
+            from .pte_run import verify_pte
 
-        errors, text = verify_pte(args.file, args.data, seed=args.seed, isolate=not args.no_isolate,
-                                  timeout=args.timeout)
-    else:
-        from .verify import verify
+            errors, text = verify_pte(args.file, args.data, seed=args.seed, isolate=not args.no_isolate,
+                                      timeout=args.timeout)
+        else:
+            from .verify import verify
 
-        try:
             errors, text = verify(Path(args.file).read_bytes(), seed=args.seed, isolate=not args.no_isolate,
                                   timeout=args.timeout)
-        finally:
-            if args.verbose and not args.no_isolate:
-                from .graph.worker import worker
+    finally:
+        if args.verbose and not args.no_isolate:  # the isolated runtime's log (graph.worker)
+            from .graph.worker import worker
 
-                sys.stderr.write(worker().log_text())
+            sys.stderr.write(worker().log_text())
     print(text)
     worst = max(errors, default=0.0)
     print(f"{'OK' if worst <= args.tolerance else 'MISMATCH'}: worst relative error {worst:.3g} "

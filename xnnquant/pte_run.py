@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RuntimeCrashError, RuntimeTimeoutError, UnsupportedConfigError, XnnquantError, missing_extra
-from .graph.worker import DEFAULT_TIMEOUT
+from .errors import UnsupportedConfigError, XnnquantError, missing_extra
+from .graph.worker import DEFAULT_TIMEOUT, worker
 from .pte import Delegate, PteProgram, Source, read_pte
 
 #: ExecuTorch ScalarType codes -> numpy dtypes (runtime/core/portable_type/scalar_type.h).
@@ -330,13 +330,19 @@ def verify_pte(source: PteProgram | Source, data_files: Any = (), seed: int = 0,
     per delegate.  A delegate whose payload, run alone, does not give exactly what it gave
     inside the program counts as an infinite error.
 
-    ``isolate=True`` does all of it in a child process (``multiprocessing``, spawned): a
-    program that crashes the runtime raises ``RuntimeCrashError`` with the signal, one
-    that runs past ``timeout`` seconds (default ``DEFAULT_TIMEOUT``) ``RuntimeTimeoutError``.
+    ``isolate=True`` does all of it in the runtime's worker process (``graph.worker``,
+    as ``graph.run(..., isolate=True)``): what the runtime and the libraries it loads
+    write goes to the worker's log, a program that crashes the runtime raises
+    ``RuntimeCrashError`` with the signal and the log's last lines, one that runs past
+    ``timeout`` seconds (default ``DEFAULT_TIMEOUT``) ``RuntimeTimeoutError``.
     """
     program = _as_program(source, data_files)
     if isolate:
-        return _isolated(program, seed, DEFAULT_TIMEOUT if timeout is None else timeout)
+        data, data_map = _runtime_bytes(program)  # a mapped file's view cannot be pickled
+        checked: tuple[list[float], str] = worker().call(
+            verify_pte, (data, [] if data_map is None else [data_map], seed),
+            DEFAULT_TIMEOUT if timeout is None else timeout, "verifying the program")
+        return checked
     errors: list[float] = []
     lines = []
     for method in program.methods:
@@ -357,57 +363,3 @@ def verify_pte(source: PteProgram | Source, data_files: Any = (), seed: int = 0,
         if not program.method_delegates(method):
             lines.append("  no XNNPACK delegate")
     return errors, "\n".join(lines)
-
-
-def _verify_in_child(conn: Any, data: bytes, data_files: tuple[bytes, ...], seed: int) -> None:
-    """Body of the isolated ``verify_pte``: sends ``("ok", result)`` or ``("error", class name,
-    message)`` back."""
-    try:
-        conn.send(("ok", verify_pte(data, list(data_files), seed)))
-    except XnnquantError as exc:
-        conn.send(("error", type(exc).__name__, str(exc)))
-    finally:
-        conn.close()
-
-
-def _isolated(program: PteProgram, seed: int, timeout: float) -> tuple[list[float], str]:
-    import multiprocessing
-    import signal
-
-
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    data, data_map = _runtime_bytes(program)  # a mapped file's view cannot be pickled
-    child = context.Process(target=_verify_in_child, args=(sender, data, () if data_map is None else (data_map,),
-                                                           seed), daemon=True)
-    child.start()
-    sender.close()
-    try:
-        if not receiver.poll(timeout):
-            child.kill()
-            raise RuntimeTimeoutError(f"verifying the program took longer than {timeout:g} s: stopped")
-        try:
-            reply = receiver.recv()
-        except EOFError:
-            child.join()
-            code = child.exitcode or 0
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-            raise RuntimeCrashError(f"the ExecuTorch runtime died ({how}) while verifying the program",
-                                    -code if code < 0 else None) from None
-    finally:
-        receiver.close()
-        child.join(timeout=10)
-    if reply[0] == "error":
-        raise _error_class(reply[1])(reply[2])
-    return reply[1]
-
-
-def _error_class(name: str) -> type[XnnquantError]:
-    """The ``XnnquantError`` subclass called ``name`` (``XnnquantError`` when none is)."""
-    pending: list[type[XnnquantError]] = [XnnquantError]
-    while pending:
-        cls = pending.pop()
-        if cls.__name__ == name:
-            return cls
-        pending.extend(cls.__subclasses__())
-    return XnnquantError

@@ -7,6 +7,8 @@ the runtime kills the worker (a signal such as SIGSEGV from a payload that slipp
 validation), the caller gets ``RuntimeCrashError`` with the signal and the runtime's
 last log lines, and the next call starts a new worker.  A call that does not answer
 within ``timeout`` seconds stops the worker and raises ``RuntimeTimeoutError``.
+``worker().call(function, args)`` isolates other work on the runtime the same way
+(``pte_run.verify_pte(..., isolate=True)``).
 
 How a call travels::
 
@@ -22,8 +24,8 @@ How a call travels::
 The data file lives in ``/dev/shm`` where there is one (memory, not disk).  Its layout
 for a call: each input, then each output, each at an offset that is a multiple of 64,
 in external-id order.  The worker's own stdout is moved to its stderr on start (native
-code may print), and its stderr goes to a log file that the parent reads on a crash;
-the log never reaches the caller's terminal.
+code may print), and its stderr goes to a log file that the parent reads on a crash
+(and ``xnnquant verify --verbose`` shows); the log never reaches the caller's terminal.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -198,7 +200,7 @@ class Worker:
             self.stop()
             raise RuntimeTimeoutError(
                 f"the isolated runtime did not finish {doing} within {timeout:g} s: stopped it "
-                f"(pass a larger timeout= if the payload is that slow); runtime log: {_log_summary(log)}"
+                f"(pass a larger timeout= if the work is that slow); runtime log: {_log_summary(log)}"
             ) from None
         except (BrokenPipeError, ConnectionResetError):
             alive, reply = False, None
@@ -213,7 +215,7 @@ class Worker:
             how = (f"was killed by signal {_signal_name(-code)} ({-code})" if code < 0
                    else f"exited with status {code}")
             raise RuntimeCrashError(
-                f"the runtime process {how} while {doing}: the payload crashes the real XNNPACK "
+                f"the runtime process {how} while {doing}: the runtime crashes on it "
                 f"(the calling process is unharmed); runtime log: {_log_summary(log)}",
                 signal_number=-code if code < 0 else None, log=log,
             )
@@ -236,10 +238,7 @@ class Worker:
             timeout: float | None) -> list[np.ndarray]:
         """Outputs of ``payload`` for checked ``inputs``; ``outputs``: expected (shape, dtype)."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                if self._proc is not None:
-                    self.stop()
-                self._start(DEFAULT_TIMEOUT if timeout is None else max(timeout, DEFAULT_TIMEOUT))
+            self._ensure_started(timeout)
             assert self._data is not None
             specs = [(a.shape, a.dtype) for a in inputs] + [(s, np.dtype(d)) for s, d in outputs]
             offsets, size = _slots(specs)
@@ -257,6 +256,20 @@ class Worker:
                 self._exchange(request, timeout, "running the payload")
                 return [np.array(_view(mm, o, tuple(s), np.dtype(d)), copy=True)
                         for o, (s, d) in zip(offsets[len(inputs):], outputs)]
+
+    def call(self, function: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, doing: str) -> Any:
+        """``function(*args)`` in the worker process: its log, crashes and timeout handled as
+        ``run``'s.  ``function``: a module-level function (pickled by name); ``args`` and
+        the result are pickled; ``doing``: what it does, for the error messages."""
+        with self._lock:
+            self._ensure_started(timeout)
+            return self._exchange({"call": function, "args": args}, timeout, doing)
+
+    def _ensure_started(self, timeout: float | None) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            if self._proc is not None:
+                self.stop()
+            self._start(DEFAULT_TIMEOUT if timeout is None else max(timeout, DEFAULT_TIMEOUT))
 
 
 def _error_class(name: str) -> type[XnnquantError]:
@@ -305,21 +318,33 @@ def _serve(data_path: str, call_log: str) -> None:
         if not alive:
             return
         try:
-            if mapped is None or mapped[0] != request["size"]:
-                # a mapping is not closed: the runtime may still hold views of the last one,
-                # which is unmapped once they are gone
-                mapped = (request["size"], mmap.mmap(data.fileno(), request["size"]))
-            mm = mapped[1]
-            arrays = [_view(mm, o, tuple(s), np.dtype(d)) for o, s, d in request["inputs"]]
-            slots = [_view(mm, o, tuple(s), np.dtype(d)) for o, s, d in request["outputs"]]
-            program._run_in_process(request["payload"], arrays, request["named_data"],
-                                    request["validate"], into=slots)
-            reply: Any = ("ok", None)
+            if "call" in request:  # Worker.call
+                reply: Any = ("ok", request["call"](*request["args"]))
+            else:
+                mapped = _run_request(request, data, mapped)
+                reply = ("ok", None)
         except XnnquantError as exc:
             reply = ("error", (type(exc).__name__, str(exc)))
         except Exception as exc:
             reply = ("error", ("XnnquantError", f"the isolated runtime failed: {type(exc).__name__}: {exc}"))
         _send(channel, reply)
+
+
+def _run_request(request: dict[str, Any], data: IO[bytes],
+                 mapped: tuple[int, mmap.mmap] | None) -> tuple[int, mmap.mmap]:
+    """One ``Worker.run`` request, its inputs read from and its outputs written into the
+    data file; returns the mapping of the data file, kept for the next request."""
+    from .program import _run_in_process
+
+    if mapped is None or mapped[0] != request["size"]:
+        # a mapping is not closed: the runtime may still hold views of the last one,
+        # which is unmapped once they are gone
+        mapped = (request["size"], mmap.mmap(data.fileno(), request["size"]))
+    mm = mapped[1]
+    arrays = [_view(mm, o, tuple(s), np.dtype(d)) for o, s, d in request["inputs"]]
+    slots = [_view(mm, o, tuple(s), np.dtype(d)) for o, s, d in request["outputs"]]
+    _run_in_process(request["payload"], arrays, request["named_data"], request["validate"], into=slots)
+    return mapped
 
 
 if __name__ == "__main__":
