@@ -4,13 +4,16 @@ The reference is the unfused implementation the library had before the kernels:
 ``search.minmax_scales`` / ``search.quantize_blocks`` / ``rounding.quantize_values`` on
 the whole tensor at once, and nibble packing written here element by element.  The
 fast paths (``schemes.kernels``, ``packing.int4``) cut the input into cache-sized
-pieces spread over threads; every test runs on arrays larger than one piece, with 1 and 3
+pieces spread over threads, each piece through numba's compiled loops (``jit``) or
+numpy's ufuncs; every test runs both ways, on arrays larger than one piece, with 1 and 3
 threads, and on inputs built to catch a changed rounding: exact ties at .5,
 subnormals, zeros and all-zero blocks, values near the float32 maximum, fp16 / bf16 /
 float64 inputs and torch tensors.
 """
 
 from __future__ import annotations
+
+import os
 
 import ml_dtypes
 import numpy as np
@@ -20,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import xnnquant as xq
+from xnnquant import jit
 from xnnquant.arrays import as_float32
 from xnnquant.rounding import quantize_values
 from xnnquant.schemes import kernels, search
@@ -33,6 +37,17 @@ FLOAT32_MAX = np.finfo(np.float32).max
 def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "CHUNK_ELEMENTS", PIECE)
     monkeypatch.setattr(xq.packing.int4, "PACK_CHUNK", PIECE)
+
+
+@pytest.fixture(autouse=True, params=["jit", "numpy"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test once with the compiled loops and once with numpy's (``XNNQUANT_JIT=0``)."""
+    monkeypatch.setenv("XNNQUANT_JIT", "1" if request.param == "jit" else "0")
+    if request.param == "jit" and jit.loops() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("numba is missing: CI installs it from requirements/lock.txt")
+        pytest.skip("numba is not installed")
+    return str(request.param)
 
 
 @pytest.fixture(params=[1, 3], ids=lambda n: f"{n}threads")

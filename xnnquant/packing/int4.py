@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import jit
 from ..arrays import ArrayInput, as_int_codes, is_int, to_numpy
 from ..errors import XnnquantError
 from ..parallel import for_ranges
@@ -42,10 +43,16 @@ def _pack_even(q: np.ndarray) -> np.ndarray:
     flat = q.reshape(-1)
     packed = np.empty(flat.size // 2, np.uint8)
     bad = []
+    loops = jit.loops()
 
     def kernel(start: int, stop: int) -> None:
         for lo in range(start, stop, PACK_CHUNK):
             piece = flat[lo:min(stop, lo + PACK_CHUNK)]
+            if loops is not None:
+                if not loops.pack_nibbles(piece.view("<u2"), packed[lo // 2:(lo + len(piece)) // 2]):
+                    bad.append(lo)
+                    return
+                continue
             if piece.min() < INT4_MIN or piece.max() > INT4_MAX:
                 bad.append(lo)
                 return

@@ -22,11 +22,14 @@ operation on the same values, each its own ufunc call (so no multiply-add is fus
   scales are the whole tensor's;
 * codes: ``clip(rint(x * (1 / scale)) + zero_point, qmin, qmax)`` cast to the code dtype.
 
-There is one path, numpy's.  torch kernels for the same pieces (``amax``, ``mul``,
-``round``) were measured on this project's 2-core Zen 2: called from the pool's threads
-they took twice numpy's CPU time, and called from one thread with torch's own OpenMP
-threads several times more on a busy machine (its workers spin while they wait), so
-there is no torch path, and no torch / numpy agreement to keep.
+Each piece takes one of two paths: numpy ufuncs, one pass over the piece per step, or,
+when numba is installed (``jit``), compiled loops that run every step of a block back
+to back (``_jit_loops``: the same float32 operations in the same order, so the same
+bits; the tests run both paths).  8-bit codes only take the compiled path.  torch
+kernels for the same pieces (``amax``, ``mul``, ``round``) were measured on this
+project's 2-core Zen 2: called from the pool's threads they took twice numpy's CPU time,
+and called from one thread with torch's own OpenMP threads several times more on a busy
+machine (its workers spin while they wait), so there is no torch path.
 
 Inputs may be float32, float16, bfloat16 or float64 (each piece is widened to float32
 as ``arrays.as_float32`` would widen the whole).  A non-finite value makes the kernel
@@ -37,10 +40,12 @@ raise ``arrays.check_finite``'s error for ``origin``, the caller's array and its
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import jit
 from ..arrays import check_finite
 from ..parallel import for_ranges
 from .checks import reciprocal
@@ -148,8 +153,18 @@ def block_absmax(x: np.ndarray, block: int, origin: Origin) -> np.ndarray:
     n_blocks = x.size // block
     parts = np.zeros((n_blocks, cut.parts), np.uint32)
     starts = np.arange(0, cut.piece, block) if cut.parts == 1 else None
+    loops = jit.loops()
 
     def piece(start: int, stop: int, scratch: _Scratch) -> bool:
+        if loops is not None:  # float32 maxima written as their bit patterns: the same order
+            xf = scratch.float32(flat[start:stop])
+            n = (stop - start) // block if cut.parts == 1 else 1
+            m = np.empty(n, np.float32)
+            if not loops.block_absmax(xf.reshape(n, -1), m):
+                return False
+            b, j = divmod(start, block)
+            parts[b : b + n, j // cut.piece] = m.view(np.uint32)
+            return True
         a = np.abs(scratch.float32(flat[start:stop]), out=scratch.work[: stop - start]).view(np.uint32)
         if cut.parts == 1:
             first = start // block
@@ -160,9 +175,9 @@ def block_absmax(x: np.ndarray, block: int, origin: Origin) -> np.ndarray:
             parts[b, j // cut.piece] = a.max()
         return True
 
-    _run(cut, x.dtype, piece)
+    finite = _run(cut, x.dtype, piece)
     absmax = parts.max(axis=1).view(np.float32)
-    if not np.isfinite(absmax).all():
+    if not (finite and np.isfinite(absmax).all()):
         _raise_non_finite(origin)
     return absmax
 
@@ -181,9 +196,18 @@ def quantize(x: np.ndarray, block: int, scale: np.ndarray, zero_point: int, qmin
     inv = reciprocal(np.asarray(scale, np.float32).reshape(-1))
     codes = np.empty(x.size, dtype)
     zp = np.float32(zero_point)
+    loops = _loops_for(codes)
 
     def piece(start: int, stop: int, scratch: _Scratch) -> bool:
         xf = scratch.float32(flat[start:stop])
+        if loops is not None:
+            if origin is not None and not loops.value_range(xf)[2]:
+                return False
+            n = (stop - start) // block if cut.parts == 1 else 1
+            first = start // block
+            loops.block_codes(xf.reshape(n, -1), inv[first : first + n], zp, np.float32(qmin), np.float32(qmax),
+                              codes[start:stop].reshape(n, -1), scratch.work)
+            return True
         if origin is not None and not (np.isfinite(xf.min()) and np.isfinite(xf.max())):
             return False
         t = scratch.work[: stop - start]
@@ -199,6 +223,11 @@ def quantize(x: np.ndarray, block: int, scale: np.ndarray, zero_point: int, qmin
     if not _run(cut, x.dtype, piece):
         _raise_non_finite(origin)  # type: ignore[arg-type]
     return codes.reshape(x.shape)
+
+
+def _loops_for(codes: np.ndarray) -> ModuleType | None:
+    """The compiled loops, for 8-bit codes (wider codes take the numpy path)."""
+    return jit.loops() if codes.dtype.itemsize == 1 else None
 
 
 def _round_clip_cast(t: np.ndarray, zp: np.float32, qmin: int, qmax: int, out: np.ndarray) -> None:
@@ -227,10 +256,15 @@ def minmax_quantize(x: np.ndarray, block: int, qmin: int, qmax: int, dtype: str,
     scales = np.empty(x.size // block, np.float32)
     starts = np.arange(0, cut.piece, block)
     half = half_range(qmin, qmax)
+    loops = _loops_for(codes)
 
     def piece(start: int, stop: int, scratch: _Scratch) -> bool:
         first, n = start // block, (stop - start) // block
         xf = scratch.float32(flat[start:stop])
+        if loops is not None:
+            return bool(loops.minmax_codes(xf.reshape(n, block), half, bf16, np.float32(qmin), np.float32(qmax),
+                                           codes[start:stop].reshape(n, block), scales[first : first + n],
+                                           scratch.work))
         t = scratch.work[: stop - start]
         absmax = np.maximum.reduceat(np.abs(xf, out=t).view(np.uint32), starts[:n]).view(np.float32)
         if not np.isfinite(absmax).all():
@@ -261,15 +295,19 @@ def value_range(x: np.ndarray, origin: Origin) -> tuple[np.float32, np.float32]:
     cut = _Cut.of(x.size, x.size)
     lows = np.empty(cut.pieces, np.float32)
     highs = np.empty(cut.pieces, np.float32)
+    loops = jit.loops()
 
     def piece(start: int, stop: int, scratch: _Scratch) -> bool:
         xf = scratch.float32(flat[start:stop])
         i = start // cut.piece
+        if loops is not None:
+            lows[i], highs[i], finite = loops.value_range(xf)
+            return bool(finite)
         lows[i], highs[i] = xf.min(), xf.max()
         return True
 
-    _run(cut, x.dtype, piece)
+    finite = _run(cut, x.dtype, piece)
     lo, hi = lows.min(), highs.max()
-    if not (np.isfinite(lo) and np.isfinite(hi)):
+    if not (finite and np.isfinite(lo) and np.isfinite(hi)):
         _raise_non_finite(origin)
     return lo, hi

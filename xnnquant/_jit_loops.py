@@ -1,0 +1,146 @@
+"""The compiled loops of ``jit``: numba, imported only through ``jit.loops()``.
+
+Each loop does, over one piece of an array, exactly the float32 operations of its
+numpy counterpart, value by value and in the same order, so the results are the same
+bits.  numba compiles without fast-math: no reassociation, no multiply-add fusion, no
+flush of subnormals, and ``np.rint`` rounds half to even as numpy's does.
+
+Loops that LLVM should vectorize are written as short inner loops over one block with
+a scratch row (``tmp``): a loop that reads, rounds, clamps and stores in one body was
+measured 5x slower on Zen 2 than the same work split in two.  Every loop releases the
+GIL, so the pool in ``parallel`` runs two pieces on two cores.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+_FLT_MAX = np.float32(np.finfo(np.float32).max)
+_FLT_MIN = np.float32(np.finfo(np.float32).tiny)
+_ABS = np.uint32(0x7FFFFFFF)  # all bits but the sign
+_INF = np.uint32(0x7F800000)  # +inf's bit pattern
+_jit = nb.njit(nogil=True, cache=True)
+
+
+@_jit
+def block_absmax(x: np.ndarray, out: np.ndarray) -> bool:  # pragma: no cover (compiled)
+    """``out[n] = max|x[n, :]|`` for blocks ``x`` ``(N, B)`` float32, ``out`` ``(N,)``
+    float32; False if any value is NaN or infinite (``out`` is then meaningless).
+
+    The maximum is taken over the bit patterns of ``|x|`` as uint32 (sign bit cleared),
+    which order as the values do; NaN's patterns lie above +inf's, so one comparison of
+    each block's maximum finds them all.
+    """
+    bits, top = x.view(np.uint32), out.view(np.uint32)
+    finite = True
+    for n in range(x.shape[0]):
+        row = bits[n]
+        m = np.uint32(0)
+        for j in range(x.shape[1]):
+            m = max(m, row[j] & _ABS)
+        top[n] = m
+        finite &= m < _INF
+    return finite
+
+
+@_jit
+def value_range(x: np.ndarray) -> tuple[np.float32, np.float32, bool]:  # pragma: no cover (compiled)
+    """``(min, max, finite)`` of a flat float32 array (min and max meaningless if not finite)."""
+    lo = x[0]
+    hi = x[0]
+    finite = True
+    for j in range(x.size):
+        v = x[j]
+        lo = min(lo, v)
+        hi = max(hi, v)
+        finite &= abs(v) <= _FLT_MAX
+    return lo, hi, finite
+
+
+@_jit
+def block_codes(x: np.ndarray, inv: np.ndarray, zero_point: np.float32, qmin: np.float32, qmax: np.float32,
+                codes: np.ndarray, tmp: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """``codes[n, b] = clip(rint(x[n, b] * inv[n]) + zero_point, qmin, qmax)``.
+
+    ``x`` ``(N, B)`` float32, ``inv`` ``(N,)`` float32, ``codes`` ``(N, B)`` of an 8-bit
+    integer dtype, ``tmp`` float32 ``(B,)`` scratch.  A product beyond float32 is +-inf
+    and clamps to ``qmin`` / ``qmax``; ``x`` holds no NaN (the caller checked).
+    """
+    for n in range(x.shape[0]):
+        row, s, out = x[n], inv[n], codes[n]
+        for j in range(x.shape[1]):
+            tmp[j] = np.rint(row[j] * s) + zero_point
+        for j in range(x.shape[1]):
+            out[j] = np.int32(min(max(tmp[j], qmin), qmax))
+
+
+@_jit
+def minmax_codes(x: np.ndarray, half: np.float32, bf16: bool, qmin: np.float32, qmax: np.float32,
+                 codes: np.ndarray, scales: np.ndarray, tmp: np.ndarray) -> bool:  # pragma: no cover (compiled)
+    """Min-max scales and codes of blocks ``x`` ``(N, B)`` float32, as ``search.minmax_scales``
+    then ``search.quantize_blocks``: ``scales`` ``(N,)`` float32 and ``codes`` ``(N, B)``
+    (8-bit) written, ``tmp`` float32 ``(B,)`` scratch.  False if a value is NaN or
+    infinite (outputs then meaningless).
+
+    Each scale is ``finish_scales(max|x| / half)``: all-zero blocks 1.0, the rest at
+    least ``FLT_MIN``, then rounded to bf16 (to nearest, ties to even) if ``bf16``.
+    """
+    if not block_absmax(x, scales):
+        return False
+    bits = scales.view(np.uint32)
+    for n in range(x.shape[0]):
+        absmax = scales[n]
+        scales[n] = np.float32(1) if absmax == 0 else max(absmax / half, _FLT_MIN)
+        if bf16:  # finite positive: add half a bf16 step (less one, plus the kept bit's parity), cut
+            b = bits[n]
+            bits[n] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    for n in range(x.shape[0]):
+        row, s, out = x[n], np.float32(1) / scales[n], codes[n]
+        for j in range(x.shape[1]):
+            tmp[j] = np.rint(row[j] * s)
+        for j in range(x.shape[1]):
+            out[j] = np.int32(min(max(tmp[j], qmin), qmax))
+    return True
+
+
+@_jit
+def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no cover (compiled)
+    """Two int4 codes a byte: ``packed[j] = (q[2j] + 8) | (q[2j+1] + 8) << 4``.
+
+    ``pairs`` uint16: the int8 codes ``q`` read little-endian, ``q[2j]`` in the low
+    byte.  Adds 8 to both bytes at once without a carry between them (bit 7 of each
+    byte is added apart, by xor); codes in [-8, 7] become 0..15, anything else leaves a
+    bit of ``0xF0F0`` set.  False if a code lies outside [-8, 7] (``packed`` is then
+    meaningless).
+    """
+    bad = np.uint16(0)
+    for j in range(pairs.size):
+        p = pairs[j]
+        v = np.uint16(((p & np.uint16(0x7F7F)) + np.uint16(0x0808)) ^ (p & np.uint16(0x8080)))
+        bad |= v & np.uint16(0xF0F0)
+        packed[j] = np.uint8((v | (v >> np.uint16(4))) & np.uint16(0xFF))
+    return bad == 0
+
+
+@_jit
+def block_errors(x: np.ndarray, scales: np.ndarray, rows: np.ndarray, qmin: np.float32, qmax: np.float32,
+                 out: np.ndarray, tmp: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """Squared error of each candidate scale, as ``search.block_errors``.
+
+    ``x`` ``(N, B)`` float32, ``scales`` ``(R, N)`` float32, ``rows`` int64 indices of
+    the candidates to score, ``out`` ``(R, N)`` float64 (only ``out[rows]`` written),
+    ``tmp`` float32 ``(B,)``.  ``out[r, n] = sum_b d**2`` summed in float64 in the order
+    of ``b``, ``d = clip(rint(x * (1 / s)), qmin, qmax) * s - x`` in float32.
+    """
+    for r in rows:
+        for n in range(x.shape[0]):
+            row, s = x[n], scales[r, n]
+            inv = np.float32(1) / s
+            for j in range(x.shape[1]):
+                tmp[j] = np.rint(row[j] * inv)
+            acc = 0.0
+            for j in range(x.shape[1]):
+                d = min(max(tmp[j], qmin), qmax) * s - row[j]
+                acc += np.float64(d) * np.float64(d)
+            out[r, n] = acc
