@@ -288,3 +288,21 @@ def test_threaded_pruned_mse_search_matches_the_exhaustive_one(threads: int, bit
     blocks = w.reshape(-1, g) if g else w
     found = search.mse_scales(blocks, qmin, qmax, bf16=g is not None)
     assert found.tobytes() == reference_mse_scales(blocks, qmin, qmax, g is not None).tobytes()
+
+
+@pytest.mark.parametrize("width", [32, 13, 1536])
+def test_block_errors_and_mse_scales_are_the_same_bits_both_ways(width: int, monkeypatch: pytest.MonkeyPatch,
+                                                                  backend: str) -> None:
+    """The compiled loop and numpy add the squares in the same lanes and order (widths that
+    are not a multiple of 8 included), so errors and the scales they choose agree bit for bit."""
+    rng = np.random.default_rng(width)
+    w = adversarial(rng, 70, 3 * width * 8, 7.5).reshape(-1, width)
+    _, exponent = np.frexp(np.abs(w).max(axis=-1))
+    blocks = np.ldexp(w, -exponent[:, None])
+    scales = np.abs(rng.standard_normal((5, len(blocks)))).astype(np.float32) / 7 + np.float32(0.01)
+    results = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("XNNQUANT_JIT", mode)
+        results[mode] = (search.block_errors(blocks, scales, -8, 7).tobytes(),
+                         search.mse_scales(w, -8, 7, bf16=width == 32).tobytes())
+    assert results["1"] == results["0"]

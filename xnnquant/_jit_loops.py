@@ -13,6 +13,8 @@ GIL, so the pool in ``parallel`` runs two pieces on two cores.
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 import numpy as np
 
@@ -21,6 +23,7 @@ _FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 _ABS = np.uint32(0x7FFFFFFF)  # all bits but the sign
 _INF = np.uint32(0x7F800000)  # +inf's bit pattern
 _jit = nb.njit(nogil=True, cache=True)
+_inline = nb.njit(nogil=True, cache=True, inline="always")  # small helpers of the loops above
 
 
 @_jit
@@ -124,23 +127,128 @@ def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no c
 
 
 @_jit
-def block_errors(x: np.ndarray, scales: np.ndarray, rows: np.ndarray, qmin: np.float32, qmax: np.float32,
-                 out: np.ndarray, tmp: np.ndarray) -> None:  # pragma: no cover (compiled)
-    """Squared error of each candidate scale, as ``search.block_errors``.
-
-    ``x`` ``(N, B)`` float32, ``scales`` ``(R, N)`` float32, ``rows`` int64 indices of
-    the candidates to score, ``out`` ``(R, N)`` float64 (only ``out[rows]`` written),
-    ``tmp`` float32 ``(B,)``.  ``out[r, n] = sum_b d**2`` summed in float64 in the order
-    of ``b``, ``d = clip(rint(x * (1 / s)), qmin, qmax) * s - x`` in float32.
-    """
-    for r in rows:
+def block_errors(x: np.ndarray, scales: np.ndarray, qmin: np.float32, qmax: np.float32,
+                 out: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """``search.block_errors``: ``x`` ``(N, B)`` float32, ``scales`` ``(R, N)`` float32 ->
+    ``out`` ``(R, N)`` float64 (see ``_squared_error``)."""
+    tmp = _lanes_scratch(x.shape[1])
+    for r in range(scales.shape[0]):
         for n in range(x.shape[0]):
-            row, s = x[n], scales[r, n]
-            inv = np.float32(1) / s
-            for j in range(x.shape[1]):
-                tmp[j] = np.rint(row[j] * inv)
-            acc = 0.0
-            for j in range(x.shape[1]):
-                d = min(max(tmp[j], qmin), qmax) * s - row[j]
-                acc += np.float64(d) * np.float64(d)
-            out[r, n] = acc
+            out[r, n] = _squared_error(x[n], scales[r, n], qmin, qmax, tmp)
+
+
+@_inline
+def _ldexp(v: np.float32, k: int) -> np.float32:  # pragma: no cover (compiled)
+    """``v * 2**k`` rounded once to float32, as ``np.ldexp`` on float32: the float64
+    product is exact."""
+    return np.float32(np.float64(v) * 2.0**k)
+
+
+@_inline
+def _finish(raw: np.float32, bf16: bool) -> np.float32:  # pragma: no cover (compiled)
+    """``finish_scales`` of one scale of a block that is not all zero."""
+    s = np.float32(max(raw, _FLT_MIN))
+    if not bf16:
+        return s
+    b = s.view(np.uint32)
+    b = np.uint32((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
+    return b.view(np.float32)
+
+
+@_inline
+def _squared_error(x: np.ndarray, s: np.float32, qmin: np.float32, qmax: np.float32,
+                   tmp: np.ndarray) -> float:  # pragma: no cover (compiled)
+    """``search.block_errors`` of one block ``x`` ``(B,)`` for one scale: the squares
+    summed in the eight lanes ``b % 8``, each in the order of ``b``, then the lanes
+    pairwise.  ``tmp``: float32 ``(B rounded up to a multiple of 8,)``, zero past ``B``
+    (a zero residual adds nothing to its lane)."""
+    inv = np.float32(1) / s
+    for j in range(x.size):
+        tmp[j] = min(max(np.rint(x[j] * inv), qmin), qmax) * s - x[j]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for j in range(0, tmp.size, 8):
+        d0, d1, d2, d3 = np.float64(tmp[j]), np.float64(tmp[j + 1]), np.float64(tmp[j + 2]), np.float64(tmp[j + 3])
+        d4, d5, d6, d7 = np.float64(tmp[j + 4]), np.float64(tmp[j + 5]), np.float64(tmp[j + 6]), np.float64(tmp[j + 7])
+        a0 += d0 * d0
+        a1 += d1 * d1
+        a2 += d2 * d2
+        a3 += d3 * d3
+        a4 += d4 * d4
+        a5 += d5 * d5
+        a6 += d6 * d6
+        a7 += d7 * d7
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+
+
+@_jit
+def _lanes_scratch(width: int) -> np.ndarray:  # pragma: no cover (compiled)
+    """The ``tmp`` of ``_squared_error`` for blocks of ``width`` values."""
+    return np.zeros((width + 7) // 8 * 8, np.float32)
+
+
+@_inline
+def _clipping_bound(maxpos: np.float32, maxneg: np.float32, s: np.float32, qmin: np.float32,
+                    qmax: np.float32) -> float:  # pragma: no cover (compiled)
+    """``search.clipping_bound`` of one block and scale."""
+    s64 = np.float64(s)
+    over = max(np.float64(maxpos) - np.float64(qmax) * s64, np.float64(maxneg) + np.float64(qmin) * s64)
+    v = max(over - 3e-7, 0.0)
+    return v * v * (1 - 1e-6)
+
+
+@_jit
+def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: bool, coarse: np.ndarray,
+               fine: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """``search.mse_scales`` of blocks ``(N, B)`` float32 into ``out`` ``(N,)``: the same
+    candidates, pruning and choices, block by block (see ``search._search``)."""
+    n_blocks, width = blocks.shape
+    x = np.empty(width, np.float32)
+    tmp = _lanes_scratch(width)
+    raw = np.empty(len(coarse) + 1, np.float32)
+    half = (qmax - qmin) / np.float32(2)
+    for n in range(n_blocks):
+        row = blocks[n]
+        absmax = np.float32(0)
+        for j in range(width):
+            absmax = max(absmax, abs(row[j]))
+        if absmax == 0:
+            out[n] = np.float32(1)
+            continue
+        e = math.frexp(np.float64(absmax))[1]
+        if -126 <= e <= 127:  # 2**-e a normal float32: the product is ldexp's, rounded once
+            unit = np.float32(2.0**-e)
+            for j in range(width):
+                x[j] = row[j] * unit
+        else:
+            for j in range(width):
+                x[j] = _ldexp(row[j], -e)
+        maxpos = np.float32(0)
+        maxneg = np.float32(0)
+        for j in range(width):
+            maxpos = max(maxpos, x[j])
+            maxneg = max(maxneg, -x[j])
+        base = max(maxpos, maxneg) / half
+        for k in range(len(coarse)):
+            raw[k] = coarse[k] * base
+        raw[len(coarse)] = max(maxpos / qmax, maxneg / -qmin)
+        # stage 1: the coarse candidates, row 0 (the min-max scale) scored first; a
+        # candidate whose clipping alone costs more than the best so far cannot win
+        best_k, best, best_err = 0, np.float32(0), np.inf
+        for k in range(len(raw)):
+            c = _finish(_ldexp(raw[k], e), bf16)
+            s = _ldexp(c, -e)
+            if k and _clipping_bound(maxpos, maxneg, s, qmin, qmax) > best_err:
+                continue
+            err = _squared_error(x, s, qmin, qmax, tmp)
+            if err < best_err:
+                best_k, best, best_err = k, c, err
+        # stage 2: small steps around the best raw value; ties keep the stage-1 choice
+        for k in range(len(fine)):
+            c = _finish(_ldexp(fine[k] * raw[best_k], e), bf16)
+            s = _ldexp(c, -e)
+            if _clipping_bound(maxpos, maxneg, s, qmin, qmax) > best_err:
+                continue
+            err = _squared_error(x, s, qmin, qmax, tmp)
+            if err < best_err:
+                best, best_err = c, err
+        out[n] = best

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import jit
 from ..parallel import for_ranges
 from ..rounding import bf16_bits_to_float32, quantize_values, to_bf16
 from .checks import positive_normal, reciprocal
@@ -82,18 +83,31 @@ def quantize_blocks(blocks: np.ndarray, scale: np.ndarray, qmin: int, qmax: int,
 
 
 def block_errors(blocks: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -> np.ndarray:
-    """Squared error of every candidate: blocks ``(N, B)``, scales ``(R, N)`` -> ``(R, N)`` float32.
+    """Squared error of every candidate: blocks ``(N, B)``, scales ``(R, N)`` -> ``(R, N)`` float64.
 
-    ``err[r, n] = sum_b (clip(rint(x[n, b] / s[r, n]), qmin, qmax) * s[r, n] - x[n, b])**2``,
-    computed in place on one ``(R, N, B)`` float32 buffer.
+    ``err[r, n] = sum_b (clip(rint(x[n, b] / s[r, n]), qmin, qmax) * s[r, n] - x[n, b])**2``:
+    each residual in float32 as the device computes it, its square exact in float64.  The
+    squares are added in a fixed order, the same in the compiled loop (``jit``) and here,
+    on any CPU: eight lanes ``b % 8``, each in the order of ``b``, then the lanes as
+    ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))``.
     """
+    loops = jit.loops()
+    if loops is not None:
+        out = np.empty(scales.shape, np.float64)
+        loops.block_errors(np.ascontiguousarray(blocks, np.float32), np.ascontiguousarray(scales, np.float32),
+                           np.float32(qmin), np.float32(qmax), out)
+        return out
     t = blocks[None] * reciprocal(scales)[..., None]
     np.rint(t, out=t)
     np.clip(t, qmin, qmax, out=t)
     t *= scales[..., None]
     t -= blocks[None]
-    with np.errstate(over="ignore"):
-        return np.einsum("rnb,rnb->rn", t, t)
+    width = -(-blocks.shape[1] // 8) * 8
+    squares = np.zeros(t.shape[:-1] + (width,))  # zeros past the end add nothing to a lane
+    np.square(t, out=squares[..., : t.shape[-1]], dtype=np.float64)
+    lanes = np.add.accumulate(squares.reshape(t.shape[:-1] + (-1, 8)), axis=-2)[..., -1, :]  # in order
+    pairs = lanes[..., 0::2] + lanes[..., 1::2]
+    return (pairs[..., 0] + pairs[..., 1]) + (pairs[..., 2] + pairs[..., 3])
 
 
 #: Slack of ``clipping_bound`` for float32 rounding: a computed residual ``q * s - x`` of
@@ -133,7 +147,7 @@ def _best(blocks: np.ndarray, raw: np.ndarray, exponent: np.ndarray, all_zero: n
     """
     cand = finish_scales(np.ldexp(raw, exponent), all_zero[None], bf16)
     scales = np.ldexp(cand, -exponent)
-    errors = np.full(raw.shape, np.inf, np.float32)
+    errors = np.full(raw.shape, np.inf)
     errors[0] = block_errors(blocks, scales[:1], qmin, qmax)[0] if first_errors is None else first_errors
     bound = clipping_bound(*extremes, scales[1:], qmin, qmax)
     rows = 1 + np.flatnonzero((bound <= errors[0]).any(axis=1))
@@ -153,12 +167,17 @@ def mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool = False) -> 
     """
     n_blocks, block_len = blocks.shape
     out = np.empty(n_blocks, np.float32)
-    step = max(1, _CHUNK_ELEMENTS // (block_len * (len(COARSE_RATIOS) + 1)))
+    loops = jit.loops()
+    step = max(1, _CHUNK_ELEMENTS // (block_len * (1 if loops else len(COARSE_RATIOS) + 1)))
 
     def kernel(lo: int, hi: int) -> None:
         for start in range(lo, hi, step):
             stop = min(hi, start + step)
-            out[start:stop] = _search(blocks[start:stop], qmin, qmax, bf16)
+            if loops is not None:
+                loops.mse_search(np.ascontiguousarray(blocks[start:stop], np.float32), np.float32(qmin),
+                                 np.float32(qmax), bf16, COARSE_RATIOS, FINE_FACTORS, out[start:stop])
+            else:
+                out[start:stop] = _search(blocks[start:stop], qmin, qmax, bf16)
 
     for_ranges(kernel, n_blocks, step)  # blocks are searched independently: any cut gives the same scales
     return out
@@ -169,12 +188,7 @@ def _search(chunk: np.ndarray, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
     cols = np.arange(len(chunk))
     _, exponent = np.frexp(np.abs(chunk).max(axis=-1))
     x = np.ldexp(chunk, -exponent[:, None])
-    maxpos = np.maximum(x.max(axis=-1), 0)
-    maxneg = np.maximum(-x.min(axis=-1), 0)
-    base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
-    all_zero = base == 0
-    no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
-    raw = np.concatenate([COARSE_RATIOS[:, None] * base[None], no_clip[None]])
+    raw, all_zero, maxpos, maxneg = coarse_candidates(x, qmin, qmax, COARSE_RATIOS)
     best, cand, kept_errors = _best(x, raw, exponent, all_zero, (maxpos, maxneg), qmin, qmax, bf16)
     kept = np.ldexp(cand[best, cols], -exponent)
     fine_raw = np.concatenate([kept[None], FINE_FACTORS[:, None] * raw[best, cols][None]])
@@ -182,6 +196,19 @@ def _search(chunk: np.ndarray, qmin: int, qmax: int, bf16: bool) -> np.ndarray:
     # errors are the ones just computed
     best, cand, _ = _best(x, fine_raw, exponent, all_zero, (maxpos, maxneg), qmin, qmax, bf16, kept_errors)
     return cand[best, cols]
+
+
+def coarse_candidates(x: np.ndarray, qmin: int, qmax: int,
+                      ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Stage-1 raw scales of blocks ``x`` ``(N, B)``: ``ratios`` ``(R,)`` times the min-max
+    scale, then the no-clipping scale -> ``(R + 1, N)`` float32, with the all-zero blocks,
+    the largest value and the largest negated value of each block (``(N,)`` each, >= 0)."""
+    maxpos = np.maximum(x.max(axis=-1), 0)
+    maxneg = np.maximum(-x.min(axis=-1), 0)
+    base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
+    no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
+    raw = np.concatenate([ratios[:, None] * base[None], no_clip[None]])
+    return raw, base == 0, maxpos, maxneg
 
 
 def exhaustive_bf16_scales(blocks: np.ndarray, qmin: int, qmax: int, low: float = 1 / 32,

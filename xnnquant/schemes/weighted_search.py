@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..parallel import for_ranges
-from .search import COARSE_RATIOS, FINE_FACTORS, finish_scales, half_range
+from .search import COARSE_RATIOS, FINE_FACTORS, coarse_candidates, finish_scales
 
 #: Narrower stage-1 ratios for GPTQ, whose error compensation follows the choice: on the
 #: 36 MiniLM linears (qb4w g32, held-out layer outputs) 28.845 dB against 28.836 dB with
@@ -92,12 +92,7 @@ def search_scales(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool,
 
 def _search(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool, ratios: np.ndarray) -> np.ndarray:
     cols = np.arange(len(x))
-    maxpos = np.maximum(x.max(axis=-1), 0)
-    maxneg = np.maximum(-x.min(axis=-1), 0)
-    base = np.maximum(maxpos, maxneg) / half_range(qmin, qmax)
-    all_zero = base == 0
-    no_clip = np.maximum(maxpos / np.float32(qmax), maxneg / np.float32(-qmin))
-    raw = np.concatenate([ratios[:, None] * base[None], no_clip[None]])
+    raw, all_zero, _, _ = coarse_candidates(x, qmin, qmax, ratios)
     cand = finish_scales(raw, all_zero[None], bf16)
     best = cost(_errors(x, cand, qmin, qmax)).argmin(axis=0)
     kept = cand[best, cols]
