@@ -129,12 +129,15 @@ def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no c
 @_jit
 def block_errors(x: np.ndarray, scales: np.ndarray, qmin: np.float32, qmax: np.float32,
                  out: np.ndarray) -> None:  # pragma: no cover (compiled)
-    """``search.block_errors``: ``x`` ``(N, B)`` float32, ``scales`` ``(R, N)`` float32 ->
-    ``out`` ``(R, N)`` float64 (see ``_squared_error``)."""
-    tmp = _lanes_scratch(x.shape[1])
-    for r in range(scales.shape[0]):
-        for n in range(x.shape[0]):
-            out[r, n] = _squared_error(x[n], scales[r, n], qmin, qmax, tmp)
+    """``search.block_errors``: ``x`` ``(N, B)`` and ``scales`` ``(R, N)`` float32 ->
+    ``out`` ``(R, N)`` float32 (see ``_candidate_errors``)."""
+    column = np.empty(scales.shape[0], np.float32)
+    inv = np.empty(scales.shape[0], np.float32)
+    errors = np.empty(scales.shape[0], np.float32)
+    for n in range(x.shape[0]):
+        column[:] = scales[:, n]
+        _candidate_errors(x[n], column, len(column), qmin, qmax, inv, errors)
+        out[:, n] = errors
 
 
 @_inline
@@ -156,55 +159,39 @@ def _finish(raw: np.float32, bf16: bool) -> np.float32:  # pragma: no cover (com
 
 
 @_inline
-def _squared_error(x: np.ndarray, s: np.float32, qmin: np.float32, qmax: np.float32,
-                   tmp: np.ndarray) -> float:  # pragma: no cover (compiled)
-    """``search.block_errors`` of one block ``x`` ``(B,)`` for one scale: the squares
-    summed in the eight lanes ``b % 8``, each in the order of ``b``, then the lanes
-    pairwise.  ``tmp``: float32 ``(B rounded up to a multiple of 8,)``, zero past ``B``
-    (a zero residual adds nothing to its lane)."""
-    inv = np.float32(1) / s
+def _candidate_errors(x: np.ndarray, scales: np.ndarray, count: int, qmin: np.float32, qmax: np.float32,
+                      inv: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """``search.block_errors`` of one block ``x`` ``(B,)`` for ``scales[:count]`` into
+    ``out[:count]`` (``inv`` scratch), all float32: the squared residuals added in the
+    order of ``b``.  The inner loop runs across the candidates, so it vectorizes whatever
+    ``B`` is (measured on Zen 2: 36 candidates of a 32-value block in 170 ns, against
+    360 ns with float64 sums and about 1 us one candidate at a time)."""
+    for c in range(count):
+        inv[c] = np.float32(1) / scales[c]
+        out[c] = 0
     for j in range(x.size):
-        tmp[j] = min(max(np.rint(x[j] * inv), qmin), qmax) * s - x[j]
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    for j in range(0, tmp.size, 8):
-        d0, d1, d2, d3 = np.float64(tmp[j]), np.float64(tmp[j + 1]), np.float64(tmp[j + 2]), np.float64(tmp[j + 3])
-        d4, d5, d6, d7 = np.float64(tmp[j + 4]), np.float64(tmp[j + 5]), np.float64(tmp[j + 6]), np.float64(tmp[j + 7])
-        a0 += d0 * d0
-        a1 += d1 * d1
-        a2 += d2 * d2
-        a3 += d3 * d3
-        a4 += d4 * d4
-        a5 += d5 * d5
-        a6 += d6 * d6
-        a7 += d7 * d7
-    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-
-
-@_jit
-def _lanes_scratch(width: int) -> np.ndarray:  # pragma: no cover (compiled)
-    """The ``tmp`` of ``_squared_error`` for blocks of ``width`` values."""
-    return np.zeros((width + 7) // 8 * 8, np.float32)
-
-
-@_inline
-def _clipping_bound(maxpos: np.float32, maxneg: np.float32, s: np.float32, qmin: np.float32,
-                    qmax: np.float32) -> float:  # pragma: no cover (compiled)
-    """``search.clipping_bound`` of one block and scale."""
-    s64 = np.float64(s)
-    over = max(np.float64(maxpos) - np.float64(qmax) * s64, np.float64(maxneg) + np.float64(qmin) * s64)
-    v = max(over - 3e-7, 0.0)
-    return v * v * (1 - 1e-6)
+        v = x[j]
+        for c in range(count):
+            d = min(max(np.rint(v * inv[c]), qmin), qmax) * scales[c] - v
+            out[c] += d * d
 
 
 @_jit
 def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: bool, coarse: np.ndarray,
                fine: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover (compiled)
     """``search.mse_scales`` of blocks ``(N, B)`` float32 into ``out`` ``(N,)``: the same
-    candidates, pruning and choices, block by block (see ``search._search``)."""
+    candidates and choices, block by block (see ``search._search``).  Every candidate is
+    scored (``_candidate_errors`` scores them all in one sweep of the block): the numpy
+    search skips those whose clipping alone rules them out, which changes no choice, but
+    here pruning was measured to save nothing."""
     n_blocks, width = blocks.shape
+    rows = max(len(coarse) + 1, len(fine))
     x = np.empty(width, np.float32)
-    tmp = _lanes_scratch(width)
-    raw = np.empty(len(coarse) + 1, np.float32)
+    raw = np.empty(rows, np.float32)
+    finished = np.empty(rows, np.float32)  # candidates at their true size
+    scales = np.empty(rows, np.float32)  # the same, normalized
+    inv = np.empty(rows, np.float32)
+    errors = np.empty(rows, np.float32)
     half = (qmax - qmin) / np.float32(2)
     for n in range(n_blocks):
         row = blocks[n]
@@ -215,10 +202,12 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
             out[n] = np.float32(1)
             continue
         e = math.frexp(np.float64(absmax))[1]
-        if -126 <= e <= 127:  # 2**-e a normal float32: the product is ldexp's, rounded once
-            unit = np.float32(2.0**-e)
+        # 2**e and 2**-e normal float32s: a product with them is ldexp's, rounded once
+        powers = -126 <= e <= 127
+        up, down = (np.float32(2.0**e), np.float32(2.0**-e)) if powers else (np.float32(0), np.float32(0))
+        if powers:
             for j in range(width):
-                x[j] = row[j] * unit
+                x[j] = row[j] * down
         else:
             for j in range(width):
                 x[j] = _ldexp(row[j], -e)
@@ -228,27 +217,26 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
             maxpos = max(maxpos, x[j])
             maxneg = max(maxneg, -x[j])
         base = max(maxpos, maxneg) / half
+        count = len(coarse) + 1
         for k in range(len(coarse)):
             raw[k] = coarse[k] * base
         raw[len(coarse)] = max(maxpos / qmax, maxneg / -qmin)
-        # stage 1: the coarse candidates, row 0 (the min-max scale) scored first; a
-        # candidate whose clipping alone costs more than the best so far cannot win
-        best_k, best, best_err = 0, np.float32(0), np.inf
-        for k in range(len(raw)):
-            c = _finish(_ldexp(raw[k], e), bf16)
-            s = _ldexp(c, -e)
-            if k and _clipping_bound(maxpos, maxneg, s, qmin, qmax) > best_err:
-                continue
-            err = _squared_error(x, s, qmin, qmax, tmp)
-            if err < best_err:
-                best_k, best, best_err = k, c, err
+        for k in range(count):
+            finished[k] = _finish(raw[k] * up if powers else _ldexp(raw[k], e), bf16)
+            scales[k] = finished[k] * down if powers else _ldexp(finished[k], -e)
+        # stage 1: the first least error among the coarse candidates
+        _candidate_errors(x, scales, count, qmin, qmax, inv, errors)
+        best_k = 0
+        for k in range(1, count):
+            if errors[k] < errors[best_k]:
+                best_k = k
+        best, best_err, best_raw = finished[best_k], errors[best_k], raw[best_k]
         # stage 2: small steps around the best raw value; ties keep the stage-1 choice
         for k in range(len(fine)):
-            c = _finish(_ldexp(fine[k] * raw[best_k], e), bf16)
-            s = _ldexp(c, -e)
-            if _clipping_bound(maxpos, maxneg, s, qmin, qmax) > best_err:
-                continue
-            err = _squared_error(x, s, qmin, qmax, tmp)
-            if err < best_err:
-                best, best_err = c, err
+            finished[k] = _finish(fine[k] * best_raw * up if powers else _ldexp(fine[k] * best_raw, e), bf16)
+            scales[k] = finished[k] * down if powers else _ldexp(finished[k], -e)
+        _candidate_errors(x, scales, len(fine), qmin, qmax, inv, errors)
+        for k in range(len(fine)):
+            if errors[k] < best_err:
+                best, best_err = finished[k], errors[k]
         out[n] = best

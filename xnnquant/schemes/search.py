@@ -83,17 +83,15 @@ def quantize_blocks(blocks: np.ndarray, scale: np.ndarray, qmin: int, qmax: int,
 
 
 def block_errors(blocks: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -> np.ndarray:
-    """Squared error of every candidate: blocks ``(N, B)``, scales ``(R, N)`` -> ``(R, N)`` float64.
+    """Squared error of every candidate: blocks ``(N, B)``, scales ``(R, N)`` -> ``(R, N)`` float32.
 
-    ``err[r, n] = sum_b (clip(rint(x[n, b] / s[r, n]), qmin, qmax) * s[r, n] - x[n, b])**2``:
-    each residual in float32 as the device computes it, its square exact in float64.  The
-    squares are added in a fixed order, the same in the compiled loop (``jit``) and here,
-    on any CPU: eight lanes ``b % 8``, each in the order of ``b``, then the lanes as
-    ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))``.
+    ``err[r, n] = sum_b (clip(rint(x[n, b] / s[r, n]), qmin, qmax) * s[r, n] - x[n, b])**2``,
+    all in float32, the squares added in the order of ``b``: the compiled loop of ``jit``
+    and this numpy path give the same bits, on any CPU.
     """
     loops = jit.loops()
     if loops is not None:
-        out = np.empty(scales.shape, np.float64)
+        out = np.empty(scales.shape, np.float32)
         loops.block_errors(np.ascontiguousarray(blocks, np.float32), np.ascontiguousarray(scales, np.float32),
                            np.float32(qmin), np.float32(qmax), out)
         return out
@@ -102,12 +100,8 @@ def block_errors(blocks: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -
     np.clip(t, qmin, qmax, out=t)
     t *= scales[..., None]
     t -= blocks[None]
-    width = -(-blocks.shape[1] // 8) * 8
-    squares = np.zeros(t.shape[:-1] + (width,))  # zeros past the end add nothing to a lane
-    np.square(t, out=squares[..., : t.shape[-1]], dtype=np.float64)
-    lanes = np.add.accumulate(squares.reshape(t.shape[:-1] + (-1, 8)), axis=-2)[..., -1, :]  # in order
-    pairs = lanes[..., 0::2] + lanes[..., 1::2]
-    return (pairs[..., 0] + pairs[..., 1]) + (pairs[..., 2] + pairs[..., 3])
+    np.square(t, out=t)
+    return np.add.accumulate(t, axis=-1)[..., -1]  # accumulate adds in order, as the loop does
 
 
 #: Slack of ``clipping_bound`` for float32 rounding: a computed residual ``q * s - x`` of
@@ -147,7 +141,7 @@ def _best(blocks: np.ndarray, raw: np.ndarray, exponent: np.ndarray, all_zero: n
     """
     cand = finish_scales(np.ldexp(raw, exponent), all_zero[None], bf16)
     scales = np.ldexp(cand, -exponent)
-    errors = np.full(raw.shape, np.inf)
+    errors = np.full(raw.shape, np.inf, np.float32)
     errors[0] = block_errors(blocks, scales[:1], qmin, qmax)[0] if first_errors is None else first_errors
     bound = clipping_bound(*extremes, scales[1:], qmin, qmax)
     rows = 1 + np.flatnonzero((bound <= errors[0]).any(axis=1))
@@ -168,7 +162,10 @@ def mse_scales(blocks: np.ndarray, qmin: int, qmax: int, bf16: bool = False) -> 
     n_blocks, block_len = blocks.shape
     out = np.empty(n_blocks, np.float32)
     loops = jit.loops()
-    step = max(1, _CHUNK_ELEMENTS // (block_len * (1 if loops else len(COARSE_RATIOS) + 1)))
+    # numpy scores a chunk's candidates at once, (R, n, B) floats; the compiled loop one
+    # block's, and takes chunks small enough to share out over the cores
+    per_block = block_len * (128 if loops else len(COARSE_RATIOS) + 1)
+    step = max(1, _CHUNK_ELEMENTS // per_block)
 
     def kernel(lo: int, hi: int) -> None:
         for start in range(lo, hi, step):
