@@ -306,3 +306,17 @@ def test_block_errors_and_mse_scales_are_the_same_bits_both_ways(width: int, mon
         results[mode] = (search.block_errors(blocks, scales, -8, 7).tobytes(),
                          search.mse_scales(w, -8, 7, bf16=width == 32).tobytes())
     assert results["1"] == results["0"]
+
+
+@pytest.mark.parametrize("make", [lambda w: xq.quantize_blockwise(w, 32), lambda w: xq.quantize_per_channel(w, 4),
+                                  lambda w: xq.quantize_per_channel(w, 8, axis=1)])
+def test_weight_sqnr_is_metrics_sqnr(make, threads: int) -> None:  # type: ignore[no-untyped-def]
+    """The export report's SQNR, pieces of residuals (compiled or numpy), against the one
+    of ``metrics.sqnr_db`` on the whole dequantized weight (float64 sums: the pieces' float32
+    dot products differ from it by far less than 1e-4 dB)."""
+    from xnnquant.export.quantize import weight_sqnr
+    from xnnquant.metrics import sqnr_db
+
+    w = np.random.default_rng(1).standard_normal((300, 1024)).astype(np.float32)
+    q = make(w)
+    assert weight_sqnr(w, q) == pytest.approx(float(sqnr_db(w, q.dequantize())), abs=1e-4)

@@ -127,6 +127,19 @@ def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no c
 
 
 @_jit
+def residual(w: np.ndarray, codes: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """``out = w - codes * scale`` in float32, as ``w - QuantizedTensor.dequantize()`` with
+    zero point 0: ``w`` and ``codes`` ``(R, K)``, ``scale`` ``(R, G)`` (one scale a group
+    of ``K // G`` columns), ``out`` float32 ``(R, K)``."""
+    group = w.shape[1] // scale.shape[1]
+    for r in range(w.shape[0]):
+        for g in range(scale.shape[1]):
+            s = scale[r, g]
+            for j in range(g * group, (g + 1) * group):
+                out[r, j] = w[r, j] - np.float32(codes[r, j]) * s
+
+
+@_jit
 def block_errors(x: np.ndarray, scales: np.ndarray, qmin: np.float32, qmax: np.float32,
                  out: np.ndarray) -> None:  # pragma: no cover (compiled)
     """``search.block_errors``: ``x`` ``(N, B)`` and ``scales`` ``(R, N)`` float32 ->

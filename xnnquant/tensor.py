@@ -145,6 +145,15 @@ class QuantizedTensor:
         centered = self.codes.astype(np.float32) - zp
         return (centered * self._broadcast(self.scale)).astype(np.float32)
 
+    @property
+    def nbytes(self) -> int:
+        """Length of ``to_bytes()``, known without packing: 4-bit codes take
+        ``ceil(K / 2)`` bytes a row, the others their itemsize a code."""
+        if self.bits == 4:
+            k = self.codes.shape[-1] if self.codes.ndim else 1
+            return (self.codes.size // max(k, 1)) * ((k + 1) // 2) if k else 0
+        return int(self.codes.nbytes)
+
     def to_bytes(self) -> bytes:
         """Constant data exactly as XNNPACK reads it.
 
