@@ -124,6 +124,12 @@ class SafetensorsFile:
             mapped.madvise(mmap.MADV_SEQUENTIAL)  # read ahead on the first touch, drop behind
         return np.frombuffer(mapped, dtype, count, begin - start).reshape(info.shape)
 
+    def nbytes(self, name: str) -> int:
+        """Bytes tensor ``name`` takes in the file."""
+        self.info(name)
+        begin, end = self._span(name)
+        return end - begin
+
     def _span(self, name: str) -> tuple[int, int]:
         """File offsets ``(begin, end)`` of tensor ``name``'s bytes."""
         if self._offsets is None:
