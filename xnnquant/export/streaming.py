@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -54,19 +55,21 @@ class WeightFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.file = SafetensorsFile(path)
         self.order: list[str] = []  # the layer weights, in the order they are written
-        self._ahead = 0  # weights up to this position have been handed to the disk
+        self._ahead = 0  # weights up to this position have been handed to the reader
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="xnnquant-read-ahead")
 
     def read_ahead(self, position: int) -> None:
-        """Ask the disk for the weights after ``position``, ``READ_AHEAD_BYTES`` of them:
-        one weight ahead was not enough to keep the disk busy while the output is written
-        (measured: a cold-input export took a whole read longer than a warm one)."""
+        """Have the disk read the weights after ``position``, ``READ_AHEAD_BYTES`` of them,
+        while this thread goes on.  The requests go from a thread of their own: asking for
+        a large range blocks until the disk has taken it, and one weight ahead asked from
+        here left a cold-input export a whole read of its input slower than a warm one."""
         budget = READ_AHEAD_BYTES
         for i in range(position + 1, len(self.order)):
             if budget <= 0:
                 break
             budget -= self.file.nbytes(self.order[i])
             if i > self._ahead:
-                self.file.prefetch(self.order[i])
+                self._reader.submit(self.file.prefetch, self.order[i])  # a hint: its failure changes nothing
                 self._ahead = i
 
     @property
