@@ -46,3 +46,21 @@ def test_a_failing_producer_leaves_the_old_file(tmp_path: Path) -> None:
 def test_a_missing_directory_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         write_atomic(tmp_path / "no" / "such" / "dir.bin", b"x")
+
+
+def test_a_failing_write_stops_the_producer_and_leaves_the_old_file(tmp_path: Path) -> None:
+    """Chunks are written from a thread while the next is made: its error comes back here,
+    and no chunk after it is asked for (a failed write must not go on quantizing a model)."""
+    path = tmp_path / "out.pte"
+    path.write_bytes(b"old")
+    made = []
+
+    def chunks() -> Iterator[object]:
+        for i in range(10):
+            made.append(i)
+            yield "not bytes" if i == 2 else b"x" * 1000
+
+    with pytest.raises(TypeError):
+        write_atomic(path, chunks())  # type: ignore[arg-type]
+    assert made == [0, 1, 2, 3]  # the chunk after the bad one is made while it is written
+    assert path.read_bytes() == b"old" and list(tmp_path.iterdir()) == [path]

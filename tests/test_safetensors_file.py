@@ -42,7 +42,10 @@ def test_every_tensor_reads_as_written_and_the_offsets_hold_its_bytes(tmp_path: 
         begin, end = offsets[name]
         assert data[begin:end] == array.tobytes(), name
         f.prefetch(name)
+        f.warm(name, chunk=4096)  # "a.weight" takes 181 chunks, "empty" none
+        assert f.nbytes(name) == end - begin
     assert f.info("c") == TensorInfo("c", "BF16", (2, 3))
+    assert not f.read("a.weight").flags.writeable  # a view of the mapped file, read-only
 
 
 def good_file(path: Path) -> tuple[Path, dict, int]:

@@ -124,6 +124,22 @@ class SafetensorsFile:
             mapped.madvise(mmap.MADV_SEQUENTIAL)  # read ahead on the first touch, drop behind
         return np.frombuffer(mapped, dtype, count, begin - start).reshape(info.shape)
 
+    def warm(self, name: str, chunk: int = 16 << 20) -> None:
+        """Read tensor ``name``'s bytes into the page cache and wait for them (``chunk``
+        bytes at a time into one scratch buffer): for a thread that reads ahead.  Unlike
+        ``prefetch`` it is done when it returns; measured on a cold 4.3 GB file, quantizing
+        every weight behind a thread that warms the next one took 7.5 s, behind
+        ``prefetch`` 8.5 s, with neither 11.1 s (one plain read: 9.3 s)."""
+        begin, end = self._span(self.info(name).name)
+        scratch = memoryview(bytearray(min(chunk, max(end - begin, 1))))
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(begin)
+            while begin < end:
+                got = f.readinto(scratch[: min(len(scratch), end - begin)])
+                if not got:
+                    return
+                begin += got
+
     def nbytes(self, name: str) -> int:
         """Bytes tensor ``name`` takes in the file."""
         self.info(name)

@@ -60,16 +60,16 @@ class WeightFile:
 
     def read_ahead(self, position: int) -> None:
         """Have the disk read the weights after ``position``, ``READ_AHEAD_BYTES`` of them,
-        while this thread goes on.  The requests go from a thread of their own: asking for
-        a large range blocks until the disk has taken it, and one weight ahead asked from
-        here left a cold-input export a whole read of its input slower than a warm one."""
+        into the page cache while this thread goes on: a thread of their own reads them
+        (``SafetensorsFile.warm``).  One weight ahead, asked with ``prefetch`` from here,
+        left a cold-input export a whole read of its input slower than a warm one."""
         budget = READ_AHEAD_BYTES
         for i in range(position + 1, len(self.order)):
             if budget <= 0:
                 break
             budget -= self.file.nbytes(self.order[i])
             if i > self._ahead:
-                self._reader.submit(self.file.prefetch, self.order[i])  # a hint: its failure changes nothing
+                self._reader.submit(self.file.warm, self.order[i])  # its failure changes nothing: read() reports
                 self._ahead = i
 
     @property
