@@ -189,6 +189,14 @@ def _candidate_errors(x: np.ndarray, scales: np.ndarray, count: int, qmin: np.fl
             out[c] += d * d
 
 
+@_inline
+def _whole(count: int) -> int:  # pragma: no cover (compiled)
+    """``count`` candidates rounded up to whole vectors of 8: sweeping 40 rows (the spare
+    ones never chosen) instead of 36 and a scalar tail took 0.75 us a block against 0.90
+    (medians of 10 runs on Zen 2, noisy)."""
+    return (count + 7) // 8 * 8
+
+
 @_jit
 def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: bool, coarse: np.ndarray,
                fine: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover (compiled)
@@ -198,13 +206,14 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
     search skips those whose clipping alone rules them out, which changes no choice, but
     here pruning was measured to save nothing."""
     n_blocks, width = blocks.shape
-    rows = max(len(coarse) + 1, len(fine))
+    rows = _whole(max(len(coarse) + 1, len(fine)))
     x = np.empty(width, np.float32)
     raw = np.empty(rows, np.float32)
     finished = np.empty(rows, np.float32)  # candidates at their true size
     scales = np.empty(rows, np.float32)  # the same, normalized
     inv = np.empty(rows, np.float32)
     errors = np.empty(rows, np.float32)
+    scales[:] = 1  # spare rows (scored, never chosen): any positive scale
     half = (qmax - qmin) / np.float32(2)
     for n in range(n_blocks):
         row = blocks[n]
@@ -238,7 +247,7 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
             finished[k] = _finish(raw[k] * up if powers else _ldexp(raw[k], e), bf16)
             scales[k] = finished[k] * down if powers else _ldexp(finished[k], -e)
         # stage 1: the first least error among the coarse candidates
-        _candidate_errors(x, scales, count, qmin, qmax, inv, errors)
+        _candidate_errors(x, scales, _whole(count), qmin, qmax, inv, errors)
         best_k = 0
         for k in range(1, count):
             if errors[k] < errors[best_k]:
@@ -248,7 +257,7 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
         for k in range(len(fine)):
             finished[k] = _finish(fine[k] * best_raw * up if powers else _ldexp(fine[k] * best_raw, e), bf16)
             scales[k] = finished[k] * down if powers else _ldexp(finished[k], -e)
-        _candidate_errors(x, scales, len(fine), qmin, qmax, inv, errors)
+        _candidate_errors(x, scales, _whole(len(fine)), qmin, qmax, inv, errors)
         for k in range(len(fine)):
             if errors[k] < best_err:
                 best, best_err = finished[k], errors[k]
