@@ -18,8 +18,9 @@ import math
 import numba as nb
 import numpy as np
 
+from .constants import FLT_MIN
+
 _FLT_MAX = np.float32(np.finfo(np.float32).max)
-_FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 _ABS = np.uint32(0x7FFFFFFF)  # all bits but the sign
 _INF = np.uint32(0x7F800000)  # +inf's bit pattern
 _jit = nb.njit(nogil=True, cache=True)
@@ -94,7 +95,7 @@ def minmax_codes(x: np.ndarray, half: np.float32, bf16: bool, qmin: np.float32, 
     bits = scales.view(np.uint32)
     for n in range(x.shape[0]):
         absmax = scales[n]
-        scales[n] = np.float32(1) if absmax == 0 else max(absmax / half, _FLT_MIN)
+        scales[n] = np.float32(1) if absmax == 0 else max(absmax / half, FLT_MIN)
         if bf16:  # finite positive: add half a bf16 step (less one, plus the kept bit's parity), cut
             b = bits[n]
             bits[n] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
@@ -163,7 +164,7 @@ def _ldexp(v: np.float32, k: int) -> np.float32:  # pragma: no cover (compiled)
 @_inline
 def _finish(raw: np.float32, bf16: bool) -> np.float32:  # pragma: no cover (compiled)
     """``finish_scales`` of one scale of a block that is not all zero."""
-    s = np.float32(max(raw, _FLT_MIN))
+    s = np.float32(max(raw, FLT_MIN))
     if not bf16:
         return s
     b = s.view(np.uint32)
