@@ -132,3 +132,21 @@ def test_cli_weights_from(weights_file: Path, tmp_path: Path, monkeypatch: pytes
           "--weights-from", str(weights_file), "--no-progress"])
     assert out.read_bytes() == stream(weights_file).save(tmp_path / "api.pte").read_bytes()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_the_read_ahead_thread_ends_with_its_weight_file(weights_file: Path) -> None:
+    """The reader is a daemon thread (a process that ends does not wait for it) and stops
+    once the WeightFile is gone, after reading what was asked."""
+    import gc
+    import threading
+
+    from xnnquant.export.streaming import WeightFile
+
+    before = set(threading.enumerate())
+    f = WeightFile(weights_file)
+    (reader,) = [t for t in set(threading.enumerate()) - before if t.name == "xnnquant-read-ahead"]
+    assert reader.daemon
+    del f
+    gc.collect()
+    reader.join(timeout=30)  # it reads this small file's warm start first
+    assert not reader.is_alive()

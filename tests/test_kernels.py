@@ -320,3 +320,17 @@ def test_weight_sqnr_is_metrics_sqnr(make, threads: int) -> None:  # type: ignor
     w = np.random.default_rng(1).standard_normal((300, 1024)).astype(np.float32)
     q = make(w)
     assert weight_sqnr(w, q) == pytest.approx(float(sqnr_db(w, q.dequantize())), abs=1e-4)
+
+
+@pytest.mark.parametrize("width", [32, 13, 1536])
+def test_block_errors_are_the_squared_error_of_the_codes(width: int, backend: str) -> None:
+    """``block_errors`` against its definition written out in float64 from the codes
+    ``clip(rint(x * float32(1 / s)), -8, 7)``.  Tolerance: each float32 residual is within
+    a few ulps of its operands (cancellation makes that ~1e-6 of it), and a float32 sum of
+    ``width`` squares is within ``width * 2**-24`` of exact: 2e-4 covers 1536 values."""
+    rng = np.random.default_rng(width)
+    blocks = rng.standard_normal((40, width)).astype(np.float32)
+    scales = (np.abs(blocks).max(axis=1) / np.float32(7.5) * rng.uniform(0.5, 1.5, (3, 40))).astype(np.float32)
+    codes = np.clip(np.rint(blocks[None] * (np.float32(1) / scales)[..., None]), -8, 7)
+    expected = ((codes * scales[..., None].astype(np.float64) - blocks[None]) ** 2).sum(axis=-1)
+    np.testing.assert_allclose(search.block_errors(blocks, scales, -8, 7), expected, rtol=2e-4)

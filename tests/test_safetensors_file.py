@@ -41,7 +41,6 @@ def test_every_tensor_reads_as_written_and_the_offsets_hold_its_bytes(tmp_path: 
         assert got.tobytes() == array.tobytes(), name
         begin, end = offsets[name]
         assert data[begin:end] == array.tobytes(), name
-        f.prefetch(name)
         f.warm(name, chunk=4096)  # "a.weight" takes 181 chunks, "empty" none
         assert f.nbytes(name) == end - begin
     assert f.info("c") == TensorInfo("c", "BF16", (2, 3))

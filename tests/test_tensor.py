@@ -96,15 +96,15 @@ def test_zero_points_every_type_accepts():
     QuantizedTensor(Datatype.qcint4, np.zeros((2, 4), np.int8), np.ones(2), channel_dim=0, zero_point=np.zeros(2))
 
 
-@pytest.mark.parametrize(("make", "shape"), [
-    (lambda w: xq.quantize_blockwise(w, 32), (6, 64)),
-    (lambda w: xq.quantize_per_channel(w, 4), (5, 7)),
-    (lambda w: xq.quantize_per_channel(w, 4, axis=3), (1, 3, 3, 5)),
-    (lambda w: xq.quantize_per_channel(w, 8), (5, 7)),
-    (lambda w: xq.quantize_per_tensor(w, Datatype.quint8), (3, 4)),
-    (lambda w: xq.quantize_bias(w[0], np.float32(0.01), np.float32(0.02)), (2, 9)),
+@pytest.mark.parametrize(("make", "shape", "expected"), [
+    (lambda w: xq.quantize_blockwise(w, 32), (6, 64), 6 * 32),         # two nibbles a byte
+    (lambda w: xq.quantize_per_channel(w, 4), (5, 7), 5 * 4),          # odd K: a padding nibble a row
+    (lambda w: xq.quantize_per_channel(w, 4, axis=3), (1, 3, 3, 5), 9 * 3),
+    (lambda w: xq.quantize_per_channel(w, 8), (5, 7), 35),
+    (lambda w: xq.quantize_per_tensor(w, Datatype.quint8), (3, 4), 12),
+    (lambda w: xq.quantize_bias(w[0], np.float32(0.01), np.float32(0.02)), (2, 9), 9 * 4),  # int32
 ])
-def test_nbytes_is_the_length_of_the_bytes(make, shape):
-    """``nbytes`` counts without packing; the bytes are the oracle (odd K pads each row)."""
+def test_nbytes_counts_the_bytes_without_packing(make, shape, expected):
+    """``nbytes``, hand-counted from the layouts ``to_bytes`` documents, and the bytes agree."""
     q = make(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
-    assert q.nbytes == len(q.to_bytes())
+    assert q.nbytes == expected == len(q.to_bytes())

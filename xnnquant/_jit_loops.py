@@ -92,13 +92,9 @@ def minmax_codes(x: np.ndarray, half: np.float32, bf16: bool, qmin: np.float32, 
     """
     if not block_absmax(x, scales):
         return False
-    bits = scales.view(np.uint32)
     for n in range(x.shape[0]):
         absmax = scales[n]
-        scales[n] = np.float32(1) if absmax == 0 else max(absmax / half, FLT_MIN)
-        if bf16:  # finite positive: add half a bf16 step (less one, plus the kept bit's parity), cut
-            b = bits[n]
-            bits[n] = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        scales[n] = np.float32(1) if absmax == 0 else _finish(absmax / half, bf16)
     for n in range(x.shape[0]):
         row, s, out = x[n], np.float32(1) / scales[n], codes[n]
         for j in range(x.shape[1]):
@@ -110,13 +106,16 @@ def minmax_codes(x: np.ndarray, half: np.float32, bf16: bool, qmin: np.float32, 
 
 @_jit
 def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no cover (compiled)
-    """Two int4 codes a byte: ``packed[j] = (q[2j] + 8) | (q[2j+1] + 8) << 4``.
+    """Two int4 codes a byte, as ``packing.int4.pack_int4``::
 
-    ``pairs`` uint16: the int8 codes ``q`` read little-endian, ``q[2j]`` in the low
-    byte.  Adds 8 to both bytes at once without a carry between them (bit 7 of each
-    byte is added apart, by xor); codes in [-8, 7] become 0..15, anything else leaves a
-    bit of ``0xF0F0`` set.  False if a code lies outside [-8, 7] (``packed`` is then
-    meaningless).
+        pairs[j] (uint16, little-endian)   bits 15..8: q[2j+1]   bits 7..0: q[2j]
+        v = pairs[j] + 0x0808 per byte     bits 15..8: q[2j+1]+8 bits 7..0: q[2j]+8
+        packed[j]                          bits  7..4: q[2j+1]+8 bits 3..0: q[2j]+8
+                                           = low byte of (v | v >> 4)
+
+    The bytes get their 8 without a carry between them (bit 7 of each is added apart, by
+    xor); codes in [-8, 7] become 0..15, anything else leaves a bit of ``0xF0F0`` set.
+    False if a code lies outside [-8, 7] (``packed`` is then meaningless).
     """
     bad = np.uint16(0)
     for j in range(pairs.size):
@@ -167,6 +166,9 @@ def _finish(raw: np.float32, bf16: bool) -> np.float32:  # pragma: no cover (com
     s = np.float32(max(raw, FLT_MIN))
     if not bf16:
         return s
+    # bf16 to nearest, ties to even, of a finite positive float32: add half a bf16 step
+    # less one ulp plus the kept part's lowest bit, then cut the low 16 bits
+    #   bits  [sign | exponent (8) | mantissa (7) kept | mantissa (16) cut]
     b = s.view(np.uint32)
     b = np.uint32((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
     return b.view(np.float32)
@@ -225,7 +227,8 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
             out[n] = np.float32(1)
             continue
         e = math.frexp(np.float64(absmax))[1]
-        # 2**e and 2**-e normal float32s: a product with them is ldexp's, rounded once
+        # 2**e and 2**-e exact float32s (2**-127 a subnormal one): a product with them is
+        # the exact value rounded once, as ldexp's
         powers = -126 <= e <= 127
         up, down = (np.float32(2.0**e), np.float32(2.0**-e)) if powers else (np.float32(0), np.float32(0))
         if powers:

@@ -23,8 +23,9 @@ def write_atomic(path: str | os.PathLike[str], data: Data) -> Path:
     """Write ``data`` (bytes-like, or an iterable of bytes-like chunks) to ``path`` atomically.
 
     The file gets the permissions ``open()`` would give it (0666 less the umask).  Chunks
-    are consumed one at a time, so a generator can stream a file larger than memory.
-    Returns ``path`` as a ``Path``.
+    are consumed one at a time, so a generator can stream a file larger than memory; each
+    is written while the next is made, so a chunk must not change once it is yielded (no
+    buffer reused from one chunk to the next).  Returns ``path`` as a ``Path``.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

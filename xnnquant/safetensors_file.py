@@ -12,9 +12,9 @@ file), 0.51 GiB with one per tensor, 0.45 GiB mapping one tensor at a time.  A f
 short after it was checked is refused before mapping (a mapped page past the end would
 stop the process with SIGBUS).
 
-safetensors does not say where a tensor's bytes lie in the file, and ``prefetch`` needs
-that to let the disk read the next weight while one is quantized; ``_data_offsets`` takes
-them from the header that ``safe_open`` has already checked::
+safetensors does not say where a tensor's bytes lie in the file, and ``read`` and
+``warm`` need that; ``_data_offsets`` takes them from the header that ``safe_open`` has
+already checked::
 
     bytes 0..7     n, little-endian u64
     bytes 8..8+n   JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, ...}
@@ -126,10 +126,10 @@ class SafetensorsFile:
 
     def warm(self, name: str, chunk: int = 16 << 20) -> None:
         """Read tensor ``name``'s bytes into the page cache and wait for them (``chunk``
-        bytes at a time into one scratch buffer): for a thread that reads ahead.  Unlike
-        ``prefetch`` it is done when it returns; measured on a cold 4.3 GB file, quantizing
-        every weight behind a thread that warms the next one took 7.5 s, behind
-        ``prefetch`` 8.5 s, with neither 11.1 s (one plain read: 9.3 s)."""
+        bytes at a time into one scratch buffer): for a thread that reads ahead.  Measured
+        on a cold 4.3 GB file, quantizing every weight behind a thread that warms the next
+        one took 7.5 s, behind ``posix_fadvise(WILLNEED)`` hints 8.5 s, with neither 11.1 s
+        (one plain read: 9.3 s)."""
         begin, end = self._span(self.info(name).name)
         scratch = memoryview(bytearray(min(chunk, max(end - begin, 1))))
         with open(self.path, "rb", buffering=0) as f:
@@ -151,16 +151,6 @@ class SafetensorsFile:
         if self._offsets is None:
             self._offsets = _data_offsets(self.path)
         return self._offsets[name]
-
-    def prefetch(self, name: str) -> None:
-        """Ask the kernel to start reading tensor ``name`` into its page cache now (no wait),
-        so that reading it later overlaps with other work."""
-        self.info(name)
-        if not hasattr(os, "posix_fadvise"):
-            return
-        begin, end = self._span(name)
-        with open(self.path, "rb") as f:
-            os.posix_fadvise(f.fileno(), begin, end - begin, os.POSIX_FADV_WILLNEED)
 
 
 def _header(path: Path) -> tuple[dict[str, Any], int]:

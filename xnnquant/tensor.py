@@ -7,6 +7,7 @@ in the logical shape and in the signed domain of the datatype (int4 codes are in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -150,8 +151,7 @@ class QuantizedTensor:
         """Length of ``to_bytes()``, known without packing: 4-bit codes take
         ``ceil(K / 2)`` bytes a row, the others their itemsize a code."""
         if self.bits == 4:
-            k = self.codes.shape[-1] if self.codes.ndim else 1
-            return (self.codes.size // max(k, 1)) * ((k + 1) // 2) if k else 0
+            return math.prod(self.codes.shape[:-1]) * ((self.codes.shape[-1] + 1) // 2)
         return int(self.codes.nbytes)
 
     def to_bytes(self) -> bytes:

@@ -23,10 +23,13 @@ and ``save`` leaves no partial file.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import queue
+import threading
+import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,9 +45,19 @@ from .report import ReportRow
 #: Bytes of weights the disk is asked to read ahead of the one being quantized (about
 #: 4 float32 MLP weights of a 1B Llama).
 READ_AHEAD_BYTES = 256 << 20
-#: Bytes of tensors, in file order, read while the module is traced, before any weight is
-#: asked for (models are usually stored in the order their layers run).
+#: Bytes of tensors, in file order, read while torch.export traces the module and
+#: ExecuTorch is imported, before any weight is asked for (models are usually stored in
+#: the order their layers run).  The disk is idle then otherwise: without it a cold-input
+#: 1B export to a .pte took 8 s longer than a warm one, with it 2 s.
 WARM_START_BYTES = 1 << 30
+
+
+def _read_requests(file: SafetensorsFile, requests: queue.SimpleQueue[str | None]) -> None:
+    """The reader thread: warm each tensor named in ``requests`` until ``None`` comes.  A
+    read that fails changes nothing: the export's own read of that tensor reports it."""
+    while (name := requests.get()) is not None:
+        with contextlib.suppress(OSError, XnnquantError):
+            file.warm(name)
 
 #: safetensors dtypes a weight may have (read as float32).
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -59,32 +72,31 @@ class WeightFile:
         self.file = SafetensorsFile(path)
         self.order: list[str] = []  # the layer weights, in the order they are written
         self._ahead = 0  # weights up to this position have been handed to the reader
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="xnnquant-read-ahead")
-        self._reader.submit(self._warm_start)
-
-    def _warm_start(self) -> None:
-        """Read the file's first ``WARM_START_BYTES`` of tensors while torch.export traces
-        the module and ExecuTorch is imported (the disk is idle then: a cold-input export to
-        a .pte took 8 s longer than a warm one, to a .xnn 4 s)."""
-        budget = WARM_START_BYTES
+        self._requests: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        # a daemon thread: a process that ends (an export that failed, say) does not wait
+        # for reads nobody needs; it stops when this WeightFile goes
+        threading.Thread(target=_read_requests, args=(self.file, self._requests), daemon=True,
+                         name="xnnquant-read-ahead").start()
+        weakref.finalize(self, self._requests.put, None)
+        budget = WARM_START_BYTES  # read while torch.export traces the module (see the constant)
         for name in self.file.tensors:
             if budget <= 0:
                 break
-            self.file.warm(name)
+            self._requests.put(name)
             budget -= self.file.nbytes(name)
 
     def read_ahead(self, position: int) -> None:
         """Have the disk read the weights after ``position``, ``READ_AHEAD_BYTES`` of them,
-        into the page cache while this thread goes on: a thread of their own reads them
-        (``SafetensorsFile.warm``).  One weight ahead, asked with ``prefetch`` from here,
-        left a cold-input export a whole read of its input slower than a warm one."""
+        into the page cache while this thread goes on: the reader thread reads them
+        (``SafetensorsFile.warm``).  One weight ahead, asked with ``posix_fadvise`` from
+        here, left a cold-input export a whole read of its input slower than a warm one."""
         budget = READ_AHEAD_BYTES
         for i in range(position + 1, len(self.order)):
             if budget <= 0:
                 break
             budget -= self.file.nbytes(self.order[i])
             if i > self._ahead:
-                self._reader.submit(self.file.warm, self.order[i])  # its failure changes nothing: read() reports
+                self._requests.put(self.order[i])
                 self._ahead = i
 
     @property

@@ -100,8 +100,9 @@ def block_errors(blocks: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -
     np.clip(t, qmin, qmax, out=t)
     t *= scales[..., None]
     t -= blocks[None]
-    np.square(t, out=t)
-    return np.add.accumulate(t, axis=-1)[..., -1]  # accumulate adds in order, as the loop does
+    with np.errstate(over="ignore"):  # unnormalized blocks (exhaustive_bf16_scales) may reach inf
+        np.square(t, out=t)
+        return np.add.accumulate(t, axis=-1)[..., -1]  # accumulate adds in order, as the loop does
 
 
 #: Slack of ``clipping_bound`` for float32 rounding: a computed residual ``q * s - x`` of
