@@ -103,3 +103,21 @@ def test_missing_file_and_tensor_are_named(tmp_path: Path) -> None:
     safetensors_numpy.save_file({"x": np.zeros(2, np.float32)}, str(path))
     with pytest.raises(xq.XnnquantError, match=r"no tensor 'y' in the file \(1 tensors: x"):
         SafetensorsFile(path).read("y")
+
+
+def test_a_file_cut_short_after_it_was_opened_is_refused_not_mapped(tmp_path: Path) -> None:
+    """A page mapped past the end of the file would stop the process with SIGBUS: the read
+    checks the size first and names the tensor."""
+    path = tmp_path / "m.safetensors"
+    safetensors_numpy.save_file(tensors(), str(path))
+    f = SafetensorsFile(path)
+    size = path.stat().st_size
+    with open(path, "r+b") as cut:
+        cut.truncate(size - 100)
+    spans = {n: span for n, span in _data_offsets(path).items() if span[1] > span[0]}  # not "empty"
+    name = max(spans, key=lambda n: spans[n][1])
+    last = spans[name]
+    with pytest.raises(xq.XnnquantError, match=rf"tensor {name!r} cannot be read: the file has {size - 100} bytes "
+                                               rf"now, the tensor ends at byte {last[1]}"):
+        f.read(name)
+    f.warm(name)  # the reader thread's warm stops at the end, without error
