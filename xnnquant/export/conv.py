@@ -95,20 +95,29 @@ def convolution(ctx: Lowerer, x: Any, weight: Any, bias: Any, stride: Any, paddi
     (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     g = ctx.graph
     path = ctx.weight_path(weight)
-    if transposed:
-        return _transposed(ctx, x, w, b, path, (sh, sw), (ph, pw), (dh, dw), pair(output_padding), int(groups))
-    oc, channels = w.shape[0], x.shape[1]
+    groups = int(groups)
+    # output channels: [OC, IC/g, KH, KW] filters hold them on axis 0; transposed ones,
+    # [IC, OC/g, KH, KW], on axis 1 of each group
+    oc = w.shape[1] * groups if transposed else w.shape[0]
     batch_norm = ctx.folded_batch_norms.get(ctx.node)
     if batch_norm is not None:
         _, bn_w, bn_b, mean, var, _momentum, eps = batch_norm.args
         scale, shift = _batch_norm_affine(ctx, ctx.env[bn_w] if bn_w is not None else None,
                                           ctx.env[bn_b] if bn_b is not None else None, ctx.env[mean],
                                           ctx.env[var], eps, oc)
-        w = w * scale[:, None, None, None]
+        if transposed:
+            ic, ocg = w.shape[:2]
+            w = (w.reshape(groups, ic // groups, ocg, *w.shape[2:])
+                 * scale.reshape(groups, 1, ocg, 1, 1)).reshape(w.shape)
+        else:
+            w = w * scale[:, None, None, None]
         b = (np.zeros(oc) if b is None else b) * scale + shift
-    if w.shape[2:] == (1, 1) and (sh, sw, ph, pw, int(groups)) == (1, 1, 0, 0, 1):
+    if transposed:
+        return _transposed(ctx, x, w, b, path, (sh, sw), (ph, pw), (dh, dw), pair(output_padding), groups)
+    channels = x.shape[1]
+    if w.shape[2:] == (1, 1) and (sh, sw, ph, pw, groups) == (1, 1, 0, 0, 1):
         return _pointwise(ctx, x, w, b, path)
-    depthwise = int(groups) == channels and channels > 1 and w.shape[1] == 1
+    depthwise = groups == channels and channels > 1 and w.shape[1] == 1
 
     def refusal(scheme: WeightScheme) -> str | None:
         return conv_refusal(scheme, depthwise)
@@ -127,7 +136,7 @@ def convolution(ctx: Lowerer, x: Any, weight: Any, bias: Any, stride: Any, paddi
         out = g.depthwise_conv2d(xin, wid, bid, padding=(ph, pw, ph, pw), stride=(sh, sw), dilation=(dh, dw))
     else:
         out = g.conv2d(xin, wid, bid, padding=(ph, pw, ph, pw), stride=(sh, sw), dilation=(dh, dw),
-                       groups=int(groups))
+                       groups=groups)
     n, oh, ow, _ = g.value(out).dims
     return ctx.tensor(out, (n, oc, oh, ow), NHWC)
 

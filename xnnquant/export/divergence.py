@@ -207,18 +207,28 @@ def verify(subject: Any, inputs: Sequence[Any], module: Any = None, *, tolerance
     runtime vs interpreter (and vs the module), and the first diverging node.
     """
     from ..graph import interpret, run
+    from .exported import Exported
 
     graph, sources = _graph_and_sources(subject)
-    arrays = [np.ascontiguousarray(to_numpy(x, f"inputs[{i}]")) for i, x in enumerate(inputs)]
-    if len(arrays) != len(graph.inputs):
-        raise XnnquantError(f"verify needs one input per graph input: got {len(arrays)}, expected {len(graph.inputs)}")
+    if isinstance(inputs, (np.ndarray, str, bytes)) or not isinstance(inputs, Sequence):
+        raise XnnquantError(f"verify takes a list of inputs, one per graph input: got {type(inputs).__name__}")
+    given = [to_numpy(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
+    if len(given) != len(graph.inputs):
+        raise XnnquantError(f"verify needs one input per graph input: got {len(given)}, expected {len(graph.inputs)}")
+    layouts = subject if isinstance(subject, Exported) else None
+    # the graph reads each input with its dims in the program's declared order (channels-last ones NHWC)
+    arrays = [layouts._laid_out(x, spec, i) for i, (x, spec) in enumerate(zip(given, layouts.inputs))] \
+        if layouts is not None else [np.ascontiguousarray(x) for x in given]
     payload = graph.to_bytes()
     results = {"runtime": run(payload, arrays), "interpreter": interpret(graph, arrays)}
+    if layouts is not None:  # back to torch's dim order, to compare with the module
+        results = {k: [r if spec.contiguous else np.transpose(r, np.argsort(spec.dim_order))
+                       for r, spec in zip(v, layouts.outputs)] for k, v in results.items()}
     if module is not None:
         import torch
 
         with torch.no_grad():
-            out = module(*[torch.from_numpy(a) for a in arrays])
+            out = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in given])
         flat = out if isinstance(out, (tuple, list)) else (out,)
         results["module"] = [np.asarray(o.detach().numpy(), np.float32) for o in flat]
     comparisons = _compare("runtime-interpreter", results["runtime"], results["interpreter"])

@@ -21,6 +21,32 @@ from ..graph import Graph, Target
 from .options import WeightScheme
 from .report import ReportRow, format_report, totals
 
+
+@dataclass(frozen=True)
+class TensorIO:
+    """One input or output of the program: its name, torch shape, dtype and dim order.
+
+    ``dim_order`` lists the dims from outermost to innermost in memory, as ``torch.Tensor.dim_order()``
+    gives them: ``(0, 1, 2, 3)`` for a contiguous NCHW tensor, ``(0, 2, 3, 1)`` for a channels-last one.
+    The ``.pte`` declares it, as ExecuTorch's own flow does, and ExecuTorch's runtime reads a tensor's
+    memory in that order (it does not check the strides of what it is given).  ``Exported.run`` takes
+    tensors of any strides and lays them out as declared.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    dim_order: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.dim_order:
+            object.__setattr__(self, "dim_order", tuple(range(len(self.shape))))
+
+    @property
+    def contiguous(self) -> bool:
+        return self.dim_order == tuple(range(len(self.shape)))
+
+
 #: File suffixes ``save`` writes, and what each holds.
 SUFFIXES = {".pte": "an ExecuTorch program (one method, the payload as its XNNPACK delegate)",
             ".xnn": "the bare XNNGraph payload (XNNHeader, flatbuffer, constant segment)"}
@@ -30,8 +56,8 @@ SUFFIXES = {".pte": "an ExecuTorch program (one method, the payload as its XNNPA
 class Exported:
     """A module lowered onto one XNNPACK graph.
 
-    ``inputs``: the module's inputs, in order, as ``(shape, name)``; ``outputs``: the shapes
-    of its outputs, in order.  ``timings``: seconds spent in each stage of the export.
+    ``inputs`` / ``outputs``: the module's inputs and outputs, in order (``TensorIO``).
+    ``timings``: seconds spent in each stage of the export.
     ``sources``: what a node's ``debug_handle`` h (1, 2, ...) stands for, ``sources[h - 1]`` =
     (ATen op, ATen node name, module path).
     """
@@ -41,8 +67,8 @@ class Exported:
     weights: WeightScheme
     method: str
     target: Target
-    inputs: list[tuple[tuple[int, ...], str]]
-    outputs: list[tuple[int, ...]]
+    inputs: list[TensorIO]
+    outputs: list[TensorIO]
     timings: dict[str, float] = field(default_factory=dict)
     sources: list[tuple[str, str, str]] = field(default_factory=list)
     _payload: bytes | None = field(default=None, repr=False)
@@ -58,7 +84,12 @@ class Exported:
         order and returns its outputs, all float32, computed by this graph on XNNPACK."""
         from ..graph import to_pte
 
-        return to_pte(self.to_bytes(), validate=False)  # validated when the payload was written
+        return to_pte(self.to_bytes(), inputs=self._specs(self.inputs), outputs=self._specs(self.outputs),
+                      validate=False)  # validated when the payload was written
+
+    @staticmethod
+    def _specs(items: list[TensorIO]) -> list[tuple[tuple[int, ...], str, tuple[int, ...]]]:
+        return [(t.shape, t.dtype, t.dim_order) for t in items]
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``to_pte()`` (suffix ``.pte``) or ``to_bytes()`` (suffix ``.xnn``) atomically.
@@ -74,7 +105,9 @@ class Exported:
         if self._payload is None and self.graph.scales_in_segment:
             from ..graph import pte_chunks
 
-            return self.graph.save(path) if suffix == ".xnn" else write_atomic(path, pte_chunks(self.graph))
+            if suffix == ".xnn":
+                return self.graph.save(path)
+            return write_atomic(path, pte_chunks(self.graph, self._specs(self.inputs), self._specs(self.outputs)))
         return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
 
     def source(self, node_index: int) -> tuple[str, str, str] | None:
@@ -90,8 +123,18 @@ class Exported:
 
         if len(inputs) != len(self.inputs):
             raise XnnquantError(f"run takes the module's {len(self.inputs)} input(s): got {len(inputs)}")
-        arrays = [np.ascontiguousarray(to_numpy(x, f"inputs[{i}]")) for i, x in enumerate(inputs)]
-        return run(self.to_bytes(), arrays, validate=False)
+        arrays = [self._laid_out(to_numpy(x, f"inputs[{i}]"), spec, i) for i, (x, spec) in
+                  enumerate(zip(inputs, self.inputs))]
+        results = run(self.to_bytes(), arrays, validate=False)
+        return [r if spec.contiguous else np.ascontiguousarray(np.transpose(r, np.argsort(spec.dim_order)))
+                for r, spec in zip(results, self.outputs)]
+
+    @staticmethod
+    def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
+        """Input ``x`` (torch order, any strides) as the payload reads it: its dims in ``spec``'s order."""
+        if tuple(x.shape) != spec.shape:
+            raise XnnquantError(f"inputs[{i}] ({spec.name!r}) has shape {tuple(x.shape)}: expected {spec.shape}")
+        return np.ascontiguousarray(x if spec.contiguous else np.transpose(x, spec.dim_order))
 
     @property
     def summary(self) -> dict[str, Any]:

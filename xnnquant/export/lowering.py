@@ -42,6 +42,7 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from ..graph import Graph, Target
 from ..graph.model import Node
 from ..tensor import QuantizedTensor
+from .exported import TensorIO
 from .options import FP32, WeightScheme
 from .quantize import is_stored_as, quantize_weight, weight_nbytes, weight_sqnr
 from .registry import LOWERINGS, op_name
@@ -138,8 +139,8 @@ class Lowerer:
         self.origins: dict[int, str] = {}  # id(torch tensor) -> its parameter / buffer name
         #: what each node's ``debug_handle`` (1, 2, ...) stands for: (ATen op, ATen node, module path)
         self.sources: list[tuple[str, str, str]] = []
-        self.input_specs: list[tuple[tuple[int, ...], str]] = []
-        self.output_specs: list[tuple[int, ...]] = []
+        self.input_specs: list[TensorIO] = []
+        self.output_specs: list[TensorIO] = []
 
     # ------------------------------------------------------------- the walk
 
@@ -200,9 +201,10 @@ class Lowerer:
             raise XnnquantError(
                 f"input {node.name!r} is {dtype or type(val).__name__}: XNNPACK's external values are float32 "
                 "here; pass float32 example inputs (cast masks and ids-derived tensors to float)")
-        vid = self.graph.input(shape)
-        self.input_specs.append((shape, node.name))
-        return Tensor(vid, shape, identity(len(shape)))
+        order = _declared_dim_order(val)
+        vid = self.graph.input(tuple(shape[d] for d in order))
+        self.input_specs.append(TensorIO(node.name, shape, "float32", order))
+        return Tensor(vid, shape, order)
 
     @staticmethod
     def _static_shape(val: Any, what: str) -> tuple[int, ...]:
@@ -287,13 +289,14 @@ class Lowerer:
                 self.refuse(f"output {i} is not computed by the graph (got {type(value).__name__}): "
                             "outputs must depend on the inputs")
                 continue
-            vid = self.canonical(value)
+            order = _declared_dim_order(item.meta.get("val"))
+            vid = self.in_layout(value, order)
             v = self.graph.value(vid)
             if v.is_input or v.is_output or v.is_constant or vid in used:
                 vid = self.copy(vid)  # an external value is input or output once; copy it
             used.add(vid)
             self.graph.output(vid)
-            self.output_specs.append(value.shape)
+            self.output_specs.append(TensorIO(f"output {i}", value.shape, "float32", order))
 
     # ------------------------------------------------------------ refusals
 
@@ -542,6 +545,19 @@ class Lowerer:
         if isinstance(q, QuantizedTensor):
             return self.graph.constant(q)
         return self.constant(q)
+
+
+def _declared_dim_order(val: Any) -> tuple[int, ...]:
+    """The dim order a program input or output declares for example tensor ``val``: channels-last
+    ``(0, 2, 3, 1)`` when ``val`` is laid out so, else contiguous (other strides are converted at
+    the boundary: ``Exported.run`` lays its inputs out contiguously)."""
+    rank = len(getattr(val, "shape", ()))
+    order = identity(rank)
+    try:
+        found = tuple(int(d) for d in val.dim_order())
+    except Exception:  # no strides (a symbolic or non-dense tensor): contiguous
+        return order
+    return found if found == NHWC else order
 
 
 def _map(value: Any, env: dict[Any, Any]) -> Any:

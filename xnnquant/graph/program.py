@@ -68,10 +68,17 @@ EXTERNAL_DTYPES: dict[Datatype, np.dtype] = {
 
 
 class TensorSpec(NamedTuple):
-    """Shape and numpy dtype of one external input or output."""
+    """Shape, numpy dtype and dim order of one external input or output.
+
+    ``shape`` is the tensor's logical (torch) shape; ``dim_order`` lists its dims from
+    outermost to innermost in memory (None: contiguous).  ExecuTorch's XNNPACK delegate
+    takes contiguous tensors and 4-D ``(0, 2, 3, 1)`` (channels-last) ones; for the latter
+    the payload's external value holds the dims in memory order ``[N, H, W, C]``.
+    """
 
     shape: tuple[int, ...]
     dtype: np.dtype
+    dim_order: tuple[int, ...] | None = None
 
 
 class _HasToBytes(Protocol):
@@ -79,7 +86,9 @@ class _HasToBytes(Protocol):
 
 
 PayloadLike = bytes | bytearray | memoryview | str | os.PathLike[str] | _HasToBytes
-SpecLike = TensorSpec | tuple[Sequence[int], Any]
+SpecLike = TensorSpec | tuple[Sequence[int], Any] | tuple[Sequence[int], Any, Sequence[int] | None]
+#: The dim orders a delegate input or output may have besides the contiguous one.
+CHANNELS_LAST = (0, 2, 3, 1)
 
 
 def _import_torch_executorch() -> Any:
@@ -164,10 +173,20 @@ def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
     specs = []
     for i, item in enumerate(given):
         try:
-            shape, dtype = item
+            shape, dtype, *rest = item
             shape = tuple(int(d) for d in shape)
+            order = None if not rest or rest[0] is None else tuple(int(d) for d in rest[0])
+            if len(rest) > 1:
+                raise ValueError
         except (TypeError, ValueError):
-            raise XnnquantError(f"{role}s[{i}] must be a (shape, dtype) pair: got {item!r}") from None
+            raise XnnquantError(f"{role}s[{i}] must be a (shape, dtype) pair or a (shape, dtype, dim_order) "
+                                f"triple: got {item!r}") from None
+        if order == tuple(range(len(shape))):
+            order = None
+        if order is not None and (order != CHANNELS_LAST or len(shape) != 4):
+            raise UnsupportedConfigError(
+                f"{role}s[{i}] has dim order {order}: ExecuTorch's XNNPACK delegate takes contiguous tensors "
+                f"and 4-D channels-last ones {CHANNELS_LAST}")
         if isinstance(dtype, Datatype):
             if dtype not in EXTERNAL_DTYPES:
                 raise UnsupportedConfigError(
@@ -183,7 +202,7 @@ def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
             )
         if any(d < 0 for d in shape):
             raise XnnquantError(f"{role}s[{i}] has a negative dimension: got shape {shape}")
-        specs.append(TensorSpec(shape, dtype))
+        specs.append(TensorSpec(shape, dtype, order))
     return specs
 
 
@@ -195,15 +214,19 @@ def _stub_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...
     def torch_dtype(dtype: np.dtype) -> Any:
         return torch.from_numpy(np.zeros(0, dtype)).dtype
 
-    out = [(spec.shape, torch_dtype(spec.dtype)) for spec in outputs]
+    def zeros(spec: TensorSpec) -> Any:
+        """Zeros of ``spec``'s shape laid out in its dim order (the program declares it)."""
+        order = spec.dim_order or tuple(range(len(spec.shape)))
+        return torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype)).permute(order).contiguous().permute(
+            [order.index(d) for d in range(len(order))])
 
     module_base: Any = torch.nn.Module
 
     class Stub(module_base):
         def forward(self, *args: Any) -> tuple[Any, ...]:
-            return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in out)
+            return tuple(zeros(spec) for spec in outputs)
 
-    examples = tuple(torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype)) for spec in inputs)
+    examples = tuple(zeros(spec) for spec in inputs)
     return torch.export.export(Stub(), examples, strict=False)
 
 
@@ -228,11 +251,14 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
            named_data: Mapping[str, bytes] | None = None, validate: bool = True) -> bytes:
     """The ``.pte`` program that runs ``payload`` as its only delegate call.
 
-    ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs in external-id order, dtype a numpy
-    dtype or a ``Datatype``, one per external value of the payload; each one left
-    ``None`` is read from the payload with ``load``.  Other shapes than the payload's
-    dims are allowed (XNNPACK reshapes its externals to the tensors it is given), as
-    long as the outputs declared are the shapes XNNPACK then computes.
+    ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs (or ``(shape, dtype, dim_order)``
+    triples, see ``TensorSpec``) in external-id order, dtype a numpy dtype or a
+    ``Datatype``, one per external value of the payload; each one left ``None`` is read
+    from the payload with ``load``.  Other shapes than the payload's dims are allowed
+    (XNNPACK reshapes its externals to the tensors it is given), as long as the outputs
+    declared are the shapes XNNPACK then computes.  A channels-last spec declares that
+    dim order in the program: the runtime then hands the delegate the tensor's memory
+    as ``[N, H, W, C]``, the payload value's dims.
 
     ``named_data``: key -> bytes for constants the payload references by ``named_key``
     (payloads written by ExecuTorch 1.4.1 itself); they go into the program's
@@ -270,10 +296,12 @@ def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
         return bytes(lowered.buffer(extract_delegate_segments=True))
 
 
-def pte_chunks(graph: Any) -> Iterator[bytes | memoryview]:
+def pte_chunks(graph: Any, inputs: Sequence[SpecLike] | None = None,
+               outputs: Sequence[SpecLike] | None = None) -> Iterator[bytes | memoryview]:
     """The ``.pte`` of a ``Graph(scales_in_segment=True)``, piece by piece; the pieces
     joined are ``to_pte(graph.to_bytes())``, but the payload's constants are made and
-    passed on one value at a time (``writer.payload_chunks``).
+    passed on one value at a time (``writer.payload_chunks``).  ``inputs`` / ``outputs``:
+    as for ``to_pte``.
 
     The program is built by ExecuTorch for the payload's first part (header, flatbuffer,
     padding), which ends its last segment; the lengths that then differ are the segment's
@@ -290,8 +318,10 @@ def pte_chunks(graph: Any) -> Iterator[bytes | memoryview]:
     chunks = writer.payload_chunks(graph)
     head = bytes(next(chunks)) + bytes(next(chunks)) + bytes(next(chunks))
     rest = writer.SegmentPlan.of(graph).size
-    inputs, outputs = external_specs(graph)
-    yield _grown_last_segment(_build_pte(head, inputs, outputs, None), len(head), rest)
+    found_in, found_out = external_specs(graph)
+    in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
+    out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
+    yield _grown_last_segment(_build_pte(head, in_specs, out_specs, None), len(head), rest)
     yield from chunks
 
 
