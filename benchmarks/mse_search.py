@@ -1,6 +1,6 @@
 """How much the "mse" scale search gains over min-max, and how long it takes.
 
-Weights: the 36 encoder linears of all-MiniLM-L6-v2 (``xnnquant.weights.minilm_linears``).
+Weights: the 36 encoder linears of all-MiniLM-L6-v2 (``xnnquant.models.weights.minilm_linears``).
 SQNR is pooled over all of them: ``10 log10(sum w**2 / sum (w - dequantize(quantize(w)))**2)``.
 
 * blockwise int4, group 32: baseline is torchao's symmetric min-max (``bf16(max|g| / 7.5)``),
@@ -23,8 +23,8 @@ from collections.abc import Callable
 import numpy as np
 
 import xnnquant as xq
+from xnnquant.models.weights import minilm_linears
 from xnnquant.schemes import search
-from xnnquant.weights import minilm_linears
 
 GAIN_BAR_DB = 0.80
 TIME_BAR_S = 10.0

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 import xnnquant as xq
-from xnnquant.parallel import num_threads
+from xnnquant.compute.parallel import num_threads
 
 SECTIONS = ("quantize", "mse", "graph", "export", "stream")
 
@@ -136,8 +136,8 @@ def bench_mse(repeat: int) -> None:
     import torch
     from torchao.quantization import quant_primitives as qp
 
+    from xnnquant.models.weights import minilm_linears
     from xnnquant.rounding import to_bf16
-    from xnnquant.weights import minilm_linears
 
     weights = list(minilm_linears().values())
     tensors = [torch.from_numpy(w) for w in weights]

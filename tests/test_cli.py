@@ -11,7 +11,7 @@ import pytest
 import xnnquant as xq
 from xnnquant import cli
 from xnnquant.graph import Graph
-from xnnquant.verify import compare
+from xnnquant.graph.divergence import relative_errors
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_verbose_shows_what_the_libraries_log(payload_path):
 
 REPORT_ON_A_SMALL_WEIGHT = """
 import numpy as np, sys
-import xnnquant.weights as weights
+import xnnquant.models.weights as weights
 weights.minilm_linears = lambda: {"w": np.linspace(-1, 1, 8 * 96, dtype=np.float32).reshape(8, 96)}
 from xnnquant.cli import main
 sys.exit(main(["report", "--group-sizes", "32", "96"]))
@@ -104,5 +104,5 @@ def test_errors_are_one_line_of_ours(tmp_path):
 
 def test_compare_flags_a_difference():
     ref = [np.array([1.0, -2.0]), np.zeros((2, 2))]
-    assert compare(ref, [np.array([1.0, -2.0]), np.zeros((2, 2))]) == [0.0, 0.0]
-    assert compare(ref, [np.array([1.0, -1.0]), np.zeros((1, 2))]) == [0.5, float("inf")]
+    assert relative_errors(ref, [np.array([1.0, -2.0]), np.zeros((2, 2))]) == [0.0, 0.0]
+    assert relative_errors(ref, [np.array([1.0, -1.0]), np.zeros((1, 2))]) == [0.5, float("inf")]

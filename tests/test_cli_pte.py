@@ -17,7 +17,7 @@ import pytest
 
 from xnnquant import cli
 from xnnquant.pte import read_pte
-from xnnquant.pte_run import delegate_io, run_method
+from xnnquant.pte.run import delegate_io, run_method
 
 pytestmark = pytest.mark.xnnpack
 
@@ -104,7 +104,7 @@ def test_node_by_node_check_of_constants_in_named_data(et_programs: Path, name: 
     the node-by-node check rewrites the delegate with them and judges it all the same.  Forced
     here (threshold 0) because this small program's end-to-end error is below the threshold;
     ExecuTorch's MiniLM int4 program needs it (end to end 5.1e-4, node by node 4.0e-6)."""
-    import xnnquant.pte_run as pte_run
+    import xnnquant.pte.run as pte_run
 
     monkeypatch.setattr(pte_run, "NODE_CHECK_ABOVE", 0.0)
     program = read_pte(et_programs / name, [et_programs / d for d in data])
@@ -115,17 +115,31 @@ def test_node_by_node_check_of_constants_in_named_data(et_programs: Path, name: 
     assert check.node_error is not None and check.node_error < 1e-5
 
 
-def test_verify_isolated_past_its_timeout(et_programs: Path, capsys: pytest.CaptureFixture) -> None:
-    assert cli.main(["verify", str(et_programs / "torchao.pte"), "--timeout", "0.01"]) == 2
-    assert "the isolated runtime did not finish verifying the program within 0.01 s: stopped it" \
+def test_verify_isolated_past_its_timeout(et_programs: Path, capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The isolated check stops at its timeout.  Certain, not a race: the worker is handed a call
+    that sleeps 60 s (time.sleep, run in the worker process) with the CLI's 0.5 s timeout."""
+    import time
+
+    import xnnquant.pte.run as pte_run
+    from xnnquant.graph.worker import worker
+
+    def stalled(*args: object, timeout: float | None = None, **kwargs: object) -> object:
+        return worker().call(time.sleep, (60,), timeout, "verifying the program")
+
+    monkeypatch.setattr(pte_run, "verify_pte", stalled)
+    started = time.monotonic()
+    assert cli.main(["verify", str(et_programs / "torchao.pte"), "--timeout", "0.5"]) == 2
+    assert "the isolated runtime did not finish verifying the program within 0.5 s: stopped it" \
         in capsys.readouterr().err
+    assert time.monotonic() - started < 50  # stopped, not waited for
 
 
 def test_isolated_verify_keeps_the_runtime_log_off_this_process(et_programs: Path,
                                                                  capfd: pytest.CaptureFixture) -> None:
     """What the isolated runtime writes (the libraries it imports, the runtime's CPU probe)
     goes to the worker's log, not to the caller's file descriptors."""
-    from xnnquant.pte_run import verify_pte
+    from xnnquant.pte.run import verify_pte
 
     program = read_pte(et_programs / "torchao.pte")
     capfd.readouterr()  # what this process wrote before: its own imports

@@ -9,7 +9,7 @@ import pytest
 
 import xnnquant as xq
 from xnnquant.errors import MissingExtraError, UnsupportedConfigError, XnnquantError
-from xnnquant.export import WeightScheme
+from xnnquant.frontend import WeightScheme
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -57,13 +57,13 @@ def test_a_layer_that_cannot_take_the_scheme_is_refused_by_name() -> None:
     module = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 100), nn.Linear(100, 4)).eval()
     x = torch.randn(3, 96)
     with pytest.raises(UnsupportedConfigError) as info:
-        xq.export(module, (x,), weights="qb4w:64", progress=False)
+        xq.export(module, (x,), weights="qb4w:64", fallback=None, progress=False)
     assert str(info.value) == (
         "export refused 2 node(s) or layer(s):\n"
         "  - aten.linear.default (node linear, module 0): layer '0' cannot take its weights: qb4w:64: group size "
-        "64 does not divide in_features 96 (group sizes that do: 32, 96) (pass fallback='fp32')\n"
+        "64 does not divide in_features 96 (group sizes that do: 32, 96) (pass fallback='auto')\n"
         "  - aten.linear.default (node linear_2, module 3): layer '3' cannot take its weights: qb4w:64: group size "
-        "64 does not divide in_features 100 (group sizes that do: none) (pass fallback='fp32')")
+        "64 does not divide in_features 100 (group sizes that do: none) (pass fallback='auto')")
     exported = xq.export(module, (x,), weights="qb4w:64", fallback="qb4w:32,qc8w", progress=False)
     assert [(r.scheme, r.fallback) for r in exported.report] == [
         ("qb4w:32", "qb4w:64: group size 64 does not divide in_features 96 (group sizes that do: 32, 96); took "
@@ -75,7 +75,7 @@ def test_a_layer_that_cannot_take_the_scheme_is_refused_by_name() -> None:
     odd = nn.Linear(7, 4).eval()
     with pytest.raises(UnsupportedConfigError, match=r"qc4w: qc4w with an odd in_features \(7\) is computed wrongly "
                                                      r"by XNNPACK's dynamically quantized int4 kernels"):
-        xq.export(odd, (torch.randn(2, 7),), weights="qc4w", progress=False)
+        xq.export(odd, (torch.randn(2, 7),), weights="qc4w", fallback=None, progress=False)
 
 
 def test_bad_modules_and_inputs() -> None:
@@ -103,7 +103,7 @@ def test_bad_modules_and_inputs() -> None:
         xq.export(linear, (x,), weights="fp32", calibration=[(x,)], progress=False)
     with pytest.raises(UnsupportedConfigError, match=r"layer '<top level>' cannot take its weights: qb4w:32: group "
                                                      r"size 32 does not divide in_features 4"):
-        xq.export(linear, (x,), weights="qb4w:32", progress=False)
+        xq.export(linear, (x,), weights="qb4w:32", fallback=None, progress=False)
     with pytest.raises(XnnquantError, match=r"^torch.export.export failed on Linear: RuntimeError: "):
         xq.export(linear, (torch.randn(2, 5),), progress=False)
 

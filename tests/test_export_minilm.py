@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 import xnnquant as xq
-from xnnquant.export import WeightScheme
-from xnnquant.export.quantize import quantize_weight
+from xnnquant.frontend import WeightScheme
 from xnnquant.models import minilm
 
 torch = pytest.importorskip("torch")
@@ -40,7 +39,7 @@ def _weights_only(module: object, weights: str, method: str) -> np.ndarray:
     quantized = copy.deepcopy(module)
     for layer in quantized.modules():
         if isinstance(layer, torch.nn.Linear):
-            q = quantize_weight(layer.weight.detach().numpy(), WeightScheme.parse(weights), method)
+            q = WeightScheme.parse(weights).quantize(layer.weight.detach().numpy(), method)
             layer.weight.data = torch.from_numpy(q.dequantize())
     hidden, mask = minilm.encoder_inputs(minilm.SAMPLE_SENTENCES, 32)
     with torch.no_grad():

@@ -119,8 +119,9 @@ def test_report_and_fallback_text() -> None:
         ("stem", "qc8w"), ("dw", "fp32"), ("pw", "qb4w:32"), ("conv", "qc8w"), ("head", "qb4w:32")]
     assert rows["stem"].fallback == ("qb4w:32: XNNPACK has no 4-bit convolution (its quantized convolutions take "
                                      "int8 filters); took fallback qc8w")
-    assert rows["dw"].fallback == ("qb4w:32: XNNPACK has no dynamically quantized depthwise convolution; fallback "
-                                   "qc8w: XNNPACK has no dynamically quantized depthwise convolution; took fallback fp32")
+    assert rows["dw"].fallback == ("qb4w:32: XNNPACK has no 4-bit convolution (its quantized convolutions take int8 "
+                                   "filters); fallback qc8w: XNNPACK has no dynamically quantized depthwise "
+                                   "convolution; took fallback fp32")
     assert rows["pw"].fallback == "" and rows["pw"].shape == (32, 32)  # a 1x1 convolution is a linear
     assert rows["dw"].shape == (1, 3, 3, 32) and rows["stem"].shape == (32, 3, 3, 3)  # XNNPACK's filter layouts
     assert math.isinf(rows["dw"].sqnr_db) and 40 < rows["stem"].sqnr_db < 60 and 15 < rows["head"].sqnr_db < 30
@@ -128,3 +129,17 @@ def test_report_and_fallback_text() -> None:
     assert lines[0] == "xnnquant export: weights qb4w:32, method mse, target 1.4.1; 16 nodes, 27 values"
     assert lines[-1].startswith("total: 5 weights, 21,248 parameters, ")
     assert lines[-1].endswith(", 3 fallback(s)")
+
+
+def test_auto_fallback_gives_each_layer_the_most_compact_scheme_it_takes() -> None:
+    module, inputs = MODELS["cnn"]()
+    rows = {row.path: row for row in xq.export(module, inputs, weights="qb4w:32", progress=False).report}
+    assert [(p, r.scheme) for p, r in rows.items()] == [
+        ("stem", "qc8w"), ("dw", "fp32"), ("pw", "qb4w:32"), ("conv", "qc8w"), ("head", "qb4w:32")]
+    assert rows["stem"].fallback == ("qb4w:32: XNNPACK has no 4-bit convolution (its quantized convolutions take "
+                                     "int8 filters); took qc8w (fallback='auto')")
+    assert rows["dw"].fallback == ("qb4w:32: XNNPACK has no 4-bit convolution (its quantized convolutions take "
+                                   "int8 filters); took fp32 (fallback='auto')")
+    with pytest.raises(xq.UnsupportedConfigError, match=r"layer 'stem' cannot take its weights: qb4w:32: XNNPACK has "
+                                                         r"no 4-bit convolution .*\(pass fallback='auto'\)"):
+        xq.export(module, inputs, weights="qb4w:32", fallback=None, progress=False)

@@ -103,7 +103,8 @@ def test_act_mse_too_and_refused_layers_stay_refused() -> None:
     assert expected.to_bytes() in exported.to_bytes()
     # group 128 fits none of these layers (in_features 64): refused as without calibration
     with pytest.raises(xq.UnsupportedConfigError, match="group size 128 does not divide in_features 64"):
-        xq.export(module, batches[0], weights="qb4w:128", method="gptq", calibration=batches, progress=False)
+        xq.export(module, batches[0], weights="qb4w:128", method="gptq", calibration=batches, fallback=None,
+                  progress=False)
     # with a fallback, the refused layers take it (qc8w, calibrated sequentially as well)
     fell = xq.export(module, batches[0], weights="qb4w:128", method="gptq", fallback="qc8w", calibration=batches,
                      progress=False)

@@ -140,7 +140,7 @@ def test_the_read_ahead_thread_ends_with_its_weight_file(weights_file: Path) -> 
     import gc
     import threading
 
-    from xnnquant.export.streaming import WeightFile
+    from xnnquant.frontend.streaming import WeightFile
 
     before = set(threading.enumerate())
     f = WeightFile(weights_file)

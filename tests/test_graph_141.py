@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from test_graph_schema import _fbs_tables, _layout_type
 
+from xnnquant.compute.special import erf
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
 from xnnquant.graph import Graph, Target, codegen, interpret, load
 from xnnquant.graph.layout import TABLES, fields
-from xnnquant.special import erf
 
 
 def _executorch_schema() -> Path:

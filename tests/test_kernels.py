@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import xnnquant as xq
-from xnnquant import jit
 from xnnquant.arrays import as_float32
+from xnnquant.compute import jit
 from xnnquant.rounding import quantize_values
 from xnnquant.schemes import kernels, search
 from xnnquant.schemes.checks import reciprocal
@@ -314,7 +314,7 @@ def test_weight_sqnr_is_metrics_sqnr(make, threads: int) -> None:  # type: ignor
     """The export report's SQNR, pieces of residuals (compiled or numpy), against the one
     of ``metrics.sqnr_db`` on the whole dequantized weight (float64 sums: the pieces' float32
     dot products differ from it by far less than 1e-4 dB)."""
-    from xnnquant.export.quantize import weight_sqnr
+    from xnnquant.frontend.weights import weight_sqnr
     from xnnquant.metrics import sqnr_db
 
     w = np.random.default_rng(1).standard_normal((300, 1024)).astype(np.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xnnquant import main_job
+from xnnquant.cli import main_job
 
 pytest.importorskip("torch")
 

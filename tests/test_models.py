@@ -20,7 +20,7 @@ import pytest
 
 from xnnquant import XnnquantError
 from xnnquant.models import minilm
-from xnnquant.weights import minilm_tensors
+from xnnquant.models.weights import minilm_tensors
 
 torch = pytest.importorskip("torch")
 
@@ -106,7 +106,7 @@ def test_erf_and_gelu_match_exact_float64() -> None:
 def test_gelu_in_pieces_is_gelu_of_the_whole_array() -> None:
     """gelu runs piece by piece on every core: the bytes of the one-expression formula, for a
     shape that spans pieces unevenly, with signed zeros, infinities, NaN and subnormals."""
-    from xnnquant.special import GELU_PIECE, erf
+    from xnnquant.compute.special import GELU_PIECE, erf
 
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((3, GELU_PIECE + 7)) * 4).astype(np.float32)

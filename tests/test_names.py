@@ -67,4 +67,4 @@ def test_graph_reader_fields_moved_to_load_info() -> None:
                 assert getattr(graph, old) == want
     with pytest.raises(AttributeError):
         built.no_such_attribute  # noqa: B018
-    assert not hasattr(built, "summary")  # describe() in xnnquant.summary does its job
+    assert not hasattr(built, "summary")  # describe() in xnnquant.cli.summary does its job

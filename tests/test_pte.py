@@ -96,7 +96,7 @@ def test_unused_delegate_arguments(et_programs: Path) -> None:
     """ExecuTorch 1.4.1 passes a weight-only linear's delegate its scale and zero point,
     which the payload does not use: externals 0 and 1 of 4 are no value's."""
     from xnnquant.graph import run
-    from xnnquant.pte_run import delegate_io
+    from xnnquant.pte.run import delegate_io
 
     (delegate,) = read_pte(et_programs / "xnnquant.pte").method_delegates("weight_only")
     graph = delegate.graph

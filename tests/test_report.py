@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from xnnquant import cli
-from xnnquant.report import default_schemes, format_table, measure
+from xnnquant.cli.weights_report import default_schemes, format_table, measure
 
 
 def test_sizes_and_rows_on_a_small_weight():
@@ -25,7 +25,7 @@ def test_sizes_and_rows_on_a_small_weight():
 
 
 def test_cli_reports_bad_group_size_as_an_error(capsys, monkeypatch):
-    import xnnquant.weights as weights
+    import xnnquant.models.weights as weights
 
     monkeypatch.setattr(weights, "minilm_linears", lambda: {"w": np.ones((2, 96), np.float32)})
     assert cli.main(["report", "--group-sizes", "40"]) == 2

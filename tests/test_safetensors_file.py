@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import xnnquant as xq
-from xnnquant.safetensors_file import SafetensorsFile, TensorInfo, _data_offsets
+from xnnquant.files.safetensors import SafetensorsFile, TensorInfo, _data_offsets
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -519,7 +519,7 @@ def test_buffers_are_owned_by_the_runtime() -> None:
 def test_minilm_layers_quantized_by_the_schemes(scheme: str) -> None:
     """all-MiniLM-L6-v2 intermediate and output layers with their biases, both paths."""
     import xnnquant as xq
-    from xnnquant.weights import minilm_tensors
+    from xnnquant.models.weights import minilm_tensors
 
     tensors = minilm_tensors()
     rng = np.random.default_rng(9)

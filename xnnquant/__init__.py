@@ -7,14 +7,7 @@ the real XNNPACK shipped in executorch, to check those bytes and numbers.
 
 from . import graph, packing
 
-# ``xq.export`` and ``xq.verify`` are functions, while ``xnnquant.export`` (the front end)
-# and ``xnnquant.verify`` (``xnnquant verify``'s helpers) are modules.  Importing a module
-# binds its name in this package only the first time, so each module is imported here
-# before the function of the same name is bound; later imports leave the functions be.
-# Import the modules' contents with ``from xnnquant.export import lowering`` (``import
-# xnnquant.export.lowering as m`` resolves ``xnnquant.export`` to the function).
 # torch is imported only when ``export`` or ``verify`` runs.
-from . import verify as _verify_module  # noqa: F401  (imported first, see above)
 from .datatypes import STORAGE, Datatype, QuantParamsKind, from_xnn_c, storage, to_xnn_c
 from .errors import (
     MissingExtraError,
@@ -24,8 +17,8 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .export import Exported, export
-from .export.divergence import VerifyReport, verify
+from .frontend import Exported, check, export
+from .frontend.divergence import VerifyReport, verify
 from .schemes import (
     Calibration,
     CalibrationWarning,
@@ -54,6 +47,7 @@ __all__ = [
     "UnsupportedConfigError",
     "VerifyReport",
     "XnnquantError",
+    "check",
     "export",
     "from_xnn_c",
     "graph",

@@ -16,6 +16,12 @@ class UnsupportedConfigError(XnnquantError):
     """A configuration the real XNNPACK rejects or computes wrongly."""
 
 
+class SelfCheckError(XnnquantError):
+    """An export's lowered graph does not compute what its module computes (``xq.export``'s
+    self-check): a fault of the export, not of the caller's input; the message names the
+    first diverging node, its ATen op and module path."""
+
+
 class PayloadError(XnnquantError):
     """Malformed or inconsistent XNNGraph payload bytes."""
 

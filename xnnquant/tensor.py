@@ -46,6 +46,15 @@ def check_zero_point(datatype: Datatype, zero_point: ArrayInput, scale_shape: tu
     return zp
 
 
+def packed_nbytes(datatype: Datatype, shape: tuple[int, ...]) -> int:
+    """Bytes of the codes of a ``datatype`` tensor of ``shape`` as XNNPACK reads them: 4-bit
+    codes take ``ceil(K / 2)`` bytes a row (K the last dim), the others their itemsize a code."""
+    facts = storage(datatype)
+    if facts.bits == 4:
+        return math.prod(shape[:-1]) * ((shape[-1] + 1) // 2) if shape else 1
+    return math.prod(shape) * np.dtype(facts.numpy_dtype).itemsize
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedTensor:
     """Codes, scales and zero points of one quantized tensor.
@@ -148,11 +157,8 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        """Length of ``to_bytes()``, known without packing: 4-bit codes take
-        ``ceil(K / 2)`` bytes a row, the others their itemsize a code."""
-        if self.bits == 4:
-            return math.prod(self.codes.shape[:-1]) * ((self.codes.shape[-1] + 1) // 2)
-        return int(self.codes.nbytes)
+        """Length of ``to_bytes()``, known without packing (``packed_nbytes``)."""
+        return packed_nbytes(self.datatype, self.codes.shape)
 
     def to_bytes(self) -> bytes:
         """Constant data exactly as XNNPACK reads it.

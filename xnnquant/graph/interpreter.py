@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import ArrayInput, to_numpy
+from ..compute.special import gelu
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
     XNN_FLAG_TENSORFLOW_LEGACY_MODE,
@@ -46,7 +47,6 @@ from ..constants import (
 from ..datatypes import Datatype, storage
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import quantize_values
-from ..special import gelu
 from .builder import Graph
 from .model import Node, PerTensorQuant, PerTokenDynamicQuant, Value
 from .reader import load
@@ -437,6 +437,20 @@ def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[
     """
     if not isinstance(graph, Graph):
         graph = load(graph, named_data=named_data)
+    env = interpret_values(graph, inputs)
+    index_values = {node.outputs[1] for node in graph.nodes
+                    if node.kind == "XNNArgMaxPooling2d" and len(node.outputs) > 1}
+    outputs = []
+    for vid in graph.outputs:
+        if vid not in env:
+            raise XnnquantError(f"external output value {vid} is never written by a node")
+        outputs.append(_external_output(graph.value(vid), env[vid], vid in index_values))
+    return outputs
+
+
+def interpret_values(graph: Graph, inputs: Sequence[ArrayInput]) -> dict[int, np.ndarray]:
+    """Every value of ``graph`` as ``interpret`` computes it, by value id: the real numbers each
+    holds (constants dequantized, inputs as ``interpret`` takes them)."""
     if isinstance(inputs, np.ndarray) or len(inputs) != len(graph.inputs):
         got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"
         raise XnnquantError(f"interpret needs one array per external input, in a list: got {got}, "
@@ -445,21 +459,13 @@ def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[
     for i, (vid, x) in enumerate(zip(graph.inputs, inputs)):
         env[vid] = _external_input(graph.value(vid), x, i)
     env.update(constant_values(graph))
-    index_values: set[int] = set()
     for position, node in enumerate(graph.nodes):
         missing = [i for i in node.inputs if i not in env]
         if missing:
             raise XnnquantError(f"node {position} ({node.kind}) reads value {missing[0]} before any node wrote it")
         results = evaluate_node(graph, node, [env[i] for i in node.inputs], position)
         env.update(zip(node.outputs, results))
-        if node.kind == "XNNArgMaxPooling2d" and len(node.outputs) > 1:
-            index_values.add(node.outputs[1])
-    outputs = []
-    for vid in graph.outputs:
-        if vid not in env:
-            raise XnnquantError(f"external output value {vid} is never written by a node")
-        outputs.append(_external_output(graph.value(vid), env[vid], vid in index_values))
-    return outputs
+    return env
 
 
 def constant_values(graph: Any) -> dict[int, np.ndarray]:

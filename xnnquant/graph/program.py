@@ -150,7 +150,7 @@ def external_specs(graph: Graph) -> tuple[list[TensorSpec], list[TensorSpec]]:
     if ids and max(ids) >= len(ids) and len(set(ids)) == len(ids):  # gaps (not duplicates, a separate fault)
         raise UnsupportedConfigError(
             f"the payload leaves delegate arguments unused (external ids {ids}, as ExecuTorch 1.4.1 writes "
-            "for weight-only linears): it runs only inside its own program (xnnquant.pte_run.run_method)"
+            "for weight-only linears): it runs only inside its own program (xnnquant.pte.run.run_method)"
         )
     index_outputs = {n.outputs[1] for n in graph.nodes if n.kind == "XNNArgMaxPooling2d" and len(n.outputs) > 1}
     return ([_value_spec(graph.value(i), "input") for i in graph.inputs],

@@ -10,7 +10,7 @@ FFN 1536 with exact GELU, LayerNorm eps 1e-12)::
                 h'  = LayerNorm(h + attention.output.dense(a))
                 out = LayerNorm(h' + output.dense(GELU(intermediate.dense(h'))))
 
-Weights come from ``xnnquant.weights.minilm_tensors()``; the tokenizer is the model's own
+Weights come from ``xnnquant.models.weights.minilm_tensors()``; the tokenizer is the model's own
 ``tokenizer.json`` beside them, read by the ``tokenizers`` library.  Everything is
 float32 except the GELU's erf (float64).
 """
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..compute.special import erf, gelu  # noqa: F401  (erf re-exported: models.minilm.erf)
 from ..errors import MissingExtraError, XnnquantError
-from ..special import erf, gelu  # noqa: F401  (erf re-exported: models.minilm.erf)
-from ..weights import minilm_path, minilm_tensors
+from .weights import minilm_path, minilm_tensors
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -35,8 +35,8 @@ from ..errors import XnnquantError
 from ..schemes.calibration import Calibration
 from ..schemes.per_token import quantize as quantize_per_token
 from ..tensor import QuantizedTensor
-from ..weights import minilm_tensors
 from . import minilm
+from .weights import minilm_tensors
 
 #: ``quantize(weight name, weight float32 [N, K], calibration) -> QuantizedTensor``.
 Quantize = Callable[[str, np.ndarray, Calibration], QuantizedTensor]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import jit
 from ..arrays import ArrayInput, as_int_codes, is_int, to_numpy
+from ..compute import jit
+from ..compute.parallel import for_ranges
 from ..errors import XnnquantError
-from ..parallel import for_ranges
 
 INT4_MIN, INT4_MAX = -8, 7
 #: Codes per piece of the fast path: 64 KiB of int8 and its temporaries stay in L2.

@@ -24,7 +24,7 @@ operation on the same values, each its own ufunc call (so no multiply-add is fus
 
 Each piece takes one of two paths: numpy ufuncs, one pass over the piece per step, or,
 when numba is installed (``jit``), compiled loops that run every step of a block back
-to back (``_jit_loops``: the same float32 operations in the same order, so the same
+to back (``compute.loops``: the same float32 operations in the same order, so the same
 bits; the tests run both paths).  8-bit codes only take the compiled path.  torch
 kernels for the same pieces (``amax``, ``mul``, ``round``) were measured on this
 project's 2-core Zen 2: called from the pool's threads they took twice numpy's CPU time,
@@ -45,9 +45,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import jit
 from ..arrays import check_finite
-from ..parallel import for_ranges
+from ..compute import jit
+from ..compute.parallel import for_ranges
 from .checks import reciprocal
 from .search import finish_scales, half_range
 

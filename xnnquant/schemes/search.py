@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import jit
-from ..parallel import for_ranges
+from ..compute import jit
+from ..compute.parallel import for_ranges
 from ..rounding import bf16_bits_to_float32, quantize_values, to_bf16
 from .checks import positive_normal, reciprocal
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..parallel import for_ranges
+from ..compute.parallel import for_ranges
 from .search import COARSE_RATIOS, FINE_FACTORS, coarse_candidates, finish_scales
 
 #: Narrower stage-1 ratios for GPTQ, whose error compensation follows the choice: on the

@@ -1,0 +1,283 @@
+"""Command line.
+
+* ``xnnquant export MODEL -o out.pte``: a torch module to one XNNPACK program (``xq.export``);
+* ``xnnquant minilm``: the main job of ``make run``: the MiniLM encoder through ``xq.export``
+  with each scheme and through ExecuTorch's own flow, size, time, latency and accuracy;
+* ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (weight SQNR and bytes);
+* ``xnnquant inspect FILE``: the values and nodes of an XNNGraph payload, or of every
+  XNNPACK delegate of an ExecuTorch program (``.pte``), with bytes by datatype;
+* ``xnnquant verify FILE``: run a payload on the real XNNPACK and on the reference
+  interpreter; run every method of a ``.pte`` on the ExecuTorch runtime and check each
+  XNNPACK delegate against the interpreter on the inputs the program fed it.
+
+``.pte`` files are recognised by their identifier (``ET12``), whatever their name; the
+``.ptd`` data files ExecuTorch writes for external constants are given with ``--data``.
+
+Normal runs print only xnnquant's own lines: what libraries write to stderr while they
+load or run (torch and torchao registration warnings, the runtime's log) is held back,
+and shown with ``--verbose``.  ``verify`` runs the payload or the program in a separate
+process (``graph.worker``), so one that crashes the runtime is reported as an error with
+the runtime's last log lines; that process's log is shown only with ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+
+from ..errors import XnnquantError
+from ..graph.divergence import TOLERANCE
+
+
+def _report(args: argparse.Namespace) -> None:
+    from .weights_report import main
+
+    print(main(group_sizes=args.group_sizes))
+
+
+#: The model ``xnnquant export`` exports when none is named.
+DEFAULT_MODEL = "xnnquant.models.minilm_torch:example"
+
+
+def load_model(spec: str) -> tuple[object, tuple[object, ...] | None]:
+    """``(module, example_inputs)`` from ``package.module:factory`` (the factory's return
+    value), or ``(ExportedProgram, None)`` from a ``.pt2`` file saved by ``torch.export.save``."""
+    import importlib
+
+    if spec.endswith(".pt2"):
+        try:
+            import torch
+        except ImportError:
+            from ..errors import missing_extra
+
+            raise missing_extra("torch", "torch", "loading a .pt2 program") from None
+        try:
+            return torch.export.load(spec), None
+        except Exception as exc:  # torch raises many kinds for files it cannot read
+            raise XnnquantError(f"cannot load {spec!r} as a torch.export program (torch.export.save's format): "
+                                f"{type(exc).__name__}: {exc}") from None
+    expected = "expected package.module:factory, a callable returning (module, example_inputs), or a .pt2 file"
+    name, sep, attr = spec.partition(":")
+    if not sep or not name or not attr:
+        raise XnnquantError(f"MODEL {spec!r} does not resolve: {expected}")
+    try:
+        factory = getattr(importlib.import_module(name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise XnnquantError(f"MODEL {spec!r} does not resolve: {exc} ({expected})") from None
+    except Exception as exc:  # the module itself fails while it is imported
+        raise XnnquantError(f"MODEL {spec!r}: importing {name!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not callable(factory):
+        raise XnnquantError(f"MODEL {spec!r}: {attr!r} is {type(factory).__name__}, not callable ({expected})")
+    try:
+        result = factory()
+    except XnnquantError:
+        raise
+    except Exception as exc:  # whatever the user's factory raises: say which factory it was
+        raise XnnquantError(f"MODEL {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], (tuple, list))):
+        raise XnnquantError(f"MODEL {spec!r}: the factory returned {type(result).__name__}, {expected}")
+    return result[0], tuple(result[1])
+
+
+def _export(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    import xnnquant as xq
+
+    module, example = load_model(args.model)
+    with contextlib.redirect_stderr(args.terminal):  # the progress bar shows; libraries' chatter does not
+        exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=args.fallback,
+                             target=args.target, progress=not args.no_progress, state_dict=args.weights_from)
+        path = exported.save(args.output)  # a streaming export quantizes here
+    if args.json:
+        print(exported.to_json())
+        return
+    seconds = sum(exported.timings.values())
+    print(f"{exported}\nwrote {path} ({Path(path).stat().st_size:,} bytes), exported in {seconds:.2f} s")
+
+
+def _minilm(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .main_job import main
+
+    stream = None if args.no_progress else args.terminal
+    if args.save is not None and not Path(args.save).is_dir():
+        raise XnnquantError(f"--save must name an existing directory: got {args.save!r}")
+    print(main(as_json=args.json, with_executorch=not args.no_executorch, progress=stream, save=args.save))
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    import json
+
+    from ..pte import is_pte, read_pte
+    from .summary import describe, describe_program, graph_record, program_record
+
+    if is_pte(args.file):
+        program = read_pte(args.file, args.data, validate=not args.no_validate)
+        print(json.dumps(program_record(program, args.file), indent=2) if args.json
+              else describe_program(program, args.file))
+        return
+    from ..graph import load
+
+    graph = load(args.file, validate=not args.no_validate)
+    if args.json:
+        print(json.dumps({"file": args.file, **graph_record(graph)}, indent=2))
+    else:
+        print(describe(graph))
+
+
+def _verify(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from ..pte import is_pte
+
+    try:
+        if is_pte(args.file):
+            from ..pte.run import verify_pte
+
+            errors, text = verify_pte(args.file, args.data, seed=args.seed, isolate=not args.no_isolate,
+                                      timeout=args.timeout)
+        else:
+            from ..graph.divergence import check_payload
+
+            errors, text = check_payload(Path(args.file).read_bytes(), seed=args.seed, isolate=not args.no_isolate,
+                                         timeout=args.timeout)
+    finally:
+        if args.verbose and not args.no_isolate:  # the isolated runtime's log (graph.worker)
+            from ..graph.worker import worker
+
+            sys.stderr.write(worker().log_text())
+    print(text)
+    worst = max(errors, default=0.0, key=lambda e: math.inf if math.isnan(e) else e)
+    ok = worst <= args.tolerance  # NaN is never within it
+    print(f"{'OK' if ok else 'MISMATCH'}: worst relative error {worst:.3g} (tolerance {args.tolerance:g})")
+    if not ok:
+        raise SystemExit(1)
+
+
+def _tolerance(text: str) -> float:
+    """``--tolerance``: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xnnquant", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    report = sub.add_parser("report", help="quantize all-MiniLM-L6-v2's linear weights with every scheme; "
+                                           "print bytes and SQNR")
+    report.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64, 128], metavar="G",
+                        help="blockwise int4 group sizes (multiples of 32 dividing 384)")
+    report.set_defaults(func=_report)
+    export = sub.add_parser("export", help="export a torch module to one XNNPACK program (.pte or .xnn)",
+                            description="Export a torch module with xq.export and write the program.")
+    export.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                        help="package.module:factory (a callable returning (module, example_inputs)) or a .pt2 "
+                             f"file saved by torch.export.save (default: {DEFAULT_MODEL}, the MiniLM encoder)")
+    export.add_argument("-o", "--output", required=True, help="output file: .pte (ExecuTorch program) or .xnn "
+                                                              "(bare XNNGraph payload)")
+    export.add_argument("--weights", default="qb4w:32", help="fp32, qc8w, qc4w or qb4w:G (default qb4w:32)")
+    export.add_argument("--method", default="mse", help="scale choice: minmax or mse (default mse)")
+    export.add_argument("--fallback", default=None, help="schemes for layers that cannot take --weights, tried in "
+                                                          "order, e.g. qc8w,fp32 (default: refuse them)")
+    export.add_argument("--target", default="1.4.1", help="1.4.1 (default) or xn01 (XN01 node kinds only)")
+    export.add_argument("--weights-from", default=None, metavar="FILE.safetensors",
+                        help="streaming export: the module is built on the meta device and its tensors are read "
+                             "from this file one at a time while the output is written")
+    export.add_argument("--json", action="store_true", help="print the report as JSON")
+    export.add_argument("--no-progress", action="store_true", help="no progress bar")
+    export.set_defaults(func=_export)
+    minilm = sub.add_parser("minilm", help="the main job: the MiniLM encoder through xq.export and ExecuTorch's flow",
+                            description="Export all-MiniLM-L6-v2's encoder with each scheme, and with ExecuTorch's "
+                                        "own flow; run each .pte on the real XNNPACK; print size, export time, "
+                                        "latency and embedding accuracy side by side.")
+    minilm.add_argument("--json", action="store_true", help="print the rows as JSON")
+    minilm.add_argument("--no-executorch", action="store_true", help="leave out ExecuTorch's own flow")
+    minilm.add_argument("--no-progress", action="store_true", help="no progress bar")
+    minilm.add_argument("--save", metavar="DIR", default=None,
+                        help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse.pte), for xnnquant verify")
+    minilm.set_defaults(func=_minilm)
+    inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload or of every "
+                                             "XNNPACK delegate of a .pte")
+    inspect.add_argument("file", help="payload file (with or without XNNHeader, XN00 or XN01) or ExecuTorch .pte")
+    inspect.add_argument("--no-validate", action="store_true", help="show payloads the runtime would refuse")
+    inspect.add_argument("--json", action="store_true", help="print the same as JSON")
+    inspect.set_defaults(func=_inspect)
+    verify = sub.add_parser("verify", help="run a payload or a .pte on the real XNNPACK and its payloads on the "
+                                           "reference interpreter")
+    verify.add_argument("file", help="payload file or ExecuTorch .pte")
+    verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    verify.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
+                        help=f"largest relative error accepted (default {TOLERANCE:g})")
+    verify.add_argument("--no-isolate", action="store_true",
+                        help="run the payload in this process (a runtime crash then ends xnnquant)")
+    verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop the isolated runtime after this long (default 300)")
+    verify.set_defaults(func=_verify)
+    for command in (report, export, minilm, inspect, verify):
+        command.add_argument("-v", "--verbose", action="store_true",
+                             help="also show what torch, executorch and the runtime log")
+    for command in (inspect, verify):
+        command.add_argument("--data", action="append", default=[], metavar="PTD",
+                             help="a .pte's data file (.ptd) holding its external constants; repeatable")
+    return parser
+
+
+@contextlib.contextmanager
+def _held_back(verbose: bool) -> Iterator[list[str]]:
+    """Hold back what libraries write to stderr (file descriptor 2, ``sys.stderr``,
+    warnings, logging) while the block runs, unless ``verbose``.  Yields a list that
+    holds the text once the block has ended."""
+    held: list[str] = []
+    if verbose:
+        yield held
+        return
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved_fd, saved_stream = os.dup(2), sys.stderr
+        previous_disable = logging.root.manager.disable
+        os.dup2(sink.fileno(), 2)
+        sys.stderr = open(os.dup(2), "w", encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
+        logging.disable(logging.WARNING)
+        try:
+            yield held
+        finally:
+            logging.disable(previous_disable)
+            sys.stderr.close()
+            sys.stderr = saved_stream
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            sink.seek(0)
+            held.append(sink.read().decode("utf-8", "replace"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    sys.stderr.flush()
+    args.terminal = os.fdopen(os.dup(2), "w", encoding="utf-8", errors="replace")  # for progress bars
+    try:
+        with _held_back(args.verbose) as held:
+            args.func(args)
+    except (XnnquantError, OSError) as exc:
+        print(f"xnnquant: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException:
+        sys.stderr.write("".join(held))  # an unexpected failure: show everything
+        raise
+    finally:
+        args.terminal.close()
+    return 0

@@ -1,0 +1,23 @@
+"""The front end: a ``torch.nn.Module`` to an XNNPACK program (``xq.export``).
+
+Data flows one way::
+
+    module --torch.export--> ExportedProgram --AtenProgram.of--> passes/ --lowering/--> Graph
+                                                                   rewrites   one function per ATen op,
+                                                                   with guards  one LoweringContext
+
+``api`` runs the stages; ``options`` parses every argument once; ``weights`` is the one
+weight policy (the scheme table and the fallback rule); ``calibration`` gathers the
+linears' input statistics; ``streaming`` reads a meta module's weights from a
+safetensors file; ``selfcheck`` compares the result with the module; ``exported`` is
+what ``xq.export`` returns; ``divergence`` is ``xq.verify``.
+
+Importing this package does not import torch: ``export`` does, on first call.
+"""
+
+from .api import CheckReport, check, export
+from .exported import Exported, TensorIO
+from .report import ReportRow
+from .weights import SchemeKind, WeightScheme
+
+__all__ = ["CheckReport", "Exported", "ReportRow", "SchemeKind", "TensorIO", "WeightScheme", "check", "export"]

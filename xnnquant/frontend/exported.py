@@ -1,0 +1,160 @@
+"""``Exported``: what ``xq.export`` returns.
+
+It holds the lowered ``Graph`` and the per-weight report, and gives the payload
+(``to_bytes``), the ExecuTorch program (``to_pte``), a file (``save``), and runs on the
+real XNNPACK (``run``).  ``print(exported)`` shows the report as a table with totals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import XnnquantError
+from ..files import write_atomic
+from ..graph import Graph, Target
+from .report import ReportRow, format_report, totals
+from .weights import WeightScheme
+
+
+@dataclass(frozen=True)
+class TensorIO:
+    """One input or output of the program: its name, torch shape, dtype and dim order.
+
+    ``dim_order`` lists the dims from outermost to innermost in memory, as ``torch.Tensor.dim_order()``
+    gives them: ``(0, 1, 2, 3)`` for a contiguous NCHW tensor, ``(0, 2, 3, 1)`` for a channels-last one.
+    The ``.pte`` declares it, as ExecuTorch's own flow does, and ExecuTorch's runtime reads a tensor's
+    memory in that order (it does not check the strides of what it is given).  ``Exported.run`` takes
+    tensors of any strides and lays them out as declared.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    dim_order: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.dim_order:
+            object.__setattr__(self, "dim_order", tuple(range(len(self.shape))))
+
+    @property
+    def contiguous(self) -> bool:
+        return self.dim_order == tuple(range(len(self.shape)))
+
+
+#: File suffixes ``save`` writes, and what each holds.
+SUFFIXES = {".pte": "an ExecuTorch program (one method, the payload as its XNNPACK delegate)",
+            ".xnn": "the bare XNNGraph payload (XNNHeader, flatbuffer, constant segment)"}
+
+
+@dataclass
+class Exported:
+    """A module lowered onto one XNNPACK graph.
+
+    ``inputs`` / ``outputs``: the module's inputs and outputs, in order (``TensorIO``).
+    ``timings``: seconds spent in each stage of the export.
+    ``sources``: what a node's ``debug_handle`` h (1, 2, ...) stands for, ``sources[h - 1]`` =
+    (ATen op, ATen node name, module path).
+    """
+
+    graph: Graph
+    report: list[ReportRow]
+    weights: WeightScheme
+    method: str
+    target: Target
+    inputs: list[TensorIO]
+    outputs: list[TensorIO]
+    timings: dict[str, float] = field(default_factory=dict)
+    sources: list[tuple[str, str, str]] = field(default_factory=list)
+    #: what the self-check found (``selfcheck.SelfCheck``), or why it did not run
+    self_check: Any = None
+    _payload: bytes | None = field(default=None, repr=False)
+
+    def to_bytes(self) -> bytes:
+        """The XNNGraph payload: XNNHeader + XN01 flatbuffer + constant segment (computed once)."""
+        if self._payload is None:
+            self._payload = self.graph.to_bytes()
+        return self._payload
+
+    def to_pte(self) -> bytes:
+        """An ExecuTorch ``.pte`` program whose ``forward`` method takes the module's inputs in
+        order and returns its outputs, all float32, computed by this graph on XNNPACK."""
+        from ..graph import to_pte
+
+        return to_pte(self.to_bytes(), inputs=self._specs(self.inputs), outputs=self._specs(self.outputs),
+                      validate=False)  # validated when the payload was written
+
+    @staticmethod
+    def _specs(items: list[TensorIO]) -> list[tuple[tuple[int, ...], str, tuple[int, ...]]]:
+        return [(t.shape, t.dtype, t.dim_order) for t in items]
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``to_pte()`` (suffix ``.pte``) or ``to_bytes()`` (suffix ``.xnn``) atomically.
+
+        A graph with its scales in the constant segment (target 1.4.1) is written one
+        constant at a time (``graph.pte_chunks``, ``Graph.save``): the same bytes, and a
+        streaming export's weights are read and quantized only now.
+        """
+        suffix = Path(path).suffix.lower()
+        if suffix not in SUFFIXES:
+            raise XnnquantError(f"cannot tell what to write from the suffix of {os.fspath(path)!r}: expected "
+                                + " or ".join(f"{s} ({what})" for s, what in SUFFIXES.items()))
+        if self._payload is None and self.graph.scales_in_segment:
+            from ..graph import pte_chunks
+
+            if suffix == ".xnn":
+                return self.graph.save(path)
+            return write_atomic(path, pte_chunks(self.graph, self._specs(self.inputs), self._specs(self.outputs)))
+        return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
+
+    def source(self, node_index: int) -> tuple[str, str, str] | None:
+        """(ATen op, ATen node, module path) that graph node ``node_index`` was lowered from."""
+        handle = self.graph.nodes[node_index].debug_handle
+        return self.sources[handle - 1] if 0 < handle <= len(self.sources) else None
+
+    def run(self, *inputs: Any) -> list[np.ndarray]:
+        """Run the graph on the real XNNPACK (ExecuTorch 1.4.1 runtime) with the module's
+        inputs (numpy arrays or torch tensors, float32, the example inputs' shapes)."""
+        from ..arrays import to_numpy
+        from ..graph import run
+
+        if len(inputs) != len(self.inputs):
+            raise XnnquantError(f"run takes the module's {len(self.inputs)} input(s): got {len(inputs)}")
+        arrays = [self._laid_out(to_numpy(x, f"inputs[{i}]"), spec, i) for i, (x, spec) in
+                  enumerate(zip(inputs, self.inputs))]
+        results = run(self.to_bytes(), arrays, validate=False)
+        return [r if spec.contiguous else np.ascontiguousarray(np.transpose(r, np.argsort(spec.dim_order)))
+                for r, spec in zip(results, self.outputs)]
+
+    @staticmethod
+    def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
+        """Input ``x`` (torch order, any strides) as the payload reads it: its dims in ``spec``'s order."""
+        if tuple(x.shape) != spec.shape:
+            raise XnnquantError(f"inputs[{i}] ({spec.name!r}) has shape {tuple(x.shape)}: expected {spec.shape}")
+        return np.ascontiguousarray(x if spec.contiguous else np.transpose(x, spec.dim_order))
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Totals of the report, the options, the payload's size and the stage timings."""
+        return {"weights": str(self.weights), "method": self.method, "target": str(self.target),
+                "nodes": len(self.graph.nodes), "values": len(self.graph.values),
+                **totals(self.report), "timings": dict(self.timings)}
+
+    def to_json(self) -> str:
+        """The report rows and the summary as JSON (what ``xnnquant export --json`` prints)."""
+        return json.dumps({"summary": self.summary, "rows": [r.as_dict() for r in self.report]}, indent=2)
+
+    def __str__(self) -> str:
+        head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
+                f"{len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
+        return head + "\n" + format_report(self.report)
+
+    def __repr__(self) -> str:
+        return (f"Exported(weights={str(self.weights)!r}, method={self.method!r}, target={str(self.target)!r}, "
+                f"{len(self.graph.nodes)} nodes, {len(self.report)} weights)")
+

@@ -1,0 +1,89 @@
+"""Lowerings: ATen overload -> function emitting XNNPACK nodes, one table for every op family.
+
+Each op family module (``linear``, ``conv``, ``pooling``, ``elementwise``, ``activations``,
+``normalization``, ``shape``) registers its lowerings with ``@lowers``, keyed by the op
+objects themselves (``torch.ops.aten.linear.default``, not strings), naming the node kinds
+the lowering may emit (a test checks the reference interpreter has a handler for each)
+and, optionally, a ``check``: ``check(node) -> reason or None`` says from the ATen node
+alone (its arguments and the shapes and dtypes torch.export recorded) whether the
+lowering can take it, so ``xq.check`` and the partitioner can ask without building
+anything.  A second registration of the same op is refused.
+
+A lowering is called as ``fn(ctx, *args, **kwargs)``: ``ctx`` is the ``LoweringContext``
+(the only surface a lowering sees), and the arguments are the ATen node's, with every
+input node replaced by what it lowered to (an ``Activation`` in the graph, or a torch
+tensor for a constant).  It returns an ``Activation`` (or a tuple for ops with several
+outputs), or raises ``XnnquantError`` saying why it cannot (a refusal).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ...graph.layout import NODE_KINDS
+
+Lowering = Callable[..., Any]
+Check = Callable[[Any], "str | None"]
+
+#: The op family modules; importing them fills ``LOWERINGS``.
+FAMILIES = ("linear", "conv", "pooling", "elementwise", "activations", "normalization", "shape")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One registered lowering: the op, its function, the node kinds it may emit, its check."""
+
+    op: Any  # a torch OpOverload
+    fn: Lowering
+    emits: frozenset[str]
+    check: Check | None = None
+
+    @property
+    def family(self) -> str:
+        """The op family: the module the lowering lives in (``linear``, ``conv``, ...)."""
+        return self.fn.__module__.rsplit(".", 1)[-1]
+
+
+#: Every registered lowering, by op object.
+LOWERINGS: dict[Any, Registration] = {}
+
+
+def op_name(op: Any) -> str:
+    """``aten.linear.default`` for an OpOverload, the function's name otherwise."""
+    name = getattr(op, "__name__", None) if not hasattr(op, "_schema") else None
+    return str(op) if name is None else name
+
+
+def lowers(*ops: Any, emits: Iterable[str], check: Check | None = None) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of ``ops``; returns it unchanged.
+
+    ``emits``: the node kinds it may create (checked against the schema's kinds).
+    ``check``: see the module docstring.  Registering an op twice raises ``RuntimeError``
+    naming both functions.
+    """
+    kinds = frozenset(emits)
+    unknown = kinds - set(NODE_KINDS)
+    if unknown:
+        raise RuntimeError(f"unknown node kinds in emits=: {sorted(unknown)}")
+
+    def register(fn: Lowering) -> Lowering:
+        for op in ops:
+            if op in LOWERINGS:
+                first = LOWERINGS[op].fn
+                raise RuntimeError(
+                    f"{op_name(op)} is already lowered by {first.__module__}.{first.__qualname__}: "
+                    f"refusing a second lowering {fn.__module__}.{fn.__qualname__}")
+            LOWERINGS[op] = Registration(op, fn, kinds, check)
+        return fn
+
+    return register
+
+
+def load_lowerings() -> dict[Any, Registration]:
+    """Import every op family module and return the registry they filled."""
+    for family in FAMILIES:
+        importlib.import_module(f"{__name__}.{family}")
+    return LOWERINGS

@@ -1,0 +1,195 @@
+"""Activations: clamps (fused into the producer when exact), softmax, and the compositions.
+
+Clamps (``relu``, ``relu6`` / ``hardtanh``, ``clamp``) become the producing node's
+``output_min`` / ``output_max`` when the runtime applies bounds on that node kind and
+nothing else reads its output (``LoweringContext.fuse_clamp``); otherwise an XNNClamp node.
+
+Compositions, with their largest error against a float64 reference (measured on the
+real XNNPACK over x in [-12, 12]; the tests hold them):
+
+==================  ===========================================================  ==========
+op                  nodes                                                        max error
+==================  ===========================================================  ==========
+hardsigmoid         clamp(x * (1/6) + 0.5, 0, 1): XNNMultiply, XNNAdd (bounds)    1 ulp
+silu                x * sigmoid(x)                                               3e-7 |x|
+gelu (tanh)         x * sigmoid(x * (c1 + c2 x^2)), c1 = 2 sqrt(2/pi),            4e-7 abs
+                    c2 = 0.044715 c1: the tanh formula, exactly rewritten         vs tanh formula
+gelu (exact), xn01  relu(x) - |x| q(x), q = erfc(|x|/sqrt 2) / 2 by Abramowitz &   4e-7 abs
+                    Stegun 7.1.26 (5th-degree polynomial in t = 1/(1 + p|x|/sqrt 2)
+                    times exp(-x^2/2), the exponential as XNNELU(-x^2/2) + 1):
+                    20 element-wise nodes
+gelu (exact), 1.4.1 XNNGelu                                                      1e-6 abs
+==================  ===========================================================  ==========
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...errors import XnnquantError
+from . import lowers
+from .context import Activation, LoweringContext
+
+aten = torch.ops.aten
+
+# Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2),
+# t = 1 / (1 + P z), |error| <= 1.5e-7 for z >= 0
+AS_P = 0.3275911
+AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+GELU_TANH_C1 = 2.0 * math.sqrt(2.0 / math.pi)
+GELU_TANH_C2 = GELU_TANH_C1 * 0.044715
+
+CLAMP_KINDS = ("XNNClamp",)
+
+
+def clamped(ctx: LoweringContext, x: Any, low: float, high: float) -> Activation:
+    """``x`` clipped to ``[low, high]``: fused into its producer when exact, else XNNClamp."""
+    x = ctx.value(x)
+    if low > high:
+        raise XnnquantError(f"clamp bounds are reversed: got min {low}, max {high}")
+    fused = ctx.fuse_clamp(x, low, high)
+    if fused is not None:
+        return fused
+    return ctx.tensor(ctx.graph.clamp(x.id, low, high), x.shape, x.perm)
+
+
+def _bound(value: Any, default: float, what: str) -> float:
+    if value is None:
+        return default
+    if hasattr(value, "shape"):
+        if getattr(value, "numel", lambda: 0)() != 1:
+            raise XnnquantError(f"clamp with a tensor {what} of shape {tuple(value.shape)}: expected a number")
+        value = float(value)
+    return float(value)
+
+
+@lowers(aten.relu.default, emits=CLAMP_KINDS)
+def relu(ctx: LoweringContext, x: Any) -> Activation:
+    return clamped(ctx, x, 0.0, math.inf)
+
+
+@lowers(aten.hardtanh.default, emits=CLAMP_KINDS)
+def hardtanh(ctx: LoweringContext, x: Any, min_val: float = -1.0, max_val: float = 1.0) -> Activation:
+    return clamped(ctx, x, float(min_val), float(max_val))
+
+
+@lowers(aten.relu6.default, emits=CLAMP_KINDS)
+def relu6(ctx: LoweringContext, x: Any) -> Activation:
+    return clamped(ctx, x, 0.0, 6.0)
+
+
+@lowers(aten.clamp.default, aten.clamp.Tensor, emits=CLAMP_KINDS)
+def clamp(ctx: LoweringContext, x: Any, min: Any = None, max: Any = None) -> Activation:  # noqa: A002  (ATen's names)
+    return clamped(ctx, x, _bound(min, -math.inf, "min"), _bound(max, math.inf, "max"))
+
+
+@lowers(aten.clamp_min.default, emits=CLAMP_KINDS)
+def clamp_min(ctx: LoweringContext, x: Any, min: Any) -> Activation:  # noqa: A002
+    return clamped(ctx, x, _bound(min, -math.inf, "min"), math.inf)
+
+
+@lowers(aten.clamp_max.default, emits=CLAMP_KINDS)
+def clamp_max(ctx: LoweringContext, x: Any, max: Any) -> Activation:  # noqa: A002
+    return clamped(ctx, x, -math.inf, _bound(max, math.inf, "max"))
+
+
+@lowers(aten.hardsigmoid.default, emits=("XNNMultiply", "XNNAdd"))
+def hardsigmoid(ctx: LoweringContext, x: Any) -> Activation:
+    """``clamp(x / 6 + 1/2, 0, 1)``: a multiply, then an add carrying the bounds."""
+    x = ctx.value(x)
+    g = ctx.graph
+    scaled = g.multiply(x.id, ctx.constant_like(1.0 / 6.0, x))
+    return ctx.tensor(g.add(scaled, ctx.constant_like(0.5, x), output_min=0.0, output_max=1.0), x.shape, x.perm)
+
+
+@lowers(aten.silu.default, emits=("XNNSigmoid", "XNNMultiply"))
+def silu(ctx: LoweringContext, x: Any) -> Activation:
+    """``x * sigmoid(x)``."""
+    x = ctx.value(x)
+    return ctx.tensor(ctx.graph.multiply(x.id, ctx.graph.sigmoid(x.id)), x.shape, x.perm)
+
+
+@lowers(aten.leaky_relu.default, emits=("XNNLeakyReLU",))
+def leaky_relu(ctx: LoweringContext, x: Any, negative_slope: float = 0.01) -> Activation:
+    x = ctx.value(x)
+    return ctx.tensor(ctx.graph.leaky_relu(x.id, float(negative_slope)), x.shape, x.perm)
+
+
+@lowers(aten.elu.default, emits=("XNNELU",))
+def elu(ctx: LoweringContext, x: Any, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Activation:
+    if scale != 1 or input_scale != 1:
+        raise XnnquantError(f"elu with scale={scale}, input_scale={input_scale} is not supported: expected 1 and 1")
+    x = ctx.value(x)
+    return ctx.tensor(ctx.graph.elu(x.id, float(alpha)), x.shape, x.perm)
+
+
+@lowers(aten.prelu.default, aten._prelu_kernel.default, emits=("XNNPReLU",))
+def prelu(ctx: LoweringContext, x: Any, weight: Any) -> Activation:
+    """``x if x > 0 else a * x``, one slope per channel (dim 1) or one for all."""
+    x = ctx.value(x)
+    if isinstance(weight, Activation):
+        raise XnnquantError("prelu with a computed slope is not supported: expected a constant weight")
+    slope = ctx.constant_array(weight, "prelu weight")
+    if slope.size not in (1, x.shape[1] if x.rank > 1 else 1):
+        raise XnnquantError(f"prelu weight of shape {slope.shape} does not match channels {x.shape[1:2]}")
+    if slope.size > 1:
+        slope = slope.reshape((slope.size,) + (1,) * (x.rank - 2))
+    return ctx.tensor(ctx.graph.prelu(x.id, ctx.constant_like(torch.from_numpy(slope), x)), x.shape, x.perm)
+
+
+@lowers(aten._softmax.default, aten.softmax.int, emits=("XNNSoftmax", "XNNStaticTranspose", "XNNStaticReshape"))
+def softmax(ctx: LoweringContext, x: Any, dim: int, half_to_float: Any = None) -> Activation:
+    """XNNSoftmax works on the last dim of the value: relay ``x`` so that ``dim`` comes last."""
+    x = ctx.value(x)
+    dim = dim % x.rank
+    if x.perm[-1] != dim:
+        x = ctx.relaid(x, tuple(p for p in x.perm if p != dim) + (dim,))
+    return ctx.tensor(ctx.graph.softmax(x.id), x.shape, x.perm)
+
+
+GELU_KINDS = ("XNNGelu", "XNNAbs", "XNNMultiply", "XNNAdd", "XNNDiv", "XNNSquare", "XNNELU", "XNNClamp",
+              "XNNSubtract", "XNNSigmoid")
+
+
+@lowers(aten.gelu.default, emits=GELU_KINDS)
+def gelu(ctx: LoweringContext, x: Any, approximate: str = "none") -> Activation:
+    """GELU: XNNGelu (1.4.1, exact), or a composition (see the module docstring)."""
+    x = ctx.value(x)
+    if approximate == "tanh":
+        return ctx.tensor(_gelu_tanh(ctx, x), x.shape, x.perm)
+    if approximate != "none":
+        raise XnnquantError(f"gelu approximate={approximate!r}: expected 'none' or 'tanh'")
+    if "XNNGelu" in ctx.graph.target.node_kinds:
+        return ctx.tensor(ctx.graph.gelu(x.id), x.shape, x.perm)
+    return ctx.tensor(_gelu_erf(ctx, x), x.shape, x.perm)
+
+
+def _gelu_tanh(ctx: LoweringContext, x: Activation) -> int:
+    g = ctx.graph
+
+    def c(v: float) -> int:
+        return ctx.constant_like(v, x)
+
+    inner = g.add(g.multiply(g.square(x.id), c(GELU_TANH_C2)), c(GELU_TANH_C1))
+    return g.multiply(x.id, g.sigmoid(g.multiply(x.id, inner)))
+
+
+def _gelu_erf(ctx: LoweringContext, x: Activation) -> int:
+    """``relu(x) - |x| erfc(|x| / sqrt 2) / 2`` (= x Phi(x) on both sides of 0)."""
+    g = ctx.graph
+
+    def c(v: float) -> int:
+        return ctx.constant_like(v, x)
+
+    a = g.abs(x.id)
+    t = g.divide(c(1.0), g.add(g.multiply(a, c(AS_P / math.sqrt(2.0))), c(1.0)))
+    half = [0.5 * k for k in AS_A]  # the 1/2 of erfc / 2 folded into the coefficients
+    poly = g.multiply(t, c(half[4]))
+    for k in reversed(half[:4]):
+        poly = g.multiply(g.add(poly, c(k)), t)
+    exp_minus_1 = g.elu(g.multiply(g.square(x.id), c(-0.5)), 1.0)  # exp(-x^2 / 2) - 1, argument <= 0
+    q = g.add(g.multiply(poly, exp_minus_1), poly)  # poly * exp(-x^2 / 2)
+    return g.subtract(g.clamp(x.id, 0.0, math.inf), g.multiply(a, q))

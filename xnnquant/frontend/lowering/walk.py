@@ -1,0 +1,270 @@
+"""The walk: an ``AtenProgram`` (after the passes) onto one ``xnnquant.graph.Graph``.
+
+``lower`` visits the program's nodes in order.  User inputs become fp32 external inputs
+(in the dim order of the example input: channels-last inputs arrive NHWC); constant
+placeholders stay torch tensors until a lowering places them in the graph; every other
+node goes to its registered lowering (``LOWERINGS``) with a ``LoweringContext``.  Outputs
+become external outputs in the order the module returns them, in the dim order torch
+gives them.
+
+Every node a lowering emits carries the debug handle of its ATen node (``sources``), so a
+diverging node is named with its ATen op and module path.  A lowering's refusal, and an
+op without a lowering, become one line naming the operator, the node and the module path;
+the walk carries on with a stand-in value, and ``lower`` raises one
+``UnsupportedConfigError`` listing every line at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import UnsupportedConfigError, XnnquantError
+from ...graph import Graph, Target
+from ..exported import TensorIO
+from ..program import AtenProgram
+from ..report import ReportRow
+from . import LOWERINGS, load_lowerings, op_name
+from .context import NHWC, Activation, LoweringContext, QuantizedReference, WeightOptions, identity
+
+Progress = Callable[[Iterator[Any], int], Iterator[Any]]
+
+
+@dataclass
+class Lowered:
+    """What ``lower`` made: the graph, the report rows, the program's inputs and outputs,
+    what each debug handle stands for, and what each ATen node lowered to."""
+
+    graph: Graph
+    rows: list[ReportRow]
+    inputs: list[TensorIO]
+    outputs: list[TensorIO]
+    #: ``sources[h - 1]`` = (ATen op, ATen node name, module path) of debug handle h
+    sources: list[tuple[str, str, str]] = field(default_factory=list)
+    #: ATen node -> the ``Activation`` (or tuple of them) it lowered to, or its constant
+    values: dict[Any, Any] = field(default_factory=dict)
+    #: ATen node -> how the self-check computes it, for nodes whose lowering quantized
+    references: dict[Any, QuantizedReference] = field(default_factory=dict)
+    #: value id -> (producer's bounds before fusing, the ATen nodes whose clamps were fused into them)
+    fused: dict[int, tuple[tuple[float | None, float | None], list[tuple[Any, float, float]]]] = \
+        field(default_factory=dict)
+    #: what could not be lowered, one line each (``lower(..., raise_refusals=False)``)
+    refusals: list[str] = field(default_factory=list)
+    #: ATen node -> its op, for every node that was lowered (not refused)
+    lowered_ops: list[str] = field(default_factory=list)
+
+
+def new_graph(target: Target) -> Graph:
+    """An empty graph for ``target``.  For 1.4.1, scales go to the constant segment as
+    ExecuTorch 1.4.1 stores them (blockwise: bf16, 2 bytes each); XN01-era runtimes read
+    them from the flatbuffer, blockwise ones as bf16 copies besides the fp32 list."""
+    later = target is not Target.XN01
+    return Graph(target=target, write_scale_bf16=not later, scales_in_segment=later)
+
+
+def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress: Progress | None = None, *,
+          raise_refusals: bool = True) -> Lowered:
+    """Lower every node of ``program``; raise one ``UnsupportedConfigError`` listing all refusals
+    (or, with ``raise_refusals=False``, return them in ``Lowered.refusals``)."""
+    load_lowerings()
+    import torch
+
+    walk = _Walk(LoweringContext(program, new_graph(target), weights))
+    nodes = list(program.graph.nodes)
+    visits: Iterator[Any] = iter(nodes) if progress is None else progress(iter(nodes), len(nodes))
+    with torch.no_grad():
+        for node in visits:
+            walk.visit(node)
+    if walk.refusals and raise_refusals:
+        lines = "\n".join(f"  - {r}" for r in walk.refusals)
+        raise UnsupportedConfigError(f"export refused {len(walk.refusals)} node(s) or layer(s):\n{lines}")
+    ctx = walk.ctx
+    return Lowered(ctx.graph, ctx.rows, walk.inputs, walk.outputs, walk.sources, walk.env, ctx.references,
+                   ctx.fused, walk.refusals, walk.lowered_ops)
+
+
+class _Walk:
+    """The walk's own state: what each node lowered to, refusals, debug handles."""
+
+    def __init__(self, ctx: LoweringContext) -> None:
+        self.ctx = ctx
+        self.env: dict[Any, Any] = {}
+        self.refusals: list[str] = []
+        self.sources: list[tuple[str, str, str]] = []
+        self.inputs: list[TensorIO] = []
+        self.outputs: list[TensorIO] = []
+        self.lowered_ops: list[str] = []
+
+    def visit(self, node: Any) -> None:
+        ctx, program = self.ctx, self.ctx.program
+        ctx.node = node
+        if node.op == "placeholder":
+            if program.is_constant(node):
+                tensor = program.constants[node.name]
+                ctx.bind_constant(node.name, tensor)
+                self.env[node] = tensor
+            else:
+                self.env[node] = self._input(node)
+        elif node.op == "call_function":
+            self._call(node)
+        elif node.op == "output":
+            start = len(ctx.graph.nodes)
+            self._outputs(node)
+            self._stamp(node, start)
+        else:
+            self.refuse(node, f"{node.op} nodes are not supported")
+
+    def refuse(self, node: Any, reason: str) -> None:
+        where = AtenProgram.module_path(node) or "<top level>"
+        op = op_name(node.target) if node.op == "call_function" else node.op
+        self.refusals.append(f"{op} (node {node.name}, module {where}): {reason}")
+
+    # ------------------------------------------------------------------ inputs
+
+    def _input(self, node: Any) -> Activation:
+        val = node.meta.get("val")
+        name = self.ctx.program.input_names.get(node.name, node.name)
+        shape = _static_shape(val, f"input {name!r}")
+        dtype = str(getattr(val, "dtype", "")).removeprefix("torch.")
+        if dtype != "float32":
+            raise XnnquantError(
+                f"input {name!r} is {dtype or type(val).__name__}: XNNPACK's external values are float32 "
+                "here; pass float32 example inputs (cast masks and ids-derived tensors to float)")
+        if math.prod(shape) == 0:
+            raise XnnquantError(f"input {name!r} has no elements (shape {shape}): XNNPACK cannot run a value of "
+                                "size 0; expected every dim >= 1")
+        order = declared_dim_order(val)
+        vid = self.ctx.graph.input(tuple(shape[d] for d in order))
+        self.inputs.append(TensorIO(name, shape, "float32", order))
+        return Activation(vid, shape, order)
+
+    # ------------------------------------------------------------------- calls
+
+    def _call(self, node: Any) -> None:
+        ctx = self.ctx
+        args, kwargs = _map(node.args, self.env), _map(node.kwargs, self.env)
+        if node.target is operator.getitem:
+            self.env[node] = args[0][args[1]] if args[0] is not None else None
+            if self.env[node] is None and node.users:
+                self.refuse(node, "this output of its producer is not supported (only the first result is)")
+                self.env[node] = self._stand_in(node)
+            return
+        registration = LOWERINGS.get(node.target)
+        if registration is None:
+            self.refuse(node, "unsupported operator")
+            self.env[node] = self._stand_in(node)
+            return
+        start = len(ctx.graph.nodes)
+        reason = registration.check(node) if registration.check is not None else None
+        try:
+            if reason is not None:
+                raise XnnquantError(reason)
+            result = registration.fn(ctx, *args, **kwargs)
+            self.lowered_ops.append(op_name(node.target))
+        except XnnquantError as exc:
+            self.refuse(node, str(exc))
+            result = self._stand_in(node)
+        self._stamp(node, start)
+        for emitted in ctx.graph.nodes[start:]:
+            assert emitted.kind in registration.emits, (op_name(node.target), emitted.kind)
+            for vid in emitted.outputs:
+                ctx.producer[vid] = emitted
+        for t in _leaves(result):
+            if isinstance(t, Activation):
+                ctx.aliases.setdefault(t.id, []).append(node)
+        self.env[node] = result
+
+    def _stamp(self, node: Any, start: int) -> None:
+        """Give the nodes emitted since ``start`` the debug handle of ATen node ``node``."""
+        graph = self.ctx.graph
+        if len(graph.nodes) == start:
+            return
+        self.sources.append((op_name(node.target) if node.op == "call_function" else node.op, node.name,
+                             AtenProgram.module_path(node)))
+        for emitted in graph.nodes[start:]:
+            emitted.debug_handle = len(self.sources)
+
+    def _stand_in(self, node: Any) -> Any:
+        """A value of the node's shape so that lowering can go on (never written: ``lower`` raises)."""
+        def make(val: Any) -> Any:
+            if isinstance(val, (tuple, list)):
+                return tuple(make(v) for v in val)
+            shape = getattr(val, "shape", None)
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                return None
+            dims = tuple(int(d) for d in shape)
+            return Activation(self.ctx.graph.tensor(dims), dims, identity(len(dims)))
+        return make(node.meta.get("val"))
+
+    # ----------------------------------------------------------------- outputs
+
+    def _outputs(self, node: Any) -> None:
+        ctx = self.ctx
+        results = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
+        used: set[int] = set()
+        for i, item in enumerate(results):
+            value = self.env.get(item) if item is not None else None
+            if not isinstance(value, Activation):
+                self.refuse(node, f"output {i} is not computed by the graph (got {type(value).__name__}): "
+                            "outputs must depend on the inputs")
+                continue
+            order = declared_dim_order(item.meta.get("val"))
+            vid = ctx.in_layout(value, order)
+            v = ctx.graph.value(vid)
+            if v.is_input or v.is_output or v.is_constant or vid in used:
+                vid = ctx.copy(vid)  # an external value is input or output once; copy it
+            used.add(vid)
+            ctx.graph.output(vid)
+            self.outputs.append(TensorIO(f"output {i}", value.shape, "float32", order))
+
+
+def declared_dim_order(val: Any) -> tuple[int, ...]:
+    """The dim order a program input or output declares for example tensor ``val``: channels-last
+    ``(0, 2, 3, 1)`` when ``val`` is laid out so, else contiguous (other strides are converted at
+    the boundary: ``Exported.run`` lays its inputs out contiguously)."""
+    rank = len(getattr(val, "shape", ()))
+    order = identity(rank)
+    try:
+        found = tuple(int(d) for d in val.dim_order())
+    except Exception:  # no strides (a symbolic or non-dense tensor): contiguous
+        return order
+    return found if found == NHWC else order
+
+
+def _static_shape(val: Any, what: str) -> tuple[int, ...]:
+    shape = getattr(val, "shape", None)
+    if shape is None:
+        raise XnnquantError(f"{what} is not a tensor: got {type(val).__name__}")
+    dims = []
+    for d in shape:
+        if not isinstance(d, int):
+            raise XnnquantError(
+                f"{what} has a dynamic dimension {d} (shape {tuple(shape)}): XNNPACK payloads written by "
+                "xnnquant have static shapes; export with static example inputs (no dynamic_shapes)")
+        dims.append(int(d))
+    return tuple(dims)
+
+
+def _map(value: Any, env: dict[Any, Any]) -> Any:
+    """ATen node arguments with every input node replaced by what it lowered to."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, env) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, env) for k, v in value.items()}
+    if hasattr(value, "op") and hasattr(value, "users"):  # an fx Node
+        return env[value]
+    return value
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    else:
+        yield value

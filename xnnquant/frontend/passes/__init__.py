@@ -1,0 +1,86 @@
+"""Rewrites of the ATen graph before lowering, each with the guard that says when it is exact.
+
+A pass is a function ``fn(program, options)`` over an ``AtenProgram`` (its own copy of the
+exported graph), registered with ``@rewrite(name)``; ``run_passes`` runs them in the order
+of ``ORDER``.  A pass either rewrites the graph (removing a node, folding constants into
+a new constant placeholder) or notes a decision on a node for its lowering
+(``node.meta[key]``, read through ``LoweringContext.annotation``).  Each pass that can
+refuse to rewrite has a guard returning the reason (``batch_norm.can_fold``), and tests pin
+its refusals.  Lowerings then see a graph in which every rewrite is already done, so no
+lowering needs to know about another.
+
+=================  =================================================================
+``cleanup``        drops the nodes that compute nothing: runtime checks
+                   (``_assert_tensor_metadata``, ``_assert_scalar``, ...), copies and
+                   aliases, eval-mode dropout, conversions to the dtype already held
+``constants``      computes every node whose inputs are all constants, with torch
+                   (a transposed weight, a mask built from constants)
+``batch_norm``     folds an eval-mode batch norm into the convolution before it
+``equalization``   with calibration statistics: per-channel scales for the linears
+                   that read a layer norm (SmoothQuant's rule, ``calibration.py``)
+=================  =================================================================
+
+Ops a pass removes (``HANDLED``) count as handled when deciding whether the program needs
+torch's decompositions (``api.needs_decomposition``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..program import AtenProgram
+
+PassFn = Callable[[AtenProgram, Any], None]
+
+#: The passes, in the order they run (module names in this package).
+ORDER = ("cleanup", "constants", "batch_norm", "equalization")
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    fn: PassFn
+
+
+PASSES: dict[str, Pass] = {}
+#: ATen ops the passes remove from every graph (so they need no lowering).
+HANDLED: set[Any] = set()
+
+
+def rewrite(name: str, handles: tuple[Any, ...] = ()) -> Callable[[PassFn], PassFn]:
+    """Register the decorated function as pass ``name`` (one of ``ORDER``); ``handles``: ops
+    it always removes.  A second registration of a name is refused."""
+    if name not in ORDER:
+        raise RuntimeError(f"pass {name!r} is not in ORDER {ORDER}")
+
+    def register(fn: PassFn) -> PassFn:
+        if name in PASSES:
+            raise RuntimeError(f"pass {name!r} is already registered by {PASSES[name].fn.__qualname__}")
+        PASSES[name] = Pass(name, fn)
+        HANDLED.update(handles)
+        return fn
+
+    return register
+
+
+def load_passes() -> dict[str, Pass]:
+    for name in ORDER:
+        importlib.import_module(f"{__name__}.{name}")
+    return PASSES
+
+
+def run_passes(program: AtenProgram, options: Any) -> None:
+    """Run every pass over ``program``, in ``ORDER``."""
+    load_passes()
+    for name in ORDER:
+        PASSES[name].fn(program, options)
+    program.graph.lint()
+
+
+def replace_uses(node: Any, by: Any) -> None:
+    """Every use of ``node`` reads ``by`` instead, and ``node`` (now unused) is erased."""
+    node.replace_all_uses_with(by)
+    node.graph.erase_node(node)

@@ -1,0 +1,56 @@
+"""Drop the nodes that compute nothing.
+
+* checks that torch.export inserts and that have no effect on values
+  (``_assert_tensor_metadata`` for ``.to()`` calls, ``_assert_scalar``, range constraints):
+  erased;
+* copies and aliases (``clone``, ``alias``, ``detach``, ``lift_fresh_copy``,
+  ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` to the dtype the input already
+  has (a memory-format change: layouts are the lowering's business): their users read
+  their input instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..program import AtenProgram
+from . import replace_uses, rewrite
+
+aten = torch.ops.aten
+
+#: Ops with no result that only check at run time.
+CHECKS = (aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten._assert_async.msg,
+          aten.sym_constrain_range.default, aten.sym_constrain_range_for_size.default)
+#: Ops whose result is their first argument's value.
+IDENTITIES = (aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+              aten.contiguous.default)
+
+
+def _dtype(node: Any) -> Any:
+    return getattr(node.meta.get("val"), "dtype", None) if hasattr(node, "meta") else None
+
+
+def passes_through(node: Any) -> bool:
+    """True for a node whose result is its first argument's value (see the module docstring)."""
+    if node.target in IDENTITIES:
+        return True
+    if node.target is aten.dropout.default:
+        return not (node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
+    if node.target is aten._to_copy.default:
+        device = node.kwargs.get("device")
+        same_device = device is None or torch.device(device).type == "cpu"
+        return same_device and _dtype(node) is not None and _dtype(node) == _dtype(node.args[0])
+    return False
+
+
+@rewrite("cleanup", handles=CHECKS + IDENTITIES + (aten.dropout.default,))
+def cleanup(program: AtenProgram, options: Any) -> None:
+    for node in list(program.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in CHECKS and not node.users:
+            program.graph.erase_node(node)
+        elif passes_through(node):
+            replace_uses(node, node.args[0])

@@ -1,0 +1,59 @@
+"""Compute every node whose inputs are all constants, with torch, ahead of lowering.
+
+A node whose tensor arguments are all constant placeholders (a transposed weight, a
+mask built from a buffer, a ``zeros`` made in ``forward``) becomes a new constant
+placeholder holding torch's result; a node with several results is folded through its
+``getitem`` users.  A result computed from one named tensor keeps that name for the
+report.  Ops that draw random numbers are left to their lowering (none exists: they are
+refused by name).  On a streaming export's meta tensors the result is a meta tensor,
+which the lowering refuses to read, naming the tensor it was computed from.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from ..program import AtenProgram
+from . import replace_uses, rewrite
+
+
+def _inputs(node: Any) -> list[Any]:
+    return list(node.all_input_nodes)
+
+
+def foldable(program: AtenProgram, node: Any) -> bool:
+    """True when every input of ``node`` is a constant and torch computes it deterministically."""
+    if node.op != "call_function" or node.target is operator.getitem or not node.users:
+        return False
+    if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return False
+    return all(program.is_constant(n) for n in _inputs(node))
+
+
+@rewrite("constants")
+def fold_constants(program: AtenProgram, options: Any) -> None:
+    for node in list(program.graph.nodes):
+        if not foldable(program, node):
+            continue
+        values = {n: program.constants[n.name] for n in _inputs(node)}
+        args = torch.fx.node.map_arg(node.args, values.__getitem__)
+        kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
+        with torch.no_grad():
+            try:
+                result = node.target(*args, **kwargs)
+            except Exception:
+                continue
+        named = [program.origins[n.name] for n in _inputs(node) if n.name in program.origins]
+        origin = named[0] if len(named) == 1 else None
+        if isinstance(result, torch.Tensor):
+            replace_uses(node, program.add_constant(result, f"{node.name}_folded", origin))
+        elif isinstance(result, (tuple, list)) and all(u.target is operator.getitem for u in node.users):
+            for user in list(node.users):
+                part = result[user.args[1]]
+                if isinstance(part, torch.Tensor):
+                    replace_uses(user, program.add_constant(part, f"{user.name}_folded", origin))
+            if not node.users:
+                program.graph.erase_node(node)

@@ -1,0 +1,267 @@
+"""The self-check of every export: the lowered graph against the module, before ``xq.export`` returns.
+
+Two comparisons, on the example inputs; either raises ``SelfCheckError``:
+
+1. **The exported program against the module's eager forward.**  The program the
+   lowering read (torch.export's graph, decomposed and rewritten by the passes) is run
+   in torch and its outputs compared with ``module(*example_inputs)``.  A module that
+   computes differently under export (a branch on ``torch.compiler.is_exporting()``,
+   randomness) or a pass that changed a value is caught here; when the program differs,
+   torch.export's own program is run too, to say which of the two it was.
+2. **The graph against the program, node by node.**  The reference interpreter runs the
+   graph; then every ATen node that lowered to a graph value is computed by torch *on
+   the interpreter's values of its inputs*, and must give the interpreter's value of its
+   output.  Each node is judged alone, so quantization upstream cannot hide or fake a
+   fault, and the first node that differs is named with its ATen op and module path.
+   Where a lowering quantized (``QuantizedReference``), torch computes the node as the
+   graph defines it: the filter replaced by the stored filter's values, the input
+   quantized per token by ``xq.quantize_per_token`` (bit-exact with the interpreter's
+   and XNNPACK's own conversion).  Where a clamp was fused into its producer's output
+   bounds, the producer's value is recomputed without it, so the producer and the clamp
+   are each judged on their own.  Finally the graph's outputs must be the values of the
+   program's outputs, laid out as declared.
+
+The bound is ``graph.divergence.TOLERANCE`` (1e-4) relative to the larger of the value's
+largest magnitude and 1% of its inputs' largest magnitude: one node's float32 sums taken
+in another order, or a subtraction's rounding of large inputs, stay far below it, while
+a wrong lowering is off by about its value's size.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..constants import FLT_MIN
+from ..errors import SelfCheckError
+from ..graph.divergence import TOLERANCE
+from ..graph.interpreter import evaluate_node, interpret_values
+from .lowering import op_name
+from .lowering.context import Activation, QuantizedReference, inverse
+from .lowering.walk import Lowered
+from .program import AtenProgram
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """What the self-check compared (``print`` it)."""
+
+    nodes: int
+    worst_node_error: float
+    eager_error: float
+
+    def __str__(self) -> str:
+        return (f"self-check passed: {self.nodes} nodes of the graph agree with torch on their own inputs (worst "
+                f"relative error {self.worst_node_error:.2g}), the program agrees with the module's eager forward "
+                f"({self.eager_error:.2g}); tolerance {TOLERANCE:g}")
+
+
+def relative_error(got: np.ndarray, ref: np.ndarray, scale: float) -> float:
+    """``max |got - ref| / scale``, positions equal in both (infinities, NaN) counting as exact."""
+    got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if got64.shape != ref64.shape:
+        return math.inf
+    same = (got64 == ref64) | (np.isnan(got64) & np.isnan(ref64))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(got64 - ref64))
+    worst = float(np.max(diff, initial=0.0))
+    return math.inf if math.isnan(worst) else worst / max(scale, float(FLT_MIN))
+
+
+def _magnitude(x: Any) -> float:
+    arr = np.asarray(x, np.float64)
+    finite = arr[np.isfinite(arr)]
+    return float(np.max(np.abs(finite), initial=0.0))
+
+
+def _leaves(value: Any) -> list[Any]:
+    import torch
+
+    leaves, _ = torch.utils._pytree.tree_flatten(value)
+    return leaves
+
+
+def _torch_op(target: Any) -> Any:
+    """The op torch computes ``target``'s values with: a view as a reshape (the cleanup pass
+    drops ``contiguous`` copies, which layouts make no matter to in the graph)."""
+    import torch
+
+    aten = torch.ops.aten
+    return aten.reshape.default if target in (aten.view.default, aten._unsafe_view.default) else target
+
+
+def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
+    """The program's outputs computed by torch, node by node (its constants as they are)."""
+    import torch
+
+    env: dict[Any, Any] = {}
+    given = iter(inputs)
+    with torch.no_grad():
+        for node in program.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = program.constants[node.name] if program.is_constant(node) else next(given)
+            elif node.op == "call_function":
+                args = torch.fx.node.map_arg(node.args, env.__getitem__)
+                kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+                env[node] = _torch_op(node.target)(*args, **kwargs)
+            elif node.op == "output":
+                return _leaves(torch.fx.node.map_arg(node.args[0], env.__getitem__))
+    raise AssertionError("a graph without an output node")
+
+
+def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], program: AtenProgram) -> float:
+    """Comparison 1 (module docstring); returns the worst relative error."""
+    import torch
+
+    with torch.no_grad():
+        eager = [t for t in _leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
+    computed = _evaluate(program, inputs)
+    worst = 0.0
+    for i, (want, got) in enumerate(zip(eager, computed)):
+        error = relative_error(got.detach().numpy(), want.detach().numpy(), _magnitude(want.detach().numpy()))
+        worst = max(worst, error)
+        if not error <= TOLERANCE:
+            with torch.no_grad():
+                exported = _leaves(traced.module()(*inputs))[i]
+            at_export = relative_error(exported.detach().numpy(), want.detach().numpy(), _magnitude(want.numpy()))
+            cause = (f"torch.export traced another computation than the module's eager forward (its program "
+                     f"differs by {at_export:.3g} too): a branch on torch.compiler.is_exporting(), randomness or "
+                     "state the trace does not see" if not at_export <= TOLERANCE else
+                     "the rewrites before lowering (xnnquant/frontend/passes) changed it")
+            raise SelfCheckError(
+                f"self-check failed: output {i} of the exported program differs from the module's eager forward "
+                f"by {error:.3g} (relative to its largest magnitude; tolerance {TOLERANCE:g}): {cause}; the program "
+                "would not compute what the module computes")
+    if len(eager) != len(computed):
+        raise SelfCheckError(f"self-check failed: the module returns {len(eager)} tensors, its exported program "
+                             f"{len(computed)}")
+    return worst
+
+
+def _logical(env: dict[int, np.ndarray], a: Activation) -> np.ndarray:
+    """The interpreter's value of ``a`` in torch's dim order."""
+    return np.transpose(np.asarray(env[a.id]).reshape(a.dims), inverse(a.perm))
+
+
+def _quantized_input(x: Any, reference: QuantizedReference) -> Any:
+    """``x`` as the graph feeds it to a quantized node (``QuantizedReference``)."""
+    import torch
+
+    from ..schemes import quantize_per_token
+
+    arr = np.ascontiguousarray(np.transpose(x.numpy(), reference.input_layout))
+    if reference.input_scale is not None:
+        arr = (arr * reference.input_scale).astype(np.float32)
+    rows = quantize_per_token(arr, num_nonbatch_dims=reference.nonbatch_dims).dequantize()
+    return torch.from_numpy(np.ascontiguousarray(np.transpose(rows, inverse(reference.input_layout))))
+
+
+def _unfused(lowered: Lowered, env: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """``env``, with each value whose producer took in fused clamps recomputed with the
+    producer's bounds as they were before the first (``LoweringContext.fuse_clamp``)."""
+    views = dict(env)
+    producers = {vid: node for node in lowered.graph.nodes for vid in node.outputs}
+    for vid, (bounds, _) in lowered.fused.items():
+        node = copy.copy(producers[vid])
+        node.output_min, node.output_max = bounds
+        results = evaluate_node(lowered.graph, node, [env[i] for i in node.inputs])
+        views[vid] = results[list(node.outputs).index(vid)]
+    return views
+
+
+def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray],
+              reference: QuantizedReference | None) -> tuple[Any, Any, list[np.ndarray]]:
+    """``node``'s arguments for torch: each activation as the interpreter computed it (the first
+    one quantized as the graph does when the lowering quantized), each constant as it is (the
+    quantized filter as its stored values); and the activations' values."""
+    import torch
+
+    activations: list[np.ndarray] = []
+
+    def operand(arg: Any) -> Any:
+        value = lowered.values.get(arg)
+        if isinstance(value, Activation):
+            x = torch.from_numpy(np.ascontiguousarray(_logical(env, value)))
+            if reference is not None and not activations:
+                x = _quantized_input(x, reference)
+            activations.append(x.numpy())
+            return x
+        if reference is not None and value is reference.weight:
+            return torch.from_numpy(np.ascontiguousarray(reference.dequantized))
+        return value
+
+    return torch.fx.node.map_arg(node.args, operand), torch.fx.node.map_arg(node.kwargs, operand), activations
+
+
+def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> tuple[int, float]:
+    """Comparison 2 (module docstring) on the interpreter's values ``env``; returns (nodes
+    compared, worst relative error)."""
+    import torch
+
+    views = _unfused(lowered, env)
+    clamps = {node: (vid, low, high) for vid, (_, fused) in lowered.fused.items() for node, low, high in fused}
+    compared, worst = 0, 0.0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        result = lowered.values.get(node)
+        outs = result if isinstance(result, tuple) else (result,)
+        if not any(isinstance(o, Activation) for o in outs):
+            continue
+        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node))
+        with torch.no_grad():
+            want = _torch_op(node.target)(*args, **kwargs)
+        wants = want if isinstance(want, (tuple, list)) else (want,)
+        inputs_scale = 0.01 * max((_magnitude(a) for a in activations), default=0.0)
+        for k, (out, ref) in enumerate(zip(outs, wants)):
+            if not isinstance(out, Activation):
+                continue
+            ref_arr = ref.detach().numpy().astype(np.float64)
+            fused = clamps.get(node)
+            if fused is not None and fused[0] == out.id:  # the producer's bounds as this node left them
+                views[out.id] = np.clip(views[out.id], fused[1], fused[2]).astype(np.float32)
+            got = _logical(views, out)
+            error = relative_error(got, ref_arr, max(_magnitude(ref_arr), inputs_scale))
+            worst = max(worst, error if math.isfinite(error) else worst)
+            compared += 1
+            if not error <= TOLERANCE:
+                emitted = sorted({n.kind for n in lowered.graph.nodes if n.debug_handle and
+                                  lowered.sources[n.debug_handle - 1][1] == node.name})
+                raise SelfCheckError(
+                    f"self-check failed at {op_name(node.target)} (node {node.name}, module "
+                    f"{AtenProgram.module_path(node) or '<top level>'}): output {k} of the lowered graph "
+                    f"({', '.join(emitted) or 'no node of its own'}) differs from torch on the same inputs by "
+                    f"{error:.3g} (relative; tolerance {TOLERANCE:g}): the lowering of this node is wrong; "
+                    "please report it (check=False skips this check)")
+    return compared, worst
+
+
+def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> None:
+    """The graph's outputs are the values of the program's outputs, laid out as declared."""
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    items = _leaves(output.args[0])
+    for i, (item, spec, vid) in enumerate(zip(items, lowered.outputs, lowered.graph.outputs)):
+        value = lowered.values.get(item)
+        if not isinstance(value, Activation):
+            continue
+        got = np.transpose(np.asarray(env[vid]), inverse(spec.dim_order))
+        if not np.array_equal(got, _logical(env, value), equal_nan=True):
+            raise SelfCheckError(f"self-check failed: graph output {i} is not the value of the program's output {i} "
+                                 f"laid out as declared {spec.dim_order}")
+
+
+def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram, lowered: Lowered) -> SelfCheck:
+    """Run both comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``."""
+    inputs = tuple(example_inputs)
+    eager_error = _compare_with_eager(module, traced, inputs, program)
+    arrays = [np.ascontiguousarray(np.transpose(x.detach().numpy(), spec.dim_order))
+              for x, spec in zip(inputs, lowered.inputs)]
+    env = interpret_values(lowered.graph, arrays)
+    compared, worst = _compare_nodes(program, lowered, env)
+    _compare_outputs(program, lowered, env)
+    return SelfCheck(compared, worst, eager_error)

@@ -1,0 +1,342 @@
+"""The one weight policy: every weight scheme in one table, and which scheme each layer gets.
+
+``weights=`` is parsed once, at the API edge, into a ``WeightScheme`` (a frozen dataclass
+whose ``str`` gives the spelling back).  Each scheme is one row of ``SCHEMES``: its
+datatype and bits, the layers XNNPACK 1.4.1 computes it right for (measured; the
+reasons fill the report), and how its bytes are counted.  The lowering, the streaming
+export, sequential calibration and the torchao adapter all read the same row:
+
+==========  =========  ====================  ==============================================
+spelling    datatype   activations in        refused for (XNNPACK 1.4.1, measured)
+==========  =========  ====================  ==============================================
+``fp32``    fp32       fp32                  nothing
+``qc8w``    qcint8     qdint8, per token     depthwise and transposed convolutions (no
+                       (per image for a      dynamically quantized kernel computes them
+                       convolution)          right)
+``qc4w``    qcint4     qdint8                convolutions (no 4-bit convolution); a linear
+                                             with odd ``in_features`` (computed wrongly)
+``qb4w:G``  qbint4     qdint8                convolutions; a linear whose ``in_features``
+                                             G does not divide.  G: a multiple of 32
+==========  =========  ====================  ==============================================
+
+A layer that cannot take the requested scheme takes a fallback: ``fallback="auto"`` (the
+default) walks down ``LADDER`` from the requested scheme to the first one the layer takes
+(qb4w:G -> qc4w -> qc8w -> fp32: a 4-bit convolution becomes qc8w, a depthwise one fp32,
+an odd-width linear the next scheme that fits); ``fallback=None`` refuses the layer;
+explicit schemes are tried in the order given.  Every fallback is a report row's reason.
+
+Bytes in the payload (``stored_nbytes``): the codes (``tensor.packed_nbytes``) and the
+scales: per-channel scales fp32 (4 bytes each); blockwise ones bf16 in the constant
+segment (2 bytes, target 1.4.1) or fp32 plus bf16 copies in the flatbuffer (6 bytes, xn01).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from ..compute import jit
+from ..compute.parallel import for_ranges
+from ..constants import XNN_MIN_BLOCKSIZE
+from ..datatypes import Datatype
+from ..errors import XnnquantError
+from ..metrics import sqnr_db
+from ..schemes import quantize_blockwise, quantize_per_channel
+from ..schemes.blockwise import valid_group_sizes
+from ..schemes.checks import ACTIVATION_AWARE_METHODS, check_method
+from ..tensor import QuantizedTensor, packed_nbytes
+
+VALID_FORMS = "'fp32', 'qc8w', 'qc4w' or 'qb4w:G' with G a multiple of 32 (e.g. 'qb4w:32')"
+
+
+class SchemeKind(str, Enum):
+    """The kinds of weight scheme (``WeightScheme.kind``)."""
+
+    FP32 = "fp32"
+    QC8W = "qc8w"
+    QC4W = "qc4w"
+    QB4W = "qb4w"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class LayerKind(str, Enum):
+    """What a weight is the filter of, as far as XNNPACK's kernels differ."""
+
+    LINEAR = "linear"  # a fully connected node: linears, matmuls by a constant, 1x1 convolutions
+    CONV = "convolution"  # regular or grouped 2-D convolution
+    DEPTHWISE = "depthwise convolution"
+    TRANSPOSED = "transposed convolution"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer as the weight policy sees it: its kind and, for a linear, ``in_features``."""
+
+    kind: LayerKind
+    in_features: int = 0
+
+
+def _no_refusal(layer: Layer, scheme: WeightScheme) -> str | None:
+    return None
+
+
+def _int8_refusal(layer: Layer, scheme: WeightScheme) -> str | None:
+    if layer.kind is LayerKind.DEPTHWISE:
+        return "XNNPACK has no dynamically quantized depthwise convolution"
+    if layer.kind is LayerKind.TRANSPOSED:
+        return "XNNPACK's dynamically quantized transposed convolution was not measured correct"
+    return None
+
+
+def _int4_refusal(layer: Layer, scheme: WeightScheme) -> str | None:
+    if layer.kind is not LayerKind.LINEAR:
+        return "XNNPACK has no 4-bit convolution (its quantized convolutions take int8 filters)"
+    k = layer.in_features
+    if scheme.kind is SchemeKind.QC4W and k % 2:
+        return f"qc4w with an odd in_features ({k}) is computed wrongly by XNNPACK's dynamically quantized int4 kernels"
+    if scheme.kind is SchemeKind.QB4W and k % int(scheme.group_size or 0):
+        valid = ", ".join(map(str, valid_group_sizes(k))) or "none"
+        return f"group size {scheme.group_size} does not divide in_features {k} (group sizes that do: {valid})"
+    return None
+
+
+@dataclass(frozen=True)
+class SchemeFacts:
+    """One row of ``SCHEMES``."""
+
+    datatype: Datatype
+    bits: int
+    refusal: Callable[[Layer, WeightScheme], str | None]
+
+
+#: The scheme table (see the module docstring).
+SCHEMES: dict[SchemeKind, SchemeFacts] = {
+    SchemeKind.FP32: SchemeFacts(Datatype.fp32, 32, _no_refusal),
+    SchemeKind.QC8W: SchemeFacts(Datatype.qcint8, 8, _int8_refusal),
+    SchemeKind.QC4W: SchemeFacts(Datatype.qcint4, 4, _int4_refusal),
+    SchemeKind.QB4W: SchemeFacts(Datatype.qbint4, 4, _int4_refusal),
+}
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    """How the weights of a layer are stored (see the module docstring)."""
+
+    kind: SchemeKind
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        blockwise = self.kind is SchemeKind.QB4W
+        if blockwise != (self.group_size is not None):
+            raise XnnquantError(f"group_size goes with qb4w only: got kind {self.kind}, group_size {self.group_size}")
+        if blockwise and (self.group_size < XNN_MIN_BLOCKSIZE or self.group_size % XNN_MIN_BLOCKSIZE):  # type: ignore[operator]
+            raise XnnquantError(
+                f"qb4w group size must be a positive multiple of {XNN_MIN_BLOCKSIZE}: got {self.group_size} "
+                f"(valid forms: {VALID_FORMS})")
+
+    def __str__(self) -> str:
+        return f"qb4w:{self.group_size}" if self.kind is SchemeKind.QB4W else self.kind.value
+
+    @classmethod
+    def parse(cls, value: Any, name: str = "weights") -> WeightScheme:
+        """``WeightScheme`` from itself or its spelling (case and spaces ignored)."""
+        if isinstance(value, WeightScheme):
+            return value
+        if isinstance(value, str):
+            text = value.strip().lower().replace(" ", "")
+            head, sep, tail = text.partition(":")
+            if not sep and head in {k.value for k in SchemeKind} - {"qb4w"}:
+                return cls(SchemeKind(head))
+            if sep and head == "qb4w" and tail.isascii() and tail.isdigit():
+                return cls(SchemeKind.QB4W, int(tail))
+        raise XnnquantError(f"unknown {name} scheme: got {value!r}, expected {VALID_FORMS}")
+
+    @property
+    def facts(self) -> SchemeFacts:
+        return SCHEMES[self.kind]
+
+    @property
+    def datatype(self) -> Datatype:
+        """The weight's datatype: fp32, qcint8, qcint4 or qbint4."""
+        return self.facts.datatype
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.kind is not SchemeKind.FP32
+
+    @property
+    def is_4bit(self) -> bool:
+        return self.facts.bits == 4
+
+    def refusal(self, layer: Layer) -> str | None:
+        """Why ``layer`` cannot take this scheme (None: it can)."""
+        return self.facts.refusal(layer, self)
+
+    def quantize(self, weight: Any, method: str = "mse", calibration: Any = None, *,
+                 axis: int = 0) -> QuantizedTensor | np.ndarray:
+        """``weight`` (float, numpy or torch, in the layout the node reads: a linear's
+        ``[out_features, in_features]``, a convolution's ``[OC, KH, KW, IC/groups]``) stored
+        as this scheme says: a ``QuantizedTensor``, or float32 for fp32.
+
+        ``axis``: the output-channel axis of the per-channel schemes.  ``calibration``: what
+        an activation-aware ``method`` needs.
+        """
+        chosen = check_method(method)
+        if self.kind is SchemeKind.FP32:
+            return np.ascontiguousarray(np.asarray(weight, np.float32))
+        if chosen in ACTIVATION_AWARE_METHODS and calibration is None:
+            raise XnnquantError(
+                f"method {chosen!r} has no calibration statistics for this layer: got none, expected the inputs of a "
+                "torch.nn.Linear called as a module by the calibration batches (convolutions and linears computed "
+                "functionally, e.g. inside nn.MultiheadAttention, are not calibrated); export such a model with "
+                "method='mse'")
+        extra: dict[str, Any] = {} if calibration is None else {"calibration": calibration}
+        if self.kind is SchemeKind.QB4W:
+            return quantize_blockwise(weight, group_size=int(self.group_size or 0), method=chosen, **extra)
+        return quantize_per_channel(weight, bits=self.facts.bits, axis=axis, method=chosen, **extra)
+
+    def holds(self, q: QuantizedTensor, shape: tuple[int, ...]) -> bool:
+        """True when ``q`` is a weight of ``shape`` stored as this scheme (per output channel)."""
+        return (self.is_quantized and q.datatype is self.datatype and q.group_size == self.group_size
+                and q.codes.shape == tuple(shape) and q.channel_dim == 0)
+
+    def stored_nbytes(self, dims: tuple[int, ...], axis: int = 0, scales_in_segment: bool = True) -> int:
+        """Bytes a weight of ``dims`` takes in the payload: its codes and its scales (module docstring)."""
+        if self.kind is SchemeKind.FP32:
+            return 4 * math.prod(dims)
+        data = packed_nbytes(self.datatype, dims)
+        if self.group_size:
+            return data + (2 if scales_in_segment else 6) * (math.prod(dims) // self.group_size)
+        return data + 4 * dims[axis]
+
+
+FP32 = WeightScheme(SchemeKind.FP32)
+
+
+def ladder(requested: WeightScheme) -> tuple[WeightScheme, ...]:
+    """The schemes ``fallback="auto"`` tries, most compact first: from ``requested`` down
+    qb4w:G -> qc4w -> qc8w -> fp32."""
+    order = [SchemeKind.QB4W, SchemeKind.QC4W, SchemeKind.QC8W, SchemeKind.FP32]
+    rest = order[order.index(requested.kind) + 1:]
+    return (requested, *(WeightScheme(k) for k in rest))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The scheme a layer gets, and why it is not the requested one ('' when it is)."""
+
+    scheme: WeightScheme
+    note: str = ""
+
+
+class WeightPolicy:
+    """``weights`` and ``fallback`` of one export: which scheme each layer gets.
+
+    ``fallback``: ``"auto"`` (``ladder``), None (refuse), or schemes tried in order.
+    """
+
+    def __init__(self, weights: Any = "qb4w:32", fallback: Any = "auto") -> None:
+        self.weights = WeightScheme.parse(weights)
+        self.auto = isinstance(fallback, str) and fallback.strip().lower() == "auto"
+        self.fallback = ladder(self.weights)[1:] if self.auto else parse_fallback(fallback)
+
+    def choose(self, layer: Layer) -> Choice | str:
+        """The ``Choice`` for ``layer``, or the reason it is refused (every scheme tried)."""
+        reason = self.weights.refusal(layer)
+        if reason is None:
+            return Choice(self.weights)
+        reasons = [f"{self.weights}: {reason}"]
+        for scheme in self.fallback:
+            again = scheme.refusal(layer)
+            if again is None:
+                took = f"took {scheme} (fallback='auto')" if self.auto else f"took fallback {scheme}"
+                return Choice(scheme, "; ".join(reasons) + "; " + took)
+            if not self.auto:  # the ladder's steps are implied: only the requested scheme's reason is said
+                reasons.append(f"fallback {scheme}: {again}")
+        hint = "fallback='auto'" if not self.fallback else "a fallback it can take, e.g. fallback=('qc8w', 'fp32')"
+        return f"{'; '.join(reasons)} (pass {hint})"
+
+
+def parse_fallback(fallback: Any) -> tuple[WeightScheme, ...]:
+    """``fallback=`` as schemes to try in order: None, one scheme, a sequence of them, or a
+    comma-separated string (``"qc8w,fp32"``)."""
+    if fallback is None:
+        return ()
+    if isinstance(fallback, str):
+        items: list[Any] = fallback.split(",")
+    elif isinstance(fallback, WeightScheme):
+        items = [fallback]
+    elif isinstance(fallback, (list, tuple)):
+        items = list(fallback)
+    else:
+        raise XnnquantError(f"fallback must be 'auto', None, a scheme or a sequence of schemes: got "
+                            f"{type(fallback).__name__} {fallback!r} (e.g. fallback=('qc8w', 'fp32'))")
+    return tuple(WeightScheme.parse(item, "fallback") for item in items)
+
+
+#: Values of a weight compared at a time by ``weight_sqnr`` (256 KiB of float32).
+SQNR_PIECE = 1 << 16
+
+
+def weight_sqnr(weight: np.ndarray, q: QuantizedTensor | np.ndarray) -> float:
+    """SQNR of the stored weight against the float one, in dB (inf when exact).
+
+    A quantized weight is dequantized a few output channels at a time: each piece's sums
+    of squares are float32 dot products of at most ``SQNR_PIECE`` values, added up in
+    float64 in the order of the pieces, so a weight of any size costs a few hundred KiB of
+    temporaries a thread (the figure agrees with ``metrics.sqnr_db`` to about 1e-5 dB).
+    The residuals come from one compiled pass when numba is there (``jit``), the same
+    float32 values as ``w - q.dequantize()``.  The pieces run on every core
+    (``parallel.for_ranges``); each writes its own sums, so the figure does not depend on
+    the threads.
+    """
+    if not isinstance(q, QuantizedTensor):
+        return float("inf") if np.array_equal(q, weight) else float(sqnr_db(weight, q))
+    axis = q.channel_dim or 0
+    rows = q.shape[axis]
+    step = max(1, SQNR_PIECE // max(1, q.codes.size // rows))
+    sums = np.zeros((-(-rows // step), 2), np.float64)  # (signal, noise) of each piece
+
+    # per-channel (axis 0) and blockwise weights of zero point 0: a compiled pass
+    loops = jit.loops() if q.channel_dim == 0 and not np.any(q.zero_point) else None
+    scale = np.asarray(q.scale, np.float32).reshape(rows, -1) if loops else None
+
+    def pieces(first: int, last: int) -> None:
+        for start in range(first, last, step):
+            stop = min(last, start + step)
+            if loops is not None:  # the same float32 residuals, in one compiled pass
+                rows_w = np.ascontiguousarray(weight[start:stop], np.float32).reshape(stop - start, -1)
+                rows_d = np.empty_like(rows_w)
+                loops.residual(rows_w, q.codes[start:stop].reshape(stop - start, -1), scale[start:stop],  # type: ignore[index]
+                               rows_d)
+                w, d = rows_w.ravel(), rows_d.ravel()
+            else:
+                w = np.take(weight, range(start, stop), axis=axis).astype(np.float32).ravel()
+                d = w - _rows(q, start, stop).dequantize().ravel()
+            sums[start // step] = np.dot(w, w), np.dot(d, d)
+
+    for_ranges(pieces, rows, step)
+    signal, noise = (float(x) for x in np.add.reduce(sums, axis=0))  # pairwise, in piece order
+    if noise == 0:
+        return float("inf")
+    with np.errstate(divide="ignore"):
+        return float(10.0 * np.log10(signal / noise))
+
+
+def _rows(q: QuantizedTensor, start: int, stop: int) -> QuantizedTensor:
+    """Output channels ``start:stop`` of a per-channel or blockwise weight."""
+    axis = q.channel_dim or 0
+    codes = np.take(q.codes, range(start, stop), axis=axis)
+    scale = np.asarray(q.scale)[start:stop]
+    return QuantizedTensor(q.datatype, codes, scale, q.zero_point, channel_dim=q.channel_dim,
+                           group_size=q.group_size)
