@@ -4,7 +4,12 @@
 and float32 numpy, independently of XNNPACK's kernels, so that ``run`` (the real
 runtime) can be checked against it.
 
-Quantized values follow dequantize-quantize semantics: every value holds the real
+Static int8: a qint8 value (per-tensor scale and zero point) is held as its int8 codes,
+and a node whose first input or output is qint8 is computed by ``int8.py`` exactly as
+XNNPACK computes it in integers (its requantizations, fixed-point multipliers and
+lookup tables), so ``interpret`` and ``run`` give identical codes.
+
+Other quantized values follow dequantize-quantize semantics: every value holds the real
 numbers it stands for.  A quantized constant is its ``QuantizedTensor.dequantize()``;
 a node whose output is quantized computes on real numbers and then snaps its result to
 the output's grid:
@@ -14,7 +19,7 @@ output datatype             what the result becomes
 ==========================  ===================================================
 fp32                        float32
 fp16                        rounded to float16 (held as float32)
-qint8, quint8               ``(clamp(rint(x / scale) + zp) - zp) * scale``
+quint8                      ``(clamp(rint(x / scale) + zp) - zp) * scale``
 qdint8                      per-token quantized with ``xq.quantize_per_token``
                             (XNNPACK's own conversion), then dequantized
 ==========================  ===================================================
