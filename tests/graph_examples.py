@@ -36,6 +36,13 @@ def _codes(rng: Rng, shape: tuple[int, ...], lo: int, hi: int, dtype: str) -> np
     return rng.integers(lo, hi + 1, size=shape).astype(dtype)
 
 
+def _bias_scale(g: Graph, x: int, weight_scale: np.ndarray) -> np.ndarray:
+    """input_scale * weight_scale (float32): the only int32 bias scale XNNPACK computes right."""
+    quant = g.value(x).quant
+    assert isinstance(quant, PerTensorQuant)
+    return (np.float32(quant.scale) * weight_scale).astype(np.float32)
+
+
 def _qint8_input(g: Graph, rng: Rng, dims: tuple[int, ...], datatype: Datatype = D.qint8) -> int:
     zp = int(rng.integers(-128, 128)) if datatype is D.qint8 else int(rng.integers(0, 256))
     return g.input(dims, datatype, PerTensorQuant(float(_scales(rng, 1)[0]), zp))
@@ -102,14 +109,16 @@ def _fully_connected(g: Graph, rng: Rng, choice: int | None = None) -> int:
         x = _qint8_input(g, rng, (m, k))
         ws = _scales(rng, n)
         w = g.constant(QuantizedTensor(D.qcint8, _codes(rng, (n, k), -127, 127, "int8"), ws, 0, channel_dim=0))
-        b = g.constant(QuantizedTensor(D.qcint32, _codes(rng, (n,), -1000, 1000, "int32"), ws * 0.5, 0, channel_dim=0))
+        b = g.constant(QuantizedTensor(D.qcint32, _codes(rng, (n,), -1000, 1000, "int32"), _bias_scale(g, x, ws), 0,
+                                       channel_dim=0))
         out = g.tensor((m, n), D.qint8, PerTensorQuant(4.0, int(rng.integers(-10, 10))))
         return g.fully_connected(x, w, b, output=out)
     if choice == 2:  # per-tensor qint8 filter, qint32 bias
         k = int(rng.integers(1, 17))
         x = _qint8_input(g, rng, (m, k))
         w = g.constant(QuantizedTensor(D.qint8, _codes(rng, (n, k), -127, 127, "int8"), np.float32(0.05), 0))
-        b = g.constant(QuantizedTensor(D.qint32, _codes(rng, (n,), -1000, 1000, "int32"), np.float32(0.01), 0))
+        b = g.constant(QuantizedTensor(D.qint32, _codes(rng, (n,), -1000, 1000, "int32"),
+                                       _bias_scale(g, x, np.float32(0.05)), 0))
         out = g.tensor((m, n), D.qint8, PerTensorQuant(2.0, 0))
         return g.fully_connected(x, w, b, output=out)
     # dynamic: fp32 -> qdint8 x (qcint8 | qcint4 | qbint4) + fp32 bias -> fp32
@@ -148,7 +157,8 @@ def _conv(depthwise: bool) -> Callable[[Graph, Rng], int]:
             x = _qint8_input(g, rng, (n, h, w_, c))
             ws = _scales(rng, oc)
             wt = g.constant(QuantizedTensor(D.qcint8, _codes(rng, shape, -127, 127, "int8"), ws, 0, channel_dim=cdim))
-            b = g.constant(QuantizedTensor(D.qcint32, _codes(rng, (oc,), -99, 99, "int32"), ws, 0, channel_dim=0))
+            b = g.constant(QuantizedTensor(D.qcint32, _codes(rng, (oc,), -99, 99, "int32"), _bias_scale(g, x, ws), 0,
+                                           channel_dim=0))
         else:
             x, wt, b = g.input((n, h, w_, c)), g.constant(_f32(rng, shape)), g.constant(_f32(rng, (oc,)))
         y = (g.depthwise_conv2d if depthwise else g.conv2d)(x, wt, b, **kwargs)

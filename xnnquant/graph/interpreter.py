@@ -4,7 +4,12 @@
 and float32 numpy, independently of XNNPACK's kernels, so that ``run`` (the real
 runtime) can be checked against it.
 
-Quantized values follow dequantize-quantize semantics: every value holds the real
+Static int8: a qint8 value (per-tensor scale and zero point) is held as its int8 codes,
+and a node whose first input or output is qint8 is computed by ``int8.py`` exactly as
+XNNPACK computes it in integers (its requantizations, fixed-point multipliers and
+lookup tables), so ``interpret`` and ``run`` give identical codes.
+
+Other quantized values follow dequantize-quantize semantics: every value holds the real
 numbers it stands for.  A quantized constant is its ``QuantizedTensor.dequantize()``;
 a node whose output is quantized computes on real numbers and then snaps its result to
 the output's grid:
@@ -14,7 +19,7 @@ output datatype             what the result becomes
 ==========================  ===================================================
 fp32                        float32
 fp16                        rounded to float16 (held as float32)
-qint8, quint8               ``(clamp(rint(x / scale) + zp) - zp) * scale``
+quint8                      ``(clamp(rint(x / scale) + zp) - zp) * scale``
 qdint8                      per-token quantized with ``xq.quantize_per_token``
                             (XNNPACK's own conversion), then dequantized
 ==========================  ===================================================
@@ -47,10 +52,11 @@ from ..constants import (
 from ..datatypes import Datatype, storage
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..rounding import quantize_values
+from . import int8
 from .builder import Graph
 from .model import Node, PerTensorQuant, PerTokenDynamicQuant, Value
 from .reader import load
-from .shapes import Window
+from .shapes import Window, windows
 
 if TYPE_CHECKING:
     import os
@@ -68,23 +74,7 @@ RESHAPING_KINDS = frozenset({"XNNStaticReshape", "XNNGlobalAvgPooling2d", "XNNFu
 Handler = Callable[[Any, list[np.ndarray]], list[np.ndarray]]
 
 
-# ----------------------------------------------------------------- windows
-
-
-def _windows(x: np.ndarray, window: Window, fill: float, kind: str) -> np.ndarray:
-    """Sliding windows of NHWC ``x`` ``[N, H, W, C]`` -> ``[N, OH, OW, KH, KW, C]``.
-
-    ``x`` is first padded with ``fill`` (``window.padding``: top, right, bottom, left).
-    Window ``(oy, ox)`` tap ``(i, j)`` reads padded row ``oy * sh + i * dh`` and column
-    ``ox * sw + j * dw``.
-    """
-    top, right, bottom, left = window.padding
-    oh, ow = window.output_hw(kind, x.shape)
-    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
-    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
-    rows = (np.arange(oh) * sh)[:, None] + (np.arange(kh) * dh)[None, :]  # [OH, KH]
-    cols = (np.arange(ow) * sw)[:, None] + (np.arange(kw) * dw)[None, :]  # [OW, KW]
-    return xp[:, rows[:, None, :, None], cols[None, :, None, :], :]
+# ------------------------------------------------------ convolution, pooling
 
 
 def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: Node, groups: int) -> np.ndarray:
@@ -93,7 +83,7 @@ def _grouped_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, node: N
     ``y[n, oy, ox, g * OCg + o] = sum_{i, j, c} win[n, oy, ox, i, j, g * Cg + c] * w[g * OCg + o, i, j, c]``.
     """
     window = Window.of_conv(node.params).with_padding_for(node.flags, x.shape)
-    win = _windows(x, window, 0.0, node.kind)
+    win = windows(x, window, 0.0, node.kind)
     n, oh, ow, kh, kw, c = win.shape
     oc = w.shape[0]
     win = win.reshape(n, oh, ow, kh, kw, groups, c // groups).astype(np.float64)
@@ -151,7 +141,7 @@ def _max_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Max over each window; padding never wins (padded with -inf)."""
     x = args[0]
     window = Window.of_pool(node.params).with_padding_for(node.flags, x.shape)
-    return [_windows(x, window, -np.inf, node.kind).max(axis=(3, 4))]
+    return [windows(x, window, -np.inf, node.kind).max(axis=(3, 4))]
 
 
 def _avg_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
@@ -159,8 +149,8 @@ def _avg_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     x = args[0]
     stored = Window.of_pool(node.params)  # average pooling has no dilation
     window = Window(stored.kernel, stored.stride, (1, 1), stored.padding).with_padding_for(node.flags, x.shape)
-    total = _windows(x.astype(np.float64), window, 0.0, node.kind).sum(axis=(3, 4))
-    count = _windows(np.ones(x.shape[:3] + (1,)), window, 0.0, node.kind).sum(axis=(3, 4))
+    total = windows(x.astype(np.float64), window, 0.0, node.kind).sum(axis=(3, 4))
+    count = windows(np.ones(x.shape[:3] + (1,)), window, 0.0, node.kind).sum(axis=(3, 4))
     return [(total / count).astype(np.float32)]
 
 
@@ -176,7 +166,7 @@ def _argmax_pooling(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     stored = Window.of_pool(node.params)
     kernel = stored.kernel
     window = Window(kernel, kernel, (1, 1), stored.padding).with_padding_for(node.flags, x.shape)
-    win = _windows(x, window, -np.inf, node.kind)
+    win = windows(x, window, -np.inf, node.kind)
     flat = win.swapaxes(3, 4).reshape(win.shape[:3] + (kernel[0] * kernel[1], win.shape[5]))
     return [flat.max(axis=3), flat.argmax(axis=3).astype(np.float64)]
 
@@ -367,6 +357,22 @@ def _fit(value: Value, x: np.ndarray) -> np.ndarray:
     )
 
 
+def as_codes(value: Value, x: np.ndarray) -> np.ndarray:
+    """The int8 codes of qint8 ``value`` from what the interpreter holds for it: its codes
+    (an int8 array, as ``interpret`` keeps them) or real values (anything else, snapped
+    to the grid with ``clamp(rint(x / scale) + zp)``)."""
+    x = np.asarray(x)
+    return x if x.dtype == np.int8 else _codes(value, x)
+
+
+def to_real(value: Value, x: np.ndarray) -> np.ndarray:
+    """Real values of ``x``: int8 codes of a qint8 value are dequantized, anything else kept."""
+    x = np.asarray(x)
+    if x.dtype == np.int8 and int8.is_int8(value):
+        return int8.dequantize(x, *int8.quant(value))
+    return x
+
+
 def _codes(value: Value, x: np.ndarray) -> np.ndarray:
     """Per-tensor codes of real values ``x``: ``clamp(rint(x / scale) + zp)``."""
     q = value.quant
@@ -394,9 +400,11 @@ def _external_input(value: Value, x: ArrayInput, i: int) -> np.ndarray:
             f"inputs[{i}] does not match external input value {value.id}: got shape {tuple(arr.shape)} "
             f"{arr.dtype}, expected {tuple(value.dims)} {expected}"
         )
-    if datatype in (Datatype.qint8, Datatype.quint8):
+    if int8.is_int8(value):
+        return arr.copy()  # qint8 values are held as their codes
+    if datatype is Datatype.quint8:
         q = value.quant
-        assert isinstance(q, PerTensorQuant)  # validation: qint8 / quint8 values carry PerTensorQuant
+        assert isinstance(q, PerTensorQuant)  # validation: quint8 values carry PerTensorQuant
         return ((arr.astype(np.float32) - np.float32(q.zero_point)) * np.float32(q.scale)).astype(np.float32)
     real = arr.astype(np.float32)
     if value.dq_datatype == Datatype.qint8:  # legacy runtime path: quantized per row on entry
@@ -413,13 +421,17 @@ def _external_output(value: Value, x: np.ndarray, index: bool) -> np.ndarray:
     datatype = Datatype(value.datatype)
     if datatype is Datatype.fp16:
         return np.asarray(x).astype(np.float16)
-    if datatype in (Datatype.qint8, Datatype.quint8):
+    if int8.is_int8(value):
+        return as_codes(value, x)
+    if datatype is Datatype.quint8:
         return _codes(value, x)
     return np.asarray(x, np.float32)
 
 
 def _constant(value: Value) -> np.ndarray:
     qt = value.quantized_tensor()
+    if qt is not None and int8.is_int8(value):
+        return np.asarray(qt.codes, np.int8)
     if qt is not None:
         return qt.dequantize()
     return value.array().astype(np.float32)
@@ -480,6 +492,21 @@ def evaluate_node(graph: Any, node: Any, args: list[np.ndarray], position: int |
     does at every node; ``xq.verify`` calls it on the runtime's own intermediate values.
     """
     where = f"node {node.kind}" if position is None else f"node {position} ({node.kind})"
+    ins = [graph.value(i) for i in node.inputs]
+    outs = [graph.value(i) for i in node.outputs]
+    if int8.applies(node, ins, outs):
+        int8_handler = int8.HANDLERS.get(node.kind)
+        if int8_handler is None:
+            raise UnsupportedConfigError(f"{where}: the interpreter has no static int8 (qint8) reference for it")
+        codes = [as_codes(v, a) if int8.is_int8(v) else a for v, a in zip(ins, args)]
+        result = int8_handler(node, ins, outs[0], codes)
+        if node.kind in RESHAPING_KINDS or node.kind == "XNNStaticReshape":
+            result = np.reshape(result, outs[0].dims)
+        if tuple(result.shape) != tuple(outs[0].dims):
+            raise XnnquantError(f"{where} computes shape {tuple(result.shape)} but its output value "
+                                f"{outs[0].id} has dims {tuple(outs[0].dims)}")
+        return [result]
+    args = [to_real(v, a) for v, a in zip(ins, args)]
     handler = HANDLERS.get(node.kind)
     if handler is None:
         raise UnsupportedConfigError(f"{where}: the interpreter has no reference for it")

@@ -74,7 +74,21 @@ DEPTHWISE_TYPES = {
 }
 # nodes that move data without arithmetic: quantized input and output must share scale and zero point
 DATA_MOVEMENT = {"XNNMaxPooling2d", "XNNStaticReshape", "XNNStaticConstantPad", "XNNStaticTranspose",
-                 "XNNStaticSlice", "XNNStaticResizeBilinear2D"}
+                 "XNNStaticSlice", "XNNStaticResizeBilinear2D", "XNNCopy", "XNNConcatenate2", "XNNConcatenate3",
+                 "XNNConcatenate4", "XNNConcatenate5"}
+#: qint8 node kinds XNNPACK 1adaa7c7 refuses (its average pooling and softmax take fp16 / fp32 only).
+INT8_REFUSED = {"XNNAvgPooling2d", "XNNSoftmax"}
+#: Where XNNPACK's parameter set-up asserts its scale ratios lie (``microparams-init.c``), per kind:
+#: outside, its debug build aborts and the release build computes other codes than these formulas
+#: (measured: add with both ratios 1e-4, qint8 -> qint8 convert and leaky ReLU with ratio 129 and 200).
+INT8_RATIO_RANGES = {
+    "XNNAdd": (2.0**-10, 2.0**8, False), "XNNSubtract": (2.0**-10, 2.0**8, False),
+    "XNNMultiply": (2.0**-16, 2.0**8, False), "XNNConvert": (2.0**-8, 2.0**7, True),
+    "XNNLeakyReLU": (2.0**-8, 2.0**7, True),
+}
+#: Relative difference allowed between a static int8 bias's scale and input_scale * filter_scale
+#: (float32 products computed in another order or precision differ by a few ulps).
+BIAS_SCALE_RTOL = 1e-6
 
 
 def _fail(what: str, message: str, error: type[XnnquantError] = XnnquantError) -> XnnquantError:
@@ -260,6 +274,10 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
             raise _fail(what, f"a transposed qcint4 filter [K, N] with odd N={w.dims[1]}: XNNPACK 1adaa7c7 reads "
                               "its nibbles as one continuous stream, not as rows padded to whole bytes as "
                               "stored; store the filter as [N, K]", UnsupportedConfigError)
+        n_out = w.dims[1] if transposed else w.dims[0]
+        if b is not None and tuple(b.dims) != (n_out,):
+            raise _fail(what, f"the bias must have one element per output channel: got dims {list(b.dims)}, "
+                              f"expected [{n_out}] (value {b.id})")
         key = (x.datatype, w.datatype, b.datatype if b else None, out.datatype)
         allowed = FC_TYPES if b else {(i, f, None, o) for i, f, _, o in FC_TYPES}
         if key not in allowed:
@@ -275,6 +293,9 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
             raise _fail(what, f"the filter must be a constant (value {w.id})")
         if n.flags & ~CONV_FLAGS:
             raise _fail(what, f"unsupported flags 0x{n.flags:x}, expected a subset of 0x{CONV_FLAGS:x}")
+        if len(w.dims) == 4 and b is not None and tuple(b.dims) != (w.dims[3 if depthwise else 0],):
+            raise _fail(what, f"the bias must have one element per output channel: got dims {list(b.dims)}, "
+                              f"expected [{w.dims[3 if depthwise else 0]}] (value {b.id})")
         table = DEPTHWISE_TYPES if depthwise else CONV_TYPES
         key = (x.datatype, w.datatype, b.datatype if b else None, out.datatype)
         allowed = table if b else {(i, f, None, o) for i, f, _, o in table}
@@ -297,10 +318,71 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
                               f"{p.get('groups')} * {p.get('group_output_channels')}")
     elif n.kind == "XNNConvert" and out.datatype is D.qdint8 and ins[0].datatype not in (D.fp32, D.fp16):
         raise _fail(what, f"dynamic quantization needs an fp32 or fp16 input: got {ins[0].datatype.name}")
-    elif n.kind in DATA_MOVEMENT and isinstance(ins[0].quant, PerTensorQuant):
-        if ins[0].quant != out.quant:
-            raise _fail(what, f"{n.kind} needs the same scale and zero point on input and output: got "
-                              f"{ins[0].quant} and {out.quant}")
+    elif n.kind in DATA_MOVEMENT:
+        for v in ins:
+            if isinstance(v.quant, PerTensorQuant) and v.quant != out.quant:
+                raise _fail(what, f"{n.kind} needs the same scale and zero point on input and output: got "
+                                  f"{v.quant} (value {v.id}) and {out.quant}")
+
+
+def _is_qint8(v: Value) -> bool:
+    return v.datatype is D.qint8 and isinstance(v.quant, PerTensorQuant)
+
+
+def _scale(v: Value) -> np.float32:
+    assert isinstance(v.quant, PerTensorQuant)
+    return np.float32(v.quant.scale)
+
+
+def _check_ratio(what: str, kind: str, name: str, ratio: float) -> None:
+    lo, hi, hi_inclusive = INT8_RATIO_RANGES[kind]
+    if not (lo <= abs(ratio) and (abs(ratio) <= hi if hi_inclusive else abs(ratio) < hi)):
+        bracket = "]" if hi_inclusive else ")"
+        raise _fail(what, f"qint8 {kind[3:]} needs {name} in [2^{int(np.log2(lo))}, 2^{int(np.log2(hi))}{bracket}: "
+                          f"got {ratio:.7g}; XNNPACK 1adaa7c7 asserts this range and computes other codes "
+                          "outside it (choose closer scales)", UnsupportedConfigError)
+
+
+def _int8_rules(what: str, n: Node, ins: list[Value], out: Value) -> None:
+    """Rules of static int8 (qint8) nodes; the measurements are in tests/test_graph_int8.py."""
+    if n.kind in INT8_REFUSED:
+        raise _fail(what, f"XNNPACK 1adaa7c7 has no qint8 {n.kind[3:]} (the runtime refuses the node: "
+                          "xnn_status_invalid_parameter); compute it in fp32 between converts")
+    if n.kind in ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d") and len(ins) > 1:
+        w, b = ins[1], (ins[2] if len(ins) > 2 else None)
+        if isinstance(w.quant, PerTensorQuant) and w.quant.zero_point != 0:
+            raise _fail(what, f"a qint8 filter needs zero point 0: got {w.quant.zero_point} (value {w.id}); "
+                              "XNNPACK 1adaa7c7 ignores a filter's zero point and computes as if it were 0",
+                        UnsupportedConfigError)
+        s_w = w.quant.scale if isinstance(w.quant, (PerTensorQuant, PerChannelQuant)) else None
+        if s_w is None or (isinstance(w.quant, PerChannelQuant) and w.quant.scale.size == 0):
+            return  # scales not known yet (named data or deferred constants)
+        accumulator = (_scale(ins[0]) * np.asarray(s_w, np.float32)).astype(np.float32)
+        requant = accumulator / _scale(out)
+        if np.any(requant >= 256):
+            raise _fail(what, f"input_scale * filter_scale / output_scale must be below 256: got "
+                              f"{float(np.max(requant)):.7g}; XNNPACK 1adaa7c7 refuses it (unsupported parameter)")
+        if b is not None and isinstance(b.quant, (PerTensorQuant, PerChannelQuant)):
+            got, want = np.broadcast_arrays(np.asarray(b.quant.scale, np.float32), accumulator)
+            if got.size and not np.allclose(got, want, rtol=BIAS_SCALE_RTOL, atol=0):
+                i = int(np.argmax(np.abs(got - want).ravel()))
+                raise _fail(what, f"the int32 bias scale must be input_scale * filter_scale: got "
+                                  f"{got.ravel()[i]:.9g}, expected {want.ravel()[i]:.9g} (channel {i}); XNNPACK "
+                                  "1adaa7c7 adds the bias codes to the accumulator and never reads the bias scale "
+                                  "(use xq.quantize_bias)", UnsupportedConfigError)
+    elif n.kind in ("XNNAdd", "XNNSubtract") and all(_is_qint8(v) for v in (*ins[:2], out)):
+        for i, v in enumerate(ins[:2]):
+            _check_ratio(what, n.kind, f"input {i} scale / output scale", float(_scale(v) / _scale(out)))
+    elif n.kind == "XNNMultiply" and all(_is_qint8(v) for v in (*ins[:2], out)):
+        _check_ratio(what, n.kind, "input scale product / output scale",
+                     float((_scale(ins[0]) * _scale(ins[1])) / _scale(out)))
+    elif n.kind == "XNNConvert" and _is_qint8(ins[0]) and _is_qint8(out):
+        _check_ratio(what, n.kind, "input scale / output scale", float(_scale(ins[0]) / _scale(out)))
+    elif n.kind == "XNNLeakyReLU" and _is_qint8(ins[0]) and _is_qint8(out):
+        positive = _scale(ins[0]) / _scale(out)
+        _check_ratio(what, n.kind, "input scale / output scale", float(positive))
+        _check_ratio(what, n.kind, "|negative_slope| * input scale / output scale",
+                     float(positive * np.float32(n.params.get("negative_slope", 0.0))))
 
 
 def check_nodes(graph: Graph, *, writing: bool) -> None:
@@ -341,6 +423,9 @@ def check_nodes(graph: Graph, *, writing: bool) -> None:
             if np.isnan(lo) or np.isnan(hi) or lo > hi:
                 raise _fail(what, f"output_min/output_max must be ordered and not NaN: got {lo}, {hi}")
         _node_rules(what, n, vals)
+        ins, out = [vals[i] for i in n.inputs], vals[n.outputs[0]]
+        if (ins and _is_qint8(ins[0])) or _is_qint8(out):
+            _int8_rules(what, n, ins, out)
     used = {vid for n in graph.nodes for vid in n.inputs} | {v.id for v in graph.values if v.is_output}
     for i, n in enumerate(graph.nodes):
         if n.kind == "XNNArgMaxPooling2d":

@@ -173,6 +173,22 @@ class Window:
         return Window(self.kernel, self.stride, self.dilation, padding)
 
 
+def windows(x: np.ndarray, window: Window, fill: float, kind: str) -> np.ndarray:
+    """Sliding windows of NHWC ``x`` ``[N, H, W, C]`` -> ``[N, OH, OW, KH, KW, C]`` (x's dtype).
+
+    ``x`` is first padded with ``fill`` (``window.padding``: top, right, bottom, left).
+    Window ``(oy, ox)`` tap ``(i, j)`` reads padded row ``oy * sh + i * dh`` and column
+    ``ox * sw + j * dw``.
+    """
+    top, right, bottom, left = window.padding
+    oh, ow = window.output_hw(kind, x.shape)
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    rows = (np.arange(oh) * sh)[:, None] + (np.arange(kh) * dh)[None, :]  # [OH, KH]
+    cols = (np.arange(ow) * sw)[:, None] + (np.arange(kw) * dw)[None, :]  # [OW, KW]
+    return xp[:, rows[:, None, :, None], cols[None, :, None, :], :]
+
+
 def _dilation(params: Mapping[str, Any]) -> Pair:
     return max(params.get("dilation_height", 1), 1), max(params.get("dilation_width", 1), 1)
 
