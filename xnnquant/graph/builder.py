@@ -628,9 +628,16 @@ class Graph:
         return self._node("XNNConvert", (x,), [dims], [(datatype, quant)], **kw)[0]
 
     def static_reshape(self, x: int, new_shape: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
+        """``x`` with dims ``new_shape``; one dim may be inferred, written -1 (or 0).
+
+        The inferred dim is stored as 0, which XNNPACK resolves from the input's element
+        count on every call: the reshape then also holds when ``x`` runs at other sizes
+        than its dims (a dynamic sequence length).  The output value's dims resolve it
+        against ``x``'s dims.
+        """
         dims = shapes.reshape(self.value(x).dims, new_shape)
         return self._node("XNNStaticReshape", (x,), [dims], [self._like(x)],
-                          {"num_dims": len(dims), "new_shape": dims}, **kw)[0]
+                          {"num_dims": len(dims), "new_shape": shapes.stored_new_shape(new_shape)}, **kw)[0]
 
     def static_transpose(self, x: int, perm: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
         perm = tuple(int(p) for p in perm)

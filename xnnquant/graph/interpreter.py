@@ -56,7 +56,7 @@ from . import int8
 from .builder import Graph
 from .model import Node, PerTensorQuant, PerTokenDynamicQuant, Value
 from .reader import load
-from .shapes import Window, windows
+from .shapes import Window, reshape, slice_kept, windows, within
 
 if TYPE_CHECKING:
     import os
@@ -259,8 +259,14 @@ def _resize_bilinear(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _static_slice(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
-    index = tuple(slice(o, o + s) for o, s in zip(node.params["offsets"], node.params["sizes"]))
-    return [args[0][index]]
+    """What XNNPACK keeps at the input's actual dims (``shapes.slice_kept``)."""
+    offsets, sizes = slice_kept(args[0].shape, node.params["offsets"], node.params["sizes"])
+    return [args[0][tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]]
+
+
+def _static_reshape(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+    """``new_shape``, its inferred dim (stored as 0) taken from the input's element count."""
+    return [np.reshape(args[0], reshape(args[0].shape, node.params["new_shape"]))]
 
 
 def _static_constant_pad(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
@@ -319,7 +325,7 @@ HANDLERS: dict[str, Handler] = {
     "XNNClamp": _same,  # the bounds are output_min / output_max, applied by interpret
     "XNNCopy": _same,
     "XNNConvert": _same,  # the output datatype does the conversion (see _fit)
-    "XNNStaticReshape": _same,  # reshaped to the output value's dims by interpret
+    "XNNStaticReshape": _static_reshape,
     "XNNStaticTranspose": lambda node, args: [np.transpose(args[0], node.params["perm"])],
     "XNNStaticSlice": _static_slice,
     "XNNStaticConstantPad": _static_constant_pad,
@@ -395,10 +401,10 @@ def _external_input(value: Value, x: ArrayInput, i: int) -> np.ndarray:
         raise UnsupportedConfigError(f"external input value {value.id} has datatype {datatype.name}: "
                                      "expected fp32, fp16, qint8 or quint8")
     expected = np.dtype(storage(datatype).numpy_dtype)
-    if arr.dtype != expected or tuple(arr.shape) != tuple(value.dims):
+    if arr.dtype != expected or not within(arr.shape, value.dims) or 0 in arr.shape:
         raise XnnquantError(
             f"inputs[{i}] does not match external input value {value.id}: got shape {tuple(arr.shape)} "
-            f"{arr.dtype}, expected {tuple(value.dims)} {expected}"
+            f"{arr.dtype}, expected {tuple(value.dims)} {expected} (or smaller dims, each at least 1)"
         )
     if int8.is_int8(value):
         return arr.copy()  # qint8 values are held as their codes
@@ -446,6 +452,10 @@ def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[
     ``run`` takes them (fp32 -> float32, fp16 -> float16, qint8 -> int8 codes, quint8 ->
     uint8 codes).  Returns one array per external output in external-id order, as
     ``run`` returns them (argmax-pooling indices as int64).
+
+    An input may be smaller than its value's dims (same rank, each dim at least 1): the
+    dims are then upper bounds, and every node's output shape follows from its actual
+    inputs as in XNNPACK's reshape step (``shapes.node_output_dims``).
     """
     if not isinstance(graph, Graph):
         graph = load(graph, named_data=named_data)
@@ -510,7 +520,13 @@ def evaluate_node(graph: Any, node: Any, args: list[np.ndarray], position: int |
     handler = HANDLERS.get(node.kind)
     if handler is None:
         raise UnsupportedConfigError(f"{where}: the interpreter has no reference for it")
-    results = handler(node, args)
+    try:
+        results = handler(node, args)
+    except XnnquantError:
+        raise
+    except ValueError as exc:  # numpy: input shapes that do not fit together (inputs below their dims)
+        raise XnnquantError(f"{where}: inputs of shapes {[a.shape for a in args]} do not fit together: {exc}") \
+            from None
     out = []
     for k, (vid, result) in enumerate(zip(node.outputs, results)):
         value = graph.value(vid)
@@ -521,7 +537,7 @@ def evaluate_node(graph: Any, node: Any, args: list[np.ndarray], position: int |
             result = np.clip(result, node.output_min, node.output_max)
         if node.kind in RESHAPING_KINDS and result.size == int(np.prod(value.dims, dtype=np.int64)):
             result = np.reshape(result, value.dims)
-        if tuple(result.shape) != tuple(value.dims):
+        if not within(result.shape, value.dims):  # dims are upper bounds when inputs run smaller
             raise XnnquantError(
                 f"{where} computes shape {tuple(result.shape)} but its output value {vid} has dims "
                 f"{tuple(value.dims)}"

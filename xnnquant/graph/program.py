@@ -26,6 +26,13 @@ directly gives the same program whatever has been imported, so there is no clash
 External ids order the arguments: inputs, then outputs, each by ascending external id
 (the runtime sorts them so), which is the order of ``Graph.inputs`` / ``Graph.outputs``.
 torch and executorch are imported on first use (the ``xnnpack`` extra).
+
+Other sizes: XNNPACK computes every value's dims again from the tensors it is given on
+each call, so one payload runs at any input size whose dims are at most its values'
+dims.  The program must then declare its input and output tensors ``DYNAMIC_BOUND`` at
+those dims (``to_pte(dynamic=True)``; ``run`` always does): a ``STATIC`` tensor refuses
+any other shape, and ExecuTorch plans the memory of a bounded tensor at its declared
+dims and refuses a larger element count.
 """
 
 from __future__ import annotations
@@ -47,10 +54,11 @@ from ..arrays import ArrayInput, to_numpy
 from ..constants import CONSTANT_TENSOR_ALIGNMENT
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
+from .shapes import within
 
 if TYPE_CHECKING:
     from .builder import Graph
-    from .model import Value
+    from .model import Node, Value
 
 #: Loaded programs kept ready to execute, most recently used last.
 METHOD_CACHE_SIZE = 16
@@ -248,7 +256,8 @@ def _named_data_output(named_data: Mapping[str, bytes] | None) -> Any:
 
 def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
            outputs: Sequence[SpecLike] | None = None, *,
-           named_data: Mapping[str, bytes] | None = None, validate: bool = True) -> bytes:
+           named_data: Mapping[str, bytes] | None = None, validate: bool = True,
+           dynamic: bool = False) -> bytes:
     """The ``.pte`` program that runs ``payload`` as its only delegate call.
 
     ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs (or ``(shape, dtype, dim_order)``
@@ -265,6 +274,14 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     named-data segment.  ``validate=False`` skips ``load``'s validation (to
     probe what the runtime itself refuses).  Returns the program bytes (a ``*.pte``),
     the same whether or not ExecuTorch's own ``XnnpackBackend`` has been imported.
+
+    ``dynamic=True`` declares every input and output tensor of the program
+    ``DYNAMIC_BOUND`` with the given shapes as upper bounds, memory planned at those
+    bounds: the program then runs at any smaller sizes (each dim of an input at most the
+    declared one), as ExecuTorch's own flow declares a ``torch.export`` program with
+    dynamic dims.  Above the bound the runtime refuses the call (ExecuTorch checks the
+    element count of each input against its planned capacity).  ``False``: ``STATIC``
+    tensors, which refuse any other shape.
     """
     data = _payload_bytes(payload)
     found_in, found_out = external_specs(_load_checked(data, named_data, validate))
@@ -276,11 +293,30 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
                 f"to_pte needs one spec per external {role} of the payload: "
                 f"got {len(given)}, expected {len(found)}"
             )
-    return _build_pte(data, in_specs, out_specs, named_data)
+    return _build_pte(data, in_specs, out_specs, named_data, dynamic)
+
+
+def _bounded_io_planning() -> Any:
+    """ExecuTorch's memory planning, after marking the program's input and output tensors
+    ``DYNAMIC_BOUND`` (their planned dims then being upper bounds)."""
+    from executorch.exir.passes.memory_planning_pass import MemoryPlanningPass
+    from executorch.exir.schema import TensorShapeDynamism
+    from executorch.exir.tensor import TensorSpec as ExirSpec
+
+    class BoundedIO(MemoryPlanningPass):
+        def run(self, graph_module: Any, graph_signature: Any = None) -> Any:
+            for node in graph_module.graph.nodes:
+                io = [node] if node.op == "placeholder" else list(node.args[0]) if node.op == "output" else []
+                for spec in (n.meta.get("spec") for n in io):
+                    if isinstance(spec, ExirSpec):
+                        spec.shape_dynamism = TensorShapeDynamism.DYNAMIC_BOUND
+            return super().run(graph_module, graph_signature)
+
+    return BoundedIO()
 
 
 def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
-               named_data: Mapping[str, bytes] | None) -> bytes:
+               named_data: Mapping[str, bytes] | None, dynamic: bool = False) -> bytes:
     if not outputs:
         raise PayloadError("the payload has no external output: a program must return something")
     _import_torch_executorch()
@@ -293,7 +329,8 @@ def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         # the payload in a segment of its own after the program, as ExecuTorch's own flow
         # stores delegates: the runtime can map it, and a payload can be streamed into it
-        return bytes(lowered.buffer(extract_delegate_segments=True))
+        planning = _bounded_io_planning() if dynamic else None
+        return bytes(lowered.buffer(extract_delegate_segments=True, memory_planning=planning))
 
 
 def pte_chunks(graph: Any, inputs: Sequence[SpecLike] | None = None,
@@ -383,10 +420,47 @@ def _captured_stderr() -> Iterator[list[str]]:
             captured.append(text if _CALL_LOG is not None else python_side.getvalue() + text)
 
 
+class _ShapeRules(NamedTuple):
+    """What the output shapes at other input sizes follow from (no constant data kept)."""
+
+    nodes: tuple[Node, ...]
+    constants: dict[int, tuple[int, ...]]  # dims of each constant value
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    @classmethod
+    def of(cls, graph: Any) -> _ShapeRules:
+        return cls(tuple(graph.nodes), {v.id: tuple(v.dims) for v in graph.values if v.is_constant},
+                   tuple(graph.inputs), tuple(graph.outputs))
+
+    def output_specs(self, arrays: Sequence[np.ndarray], inputs: list[TensorSpec],
+                     outputs: list[TensorSpec]) -> list[TensorSpec]:
+        """The outputs' specs for inputs ``arrays`` (checked against ``inputs``): ``outputs``
+        at the declared sizes, else the dims XNNPACK's reshape step gives, each checked to
+        fit its output's declared dims (the program's planned capacity)."""
+        if all(a.shape == spec.shape for a, spec in zip(arrays, inputs)):
+            return outputs
+        from .shapes import propagate
+
+        known = {**self.constants, **{vid: tuple(a.shape) for vid, a in zip(self.inputs, arrays)}}
+        dims = propagate(self.nodes, known)
+        specs = []
+        for k, (vid, declared) in enumerate(zip(self.outputs, outputs)):
+            if not within(dims[vid], declared.shape):
+                raise XnnquantError(
+                    f"at input shapes {[tuple(a.shape) for a in arrays]} output {k} would have shape {dims[vid]}, "
+                    f"which does not fit its dims {declared.shape} (the program is planned at the payload's dims)"
+                )
+            specs.append(TensorSpec(dims[vid], declared.dtype))
+        return specs
+
+
 class _Loaded(NamedTuple):
     program: Any  # executorch.runtime.Program; keeps the method's memory alive
     method: Any  # executorch.runtime.Method
     inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    shapes: _ShapeRules
 
 
 _methods: collections.OrderedDict[bytes, _Loaded] = collections.OrderedDict()
@@ -412,8 +486,9 @@ def _loaded_method(data: bytes, named_data: Mapping[str, bytes] | None, validate
     if key in _methods:
         _methods.move_to_end(key)
         return _methods[key]
-    in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
-    pte = _build_pte(data, in_specs, out_specs, named_data)
+    graph = _load_checked(data, named_data, validate)
+    in_specs, out_specs = external_specs(graph)
+    pte = _build_pte(data, in_specs, out_specs, named_data, dynamic=True)
     from executorch.runtime import Runtime
 
     with _captured_stderr() as log:
@@ -429,7 +504,7 @@ def _loaded_method(data: bytes, named_data: Mapping[str, bytes] | None, validate
             f"the ExecuTorch runtime refused the payload: {failure}; runtime log: "
             f"{_log_summary(log[0])}"
         ) from None
-    _methods[key] = _Loaded(program, method, in_specs)
+    _methods[key] = _Loaded(program, method, in_specs, out_specs, _ShapeRules.of(graph))
     while len(_methods) > METHOD_CACHE_SIZE:
         _methods.popitem(last=False)
     return _methods[key]
@@ -451,10 +526,13 @@ def _check_inputs(inputs: Sequence[ArrayInput], specs: list[TensorSpec]) -> list
     arrays = []
     for i, (x, spec) in enumerate(zip(inputs, specs)):
         arr = to_numpy(x, f"inputs[{i}]")
-        if arr.dtype != spec.dtype or tuple(arr.shape) != spec.shape:
+        # smaller dims run too (the payload's dims are upper bounds); a zero-size dim
+        # aborts the 1.4.1 pybindings while they wrap the tensor (SIGABRT)
+        if arr.dtype != spec.dtype or not within(arr.shape, spec.shape) or 0 in arr.shape:
             raise XnnquantError(
                 f"inputs[{i}] does not match the payload's external input {i}: got shape "
-                f"{tuple(arr.shape)} {arr.dtype}, expected {spec.shape} {spec.dtype}"
+                f"{tuple(arr.shape)} {arr.dtype}, expected {spec.shape} {spec.dtype} (or smaller dims, each "
+                "at least 1: the program is planned at the payload's dims)"
             )
         arrays.append(np.ascontiguousarray(arr))
     return arrays
@@ -465,9 +543,12 @@ def run(payload: PayloadLike, inputs: Sequence[ArrayInput], *,
         isolate: bool = False, timeout: float | None = None) -> list[np.ndarray]:
     """Execute ``payload`` on the real XNNPACK (ExecuTorch 1.4.1 runtime).
 
-    ``inputs``: one array per external input, in external-id order, each with exactly
-    the shape and dtype of that input (fp32 -> float32, fp16 -> float16, qint8 -> int8,
-    quint8 -> uint8, qint32 -> int32); nothing is converted silently.  ``named_data``
+    ``inputs``: one array per external input, in external-id order, each with the dtype
+    of that input (fp32 -> float32, fp16 -> float16, qint8 -> int8, quint8 -> uint8,
+    qint32 -> int32; nothing is converted silently) and its shape, or a smaller one: the
+    same rank, each dim between 1 and the payload's (a dynamic sequence length; the
+    payload's dims are upper bounds, and each output's shape is what XNNPACK computes
+    from the inputs).  Larger inputs raise ``XnnquantError``.  ``named_data``
     and ``validate``: see ``to_pte``.  Returns one freshly allocated array per external
     output, in external-id order, with the same dtype rules (argmax-pooling indices:
     int64).
@@ -489,8 +570,10 @@ def run(payload: PayloadLike, inputs: Sequence[ArrayInput], *,
         return _run_in_process(data, inputs, named_data, validate)
     from .worker import DEFAULT_TIMEOUT, worker
 
-    in_specs, out_specs = external_specs(_load_checked(data, named_data, validate))
+    graph = _load_checked(data, named_data, validate)
+    in_specs, out_specs = external_specs(graph)
     arrays = _check_inputs(inputs, in_specs)
+    out_specs = _ShapeRules.of(graph).output_specs(arrays, in_specs, out_specs)
     return worker().run(data, named_data, validate, arrays, [(s.shape, s.dtype) for s in out_specs],
                         DEFAULT_TIMEOUT if timeout is None else timeout)
 
@@ -501,6 +584,7 @@ def _run_in_process(data: bytes, inputs: Sequence[ArrayInput], named_data: Mappi
     torch = _import_torch_executorch()
     loaded = _loaded_method(data, named_data, validate)
     arrays = _check_inputs(inputs, loaded.inputs)
+    expected = loaded.shapes.output_specs(arrays, loaded.inputs, loaded.outputs)
     with _captured_stderr() as log:
         try:
             results = loaded.method.execute([torch.from_numpy(a) for a in arrays])
@@ -513,6 +597,10 @@ def _run_in_process(data: bytes, inputs: Sequence[ArrayInput], named_data: Mappi
             f"the ExecuTorch runtime failed to execute the payload: {failure}; runtime log: "
             f"{_log_summary(log[0])}"
         ) from None
+    for k, (r, spec) in enumerate(zip(results, expected)):
+        if tuple(r.shape) != spec.shape:  # the shape rules and the runtime disagree: never a silent reshape
+            raise XnnquantError(f"the runtime returned output {k} of shape {tuple(r.shape)}, the shape rules "
+                                f"give {spec.shape}")
     if into is None:
         return [np.array(r.numpy(), copy=True) for r in results]
     for slot, r in zip(into, results):

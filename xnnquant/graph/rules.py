@@ -38,6 +38,7 @@ from .model import (
     PerTokenDynamicQuant,
     Value,
 )
+from .shapes import INFERRED_DIM
 from .targets import Target
 
 if TYPE_CHECKING:
@@ -323,6 +324,12 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
             if isinstance(v.quant, PerTensorQuant) and v.quant != out.quant:
                 raise _fail(what, f"{n.kind} needs the same scale and zero point on input and output: got "
                                   f"{v.quant} (value {v.id}) and {out.quant}")
+    if n.kind == "XNNStaticReshape":
+        new_shape = tuple(n.params.get("new_shape", ()))
+        if new_shape.count(INFERRED_DIM) > 1:
+            raise _fail(what, f"new_shape {new_shape} infers {new_shape.count(INFERRED_DIM)} dims (each 0): XNNPACK "
+                              "1adaa7c7 infers at most one, and refuses the graph on every call "
+                              "(xnn_status_invalid_parameter)")
 
 
 def _is_qint8(v: Value) -> bool:

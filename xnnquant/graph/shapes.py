@@ -4,6 +4,13 @@ Activations of the 2-D convolutions and poolings are NHWC ``[N, H, W, C]``.  Eac
 function takes the input dims and the node's parameters and returns the output dims, or
 raises ``XnnquantError`` naming the node kind and the mismatch.
 
+Dims of a payload's values are upper bounds when it runs at other sizes: XNNPACK's reshape
+step computes every node's output dims again from the actual inputs on each call
+(``node_output_dims`` for one node, ``propagate`` for a graph), with the rules a payload
+stores for it: a reshape's ``new_shape`` infers one dim stored as 0, a slice keeps what
+fits of ``offsets`` / ``sizes`` in each dim (``slice_kept``), a fully connected node
+keeps its input's leading dims.
+
 ``Window`` is the geometry of a convolution or pooling node (kernel, stride, dilation,
 padding): the builder turns it into the node's schema fields, the interpreter reads it
 back from them, and both compute the output size with ``Window.output_hw``.
@@ -13,14 +20,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..constants import XNN_FLAG_TENSORFLOW_SAME_PADDING
-from ..errors import XnnquantError
+from ..constants import (
+    XNN_FLAG_KEEP_DIMS,
+    XNN_FLAG_TENSORFLOW_SAME_PADDING,
+    XNN_FLAG_TRANSPOSE_B,
+    XNN_FLAG_TRANSPOSE_WEIGHTS,
+)
+from ..errors import UnsupportedConfigError, XnnquantError
+from .layout import NODE_KINDS
+
+if TYPE_CHECKING:
+    from .model import Node
 
 Dims = tuple[int, ...]
+#: How a payload's ``new_shape`` marks the dim XNNPACK infers from the input's element
+#: count (the schema's field is unsigned: torch's -1 cannot be stored).
+INFERRED_DIM = 0
 
 
 def broadcast(kind: str, a: Dims, b: Dims) -> Dims:
@@ -218,21 +237,35 @@ def batch_matrix_multiply(a: Dims, b: Dims) -> Dims:
 
 
 def reshape(x: Dims, new_shape: Sequence[int]) -> Dims:
-    """``new_shape`` with at most one -1 resolved; element counts must agree."""
+    """``new_shape`` with its inferred dim resolved; element counts must agree.
+
+    The inferred dim is written -1 (as in torch) or 0 (``INFERRED_DIM``, as a payload
+    stores it and XNNPACK reads it: one 0 takes the input's element count divided by the
+    other dims); at most one.
+    """
     shape = [int(d) for d in new_shape]
     count = int(np.prod(x, dtype=np.int64))
-    if shape.count(-1) > 1 or any(d < -1 for d in shape):
-        raise XnnquantError(f"XNNStaticReshape: new_shape may hold one -1 and no other negative: got {shape}")
-    if -1 in shape:
-        rest = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
-        if rest == 0 or count % rest:
-            raise XnnquantError(f"XNNStaticReshape: cannot infer -1 in {shape} for input {x}")
-        shape[shape.index(-1)] = count // rest
+    inferred = [i for i, d in enumerate(shape) if d in (-1, INFERRED_DIM)]
+    if len(inferred) > 1 or any(d < -1 for d in shape):
+        raise XnnquantError(
+            f"XNNStaticReshape: new_shape may infer one dim (written -1 or 0) and hold no other negative: got {shape}"
+        )
+    if inferred:
+        rest = int(np.prod([d for i, d in enumerate(shape) if i != inferred[0]], dtype=np.int64))
+        if count % rest:
+            raise XnnquantError(f"XNNStaticReshape: cannot infer a dim of {shape} for input {x}: {count} elements "
+                                f"are not a multiple of {rest}")
+        shape[inferred[0]] = count // rest
     if int(np.prod(shape, dtype=np.int64)) != count:
         raise XnnquantError(
             f"XNNStaticReshape: element count changes: got input {x} ({count} elements) and new_shape {tuple(shape)}"
         )
     return tuple(shape)
+
+
+def stored_new_shape(new_shape: Sequence[int]) -> Dims:
+    """``new_shape`` as a payload stores it: the inferred dim (-1) as ``INFERRED_DIM``."""
+    return tuple(INFERRED_DIM if int(d) == -1 else int(d) for d in new_shape)
 
 
 def transpose(x: Dims, perm: Sequence[int]) -> Dims:
@@ -252,6 +285,23 @@ def slice_(x: Dims, offsets: Sequence[int], sizes: Sequence[int]) -> Dims:
     return tuple(int(s) for s in sizes)
 
 
+def slice_kept(x: Dims, offsets: Sequence[int], sizes: Sequence[int]) -> tuple[Dims, Dims]:
+    """``(offsets, sizes)`` that XNNPACK's slice keeps of an input of dims ``x`` (its reshape
+    step, per dim): the slice ends at ``offset + size``, or at the end of the dim when both
+    are 0; offset and end are clipped to the dim, so a slice past the end keeps what is
+    there (possibly nothing)."""
+    if len(offsets) != len(x) or len(sizes) != len(x):
+        raise XnnquantError(f"XNNStaticSlice: one offset and size per dim: got input {x}, offsets "
+                            f"{tuple(offsets)}, sizes {tuple(sizes)}")
+    kept_offsets, kept_sizes = [], []
+    for d, o, s in zip(x, offsets, sizes):
+        end = d if o == 0 and s == 0 else min(o + s, d)
+        start = min(o, d)
+        kept_offsets.append(start)
+        kept_sizes.append(max(end - start, 0))
+    return tuple(kept_offsets), tuple(kept_sizes)
+
+
 def pad(x: Dims, pre: Sequence[int], post: Sequence[int]) -> Dims:
     if len(pre) != len(x) or len(post) != len(x) or min((*pre, *post), default=0) < 0:
         raise XnnquantError(
@@ -259,3 +309,83 @@ def pad(x: Dims, pre: Sequence[int], post: Sequence[int]) -> Dims:
             f"pre {tuple(pre)}, post {tuple(post)}"
         )
     return tuple(d + a + b for d, a, b in zip(x, pre, post))
+
+
+def within(dims: Sequence[int], bound: Sequence[int]) -> bool:
+    """Whether ``dims`` fit a value declared with dims ``bound``: the same rank, each dim
+    at most the declared one (what a program planned at the declared dims can hold)."""
+    return len(dims) == len(bound) and all(0 <= d <= b for d, b in zip(dims, bound))
+
+
+def node_output_dims(node: Node, dims: Sequence[Dims]) -> list[Dims]:
+    """Dims of each output of ``node`` for inputs of ``dims`` (in ``node.inputs`` order,
+    constants included), as XNNPACK's reshape step computes them from the actual inputs."""
+    kind, p, flags = node.kind, node.params, node.flags
+    x = tuple(dims[0])
+    table = NODE_KINDS[kind].table if kind in NODE_KINDS else None
+    if kind == "XNNFullyConnected":
+        return [fully_connected(x, dims[1], bool(flags & XNN_FLAG_TRANSPOSE_WEIGHTS))]
+    if kind == "XNNBatchMatrixMultiply":
+        b = dims[1]
+        if flags & XNN_FLAG_TRANSPOSE_B and len(b) >= 2:
+            b = (*b[:-2], b[-1], b[-2])
+        return [batch_matrix_multiply(x, b)]
+    if kind == "XNNPReLU":
+        broadcast(kind, x, dims[1])
+        return [x]
+    if table == "_XNNNode2x1":
+        return [broadcast(kind, x, dims[1])]
+    if kind in ("XNNConv2d", "XNNDepthwiseConv2d"):
+        oh, ow = Window.of_conv(p).with_padding_for(flags, x).output_hw(kind, x)
+        return [(x[0], oh, ow, dims[1][0] if kind == "XNNConv2d" else dims[1][3])]
+    if kind == "XNNConvTranspose2d":
+        adjustment = (p.get("adjustment_height", 0), p.get("adjustment_width", 0))
+        oh, ow = Window.of_conv(p).transposed_output_hw(kind, x, adjustment)
+        return [(x[0], oh, ow, dims[1][0])]
+    if kind in ("XNNAvgPooling2d", "XNNMaxPooling2d", "XNNArgMaxPooling2d"):
+        stored = Window.of_pool(p)
+        if kind != "XNNMaxPooling2d":  # no dilation; argmax windows do not overlap
+            stride = stored.kernel if kind == "XNNArgMaxPooling2d" else stored.stride
+            stored = Window(stored.kernel, stride, (1, 1), stored.padding)
+        oh, ow = stored.with_padding_for(flags, x).output_hw(kind, x)
+        out = (x[0], oh, ow, x[3])
+        return [out, out] if kind == "XNNArgMaxPooling2d" else [out]
+    if kind == "XNNGlobalAvgPooling2d":
+        n, _, _, c = nhwc(kind, x)
+        return [(n, 1, 1, c) if flags & XNN_FLAG_KEEP_DIMS else (n, c)]
+    if kind == "XNNStaticReshape":
+        return [reshape(x, p["new_shape"])]
+    if kind == "XNNStaticTranspose":
+        return [transpose(x, p["perm"])]
+    if kind == "XNNStaticSlice":
+        return [slice_kept(x, p["offsets"], p["sizes"])[1]]
+    if kind == "XNNStaticConstantPad":
+        return [pad(x, p["pre_paddings"], p["post_paddings"])]
+    if kind == "XNNStaticResizeBilinear2D":
+        n, _, _, c = nhwc(kind, x)
+        return [(n, p["new_height"], p["new_width"], c)]
+    if table == "_XNNCat":
+        return [concatenate(kind, [tuple(d) for d in dims], p["axis"])]
+    if kind == "XNNScaledDotProductAttention":
+        return [x[:-1] + (dims[2][-1],)]
+    if table in ("_XNNNode1x1", "XNNLeakyReLU", "XNNELU"):
+        return [x]
+    raise UnsupportedConfigError(f"{kind}: no shape rule for this node kind")
+
+
+def propagate(nodes: Sequence[Node], known: Mapping[int, Dims]) -> dict[int, Dims]:
+    """Dims of every value that ``nodes`` compute, in order, as XNNPACK's reshape step does,
+    from ``known``: the dims of the external inputs (the actual ones) and of the constants.
+    Returns ``known`` and the computed dims by value id; raises ``XnnquantError`` naming the
+    first node whose inputs do not fit together."""
+    env = {vid: tuple(int(d) for d in dims) for vid, dims in known.items()}
+    for position, node in enumerate(nodes):
+        missing = [i for i in node.inputs if i not in env]
+        if missing:
+            raise XnnquantError(f"node {position} ({node.kind}) reads value {missing[0]} before any node wrote it")
+        try:
+            outs = node_output_dims(node, [env[i] for i in node.inputs])
+        except XnnquantError as exc:
+            raise type(exc)(f"node {position} ({node.kind}): {exc}") from None
+        env.update(zip(node.outputs, outs))
+    return env
