@@ -40,21 +40,8 @@ ops = _load_script()
 
 HAVE_EXECUTORCH = importlib.util.find_spec("executorch") is not None
 
-_TRANSPOSED_BN = ("transposed convolution + batch norm: the batch norm is planned for folding into the "
-                  "convolution (plan_batch_norm_folding takes any convolution), but the transposed lowering "
-                  "never folds it and batch_norm then returns its input: the batch norm is dropped")
-_EMPTY_INPUT = ("Exported.run aborts the process when an input has zero elements (torch.cat with a (0, 2, 3) "
-                "input): numpy gives the empty array strides of 0, torch.from_numpy keeps them, and "
-                "executorch.runtime's Method.execute asserts on them (tensor_ptr.cpp:104, invalid strides) "
-                "and aborts; the same payload runs right through xnnquant.graph.run(..., isolate=True)")
-
 #: Cases that fail today, and why (strict xfails).
-KNOWN: dict[str, str] = {
-    "test_conv2d::TestConv2d::test_fp32_conv2d_bn#0": _TRANSPOSED_BN,
-    "test_conv2d::TestConv2d::test_qs8_conv2d_bn#0": _TRANSPOSED_BN,
-    "test_cat::TestCat::test_qs8_cat_with_empty_tensor#0": _EMPTY_INPUT,
-    "test_cat::TestCat::test_qs8_cat_with_empty_tensor#1": _EMPTY_INPUT,
-}
+KNOWN: dict[str, str] = {}
 
 #: What the recorders collect from executorch 1.4.1's op tests: every ``Tester`` (and
 #: direct ``export``) call, and the float32 ones among them.  A change means the recorders
