@@ -79,7 +79,8 @@ def aligned(ctx: LoweringContext, a: Any, b: Any) -> tuple[int, int, tuple[int, 
     for t in (a, b):
         vid = ctx.canonical(t)
         if t.rank < len(shape):
-            vid = ctx.graph.static_reshape(vid, (1,) * (len(shape) - t.rank) + t.shape)
+            lead = len(shape) - t.rank
+            vid = ctx.reshape(vid, (1,) * lead + t.shape, (None,) * lead + t.exprs)
         ranked.append(vid)
     return ranked[0], ranked[1], shape, identity(len(shape))
 

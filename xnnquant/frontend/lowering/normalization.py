@@ -44,10 +44,14 @@ def layer_norm_value(ctx: LoweringContext, x: Activation, normalized_shape: Any,
     if count == 0 or x.shape[x.rank - count:] != dims:
         raise XnnquantError(f"layer_norm over {dims} does not match the input's trailing dims {x.shape}")
     n = math.prod(dims)
+    if any(x.is_dynamic(d) for d in range(x.rank - count, x.rank)):
+        raise XnnquantError(f"layer_norm over dynamic dims {x.exprs[x.rank - count:]}: its mean is a fixed 1/n filter; "
+                            "the normalized dims must be static")
     trailing = identity(x.rank)[x.rank - count:]
     if x.perm[x.rank - count:] != trailing:  # the normalized dims must be the value's last, in order
         x = ctx.relaid(x, identity(x.rank))
-    rows = g.static_reshape(x.id, x.dims[: x.rank - count] + (n,)) if count > 1 else x.id
+    lead = x.physical_exprs[: x.rank - count]
+    rows = ctx.reshape(x.id, x.dims[: x.rank - count] + (n,), lead + (None,)) if count > 1 else x.id
     average = ctx.constant(np.full((1, n), 1.0 / n, np.float32))
     mean = g.fully_connected(rows, average)
     centered = g.subtract(rows, mean)
@@ -61,7 +65,7 @@ def layer_norm_value(ctx: LoweringContext, x: Activation, normalized_shape: Any,
     if bias is not None:
         y = g.add(y, ctx.constant(ctx.constant_array(bias, "layer_norm bias").reshape(n), key=bias))
     if count > 1:
-        y = g.static_reshape(y, x.dims)
+        y = ctx.reshape(y, x.dims, x.physical_exprs)
     return ctx.tensor(y, x.shape, x.perm)
 
 

@@ -12,6 +12,7 @@ mapped to the value's dim (``Activation.physical``), so an NHWC value stays NHWC
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -37,14 +38,16 @@ def _resolve(shape: Any, count: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def reshaped(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
-    """``x`` read in torch's element order as ``shape``."""
+def reshaped(ctx: LoweringContext, x: Any, shape: Any, exprs: tuple[Any, ...] = ()) -> Activation:
+    """``x`` read in torch's element order as ``shape`` (ints; -1 resolved); ``exprs``: the
+    new dims' dynamic sizes (``shape`` then holds their bounds; see ``LoweringContext.reshape``)."""
     x = ctx.value(x)
     count = 1
     for d in x.shape:
         count *= d
     new = _resolve(shape, count)
-    if new == x.shape:
+    exprs = tuple(exprs) if any(e is not None for e in exprs) else ()
+    if new == x.shape and exprs == x.sym:
         return x
     total = 1
     for d in new:
@@ -52,12 +55,15 @@ def reshaped(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
     if total != count:
         raise XnnquantError(f"cannot reshape {x.shape} to {new}")
     vid = x.id if moves_only_ones(x.shape, x.perm) else ctx.canonical(x)
-    return ctx.tensor(ctx.graph.static_reshape(vid, new), new)
+    return ctx.tensor(ctx.reshape(vid, new, exprs), new, sym=exprs)
 
 
 @lowers(aten.view.default, aten.reshape.default, aten._unsafe_view.default, emits=RESHAPE_KINDS)
 def view(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
-    return reshaped(ctx, x, shape)
+    """``x.view(shape)``; a size may be a ``torch.SymInt`` (a dynamic dim, ``sym_size``)."""
+    sizes = [ctx.program.size(d, "a view's size") if not (isinstance(d, int) and d == -1) else None for d in shape]
+    return reshaped(ctx, x, tuple(-1 if s is None else s.bound for s in sizes),
+                    tuple(None if s is None else s.expr for s in sizes))
 
 
 @lowers(aten.flatten.using_ints, emits=RESHAPE_KINDS)
@@ -66,25 +72,29 @@ def flatten(ctx: LoweringContext, x: Any, start_dim: int = 0, end_dim: int = -1)
     if x.rank == 0:
         return reshaped(ctx, x, (1,))
     start, end = start_dim % x.rank, end_dim % x.rank
-    merged = 1
-    for d in x.shape[start:end + 1]:
-        merged *= d
-    return reshaped(ctx, x, x.shape[:start] + (merged,) + x.shape[end + 1:])
+    merged, merged_expr = 1, None
+    for d in range(start, end + 1):
+        merged *= x.shape[d]
+    if any(x.is_dynamic(d) for d in range(start, end + 1)):
+        merged_expr = math.prod(x.exprs[d] if x.is_dynamic(d) else x.shape[d] for d in range(start, end + 1))
+    return reshaped(ctx, x, x.shape[:start] + (merged,) + x.shape[end + 1:],
+                    x.exprs[:start] + (merged_expr,) + x.exprs[end + 1:])
 
 
 @lowers(aten.unsqueeze.default, emits=RESHAPE_KINDS)
 def unsqueeze(ctx: LoweringContext, x: Any, dim: int) -> Activation:
     x = ctx.value(x)
     dim = dim % (x.rank + 1)
-    return reshaped(ctx, x, x.shape[:dim] + (1,) + x.shape[dim:])
+    return reshaped(ctx, x, x.shape[:dim] + (1,) + x.shape[dim:], x.exprs[:dim] + (None,) + x.exprs[dim:])
 
 
 @lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, emits=RESHAPE_KINDS)
 def squeeze(ctx: LoweringContext, x: Any, dim: Any = None) -> Activation:
     x = ctx.value(x)
     dims = range(x.rank) if dim is None else [dim] if isinstance(dim, int) else dim
-    drop = {d % x.rank for d in dims if x.shape[d % x.rank] == 1}
-    return reshaped(ctx, x, tuple(s for i, s in enumerate(x.shape) if i not in drop))
+    drop = {d % x.rank for d in dims if x.shape[d % x.rank] == 1 and not x.is_dynamic(d)}
+    keep = [i for i in range(x.rank) if i not in drop]
+    return reshaped(ctx, x, tuple(x.shape[i] for i in keep), tuple(x.exprs[i] for i in keep))
 
 
 @lowers(aten.permute.default, emits=())
@@ -95,7 +105,8 @@ def permute(ctx: LoweringContext, x: Any, dims: Any) -> Activation:
     if sorted(order) != list(range(x.rank)):
         raise XnnquantError(f"permute dims must be a permutation of 0..{x.rank - 1}: got {tuple(dims)}")
     back = inverse(order)
-    return Activation(x.id, tuple(x.shape[d] for d in order), tuple(back[p] for p in x.perm))
+    return Activation(x.id, tuple(x.shape[d] for d in order), tuple(back[p] for p in x.perm),
+                      tuple(x.exprs[d] for d in order) if x.sym else ())
 
 
 @lowers(aten.transpose.int, emits=())
@@ -118,14 +129,29 @@ def expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> A
     """Broadcast ``x`` to ``size``: nothing when the shape is unchanged, else an XNNAdd of zeros."""
     x = ctx.value(x)
     lead = len(size) - x.rank
-    target = tuple(x.shape[i - lead] if int(d) == -1 else int(d) for i, d in enumerate(size))
-    if target == x.shape:
+    target = []
+    for i, d in enumerate(size):
+        own = x.exprs[i - lead] if i >= lead else None
+        symbolic = not isinstance(d, int)
+        kept = i >= lead and ((not symbolic and d == -1)
+                              or (symbolic and own is not None and ctx.program.size(d, "").expr == own))
+        if kept:
+            target.append(x.shape[i - lead])
+        elif not isinstance(d, int):
+            raise XnnquantError(f"expand to the dynamic size {ctx.program.size(d, '').expr} (dim {i}): XNNPACK "
+                                "broadcasts only inside element-wise nodes; expand only to static sizes")
+        else:
+            target.append(int(d))
+    if tuple(target) == x.shape:
         return x
+    if x.dynamic:
+        raise XnnquantError(f"expand of a tensor with dynamic dims {x.sym} to {tuple(target)}: the zeros it is "
+                            "added to would have the bound's size; broadcast in the element-wise op instead")
     from .elementwise import binary
 
     if lead:
         x = reshaped(ctx, x, (1,) * lead + x.shape)
-    return binary(ctx, "add", x, torch.zeros(target))
+    return binary(ctx, "add", x, torch.zeros(tuple(target)))
 
 
 def _range(size: int, start: Any, end: Any) -> tuple[int, int]:
@@ -136,7 +162,12 @@ def _range(size: int, start: Any, end: Any) -> tuple[int, int]:
 
 
 def sliced(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int) -> Activation:
-    """``x`` restricted to ``lo:hi`` along torch dim ``dim``, in ``x``'s layout."""
+    """``x`` restricted to ``lo:hi`` along torch dim ``dim``, in ``x``'s layout.
+
+    On a dynamic dim (bound B, size d at run time) ``lo`` and ``hi`` are non-negative and
+    ``hi = B`` means "to the end": XNNPACK keeps ``[min(lo, d), min(hi, d))`` of the dim on
+    each call, which is torch's ``lo:hi`` there.
+    """
     dim %= x.rank
     if (lo, hi) == (0, x.shape[dim]):
         return x
@@ -147,7 +178,31 @@ def sliced(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int) -> A
     p = x.physical(dim)
     offsets[p], sizes[p] = lo, hi - lo
     shape = tuple(hi - lo if i == dim else s for i, s in enumerate(x.shape))
-    return ctx.tensor(ctx.graph.static_slice(x.id, offsets, sizes), shape, x.perm)
+    exprs = x.exprs
+    if exprs[dim] is not None:
+        exprs = exprs[:dim] + ((exprs[dim] - lo) if hi == x.shape[dim] else None,) + exprs[dim + 1:]
+    return ctx.tensor(ctx.graph.static_slice(x.id, offsets, sizes), shape, x.perm, exprs)
+
+
+def _dynamic_bounds(ctx: LoweringContext, x: Activation, dim: int, start: Any, end: Any) -> tuple[int, int]:
+    """``start:end`` on dynamic dim ``dim`` of ``x`` as (lo, hi) of ``sliced`` (see there)."""
+    bound, expr = x.shape[dim], x.exprs[dim]
+
+    def position(v: Any, default: int) -> int:
+        if v is None:
+            return default
+        if not isinstance(v, int):
+            size = ctx.program.size(v, "a slice bound")
+            if size.expr == expr:
+                return bound  # the dim's own size: to the end
+            raise XnnquantError(f"a slice of dynamic dim {dim} ({expr}) ends at {size.expr}: XNNPACK slices "
+                                "only at fixed positions")
+        if v < 0:
+            raise XnnquantError(f"a slice of dynamic dim {dim} ({expr}) at {v}, from its end: XNNPACK slices only at "
+                                "positions from its start")
+        return min(v, bound)
+
+    return position(start, 0), position(end, bound)
 
 
 @lowers(aten.slice.Tensor, emits=("XNNStaticSlice",))
@@ -155,7 +210,10 @@ def slice_(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: A
     x = ctx.value(x)
     if step != 1:
         raise XnnquantError(f"slices with step {step} are not supported: expected step 1")
-    lo, hi = _range(x.shape[dim % x.rank], start, end)
+    if x.is_dynamic(dim):
+        lo, hi = _dynamic_bounds(ctx, x, dim % x.rank, start, end)
+    else:
+        lo, hi = _range(x.shape[dim % x.rank], start, end)
     return sliced(ctx, x, dim, lo, hi)
 
 
@@ -163,15 +221,21 @@ def slice_(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: A
 def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
     x = ctx.value(x)
     dim %= x.rank
+    if x.is_dynamic(dim) and index < 0:
+        raise XnnquantError(f"select of index {index} on dynamic dim {dim} ({x.exprs[dim]}), from its end: "
+                            "XNNPACK slices only at positions from its start")
     index = index + x.shape[dim] if index < 0 else index
     one = sliced(ctx, x, dim, index, index + 1)
-    return reshaped(ctx, one, one.shape[:dim] + one.shape[dim + 1:])
+    return reshaped(ctx, one, one.shape[:dim] + one.shape[dim + 1:], one.exprs[:dim] + one.exprs[dim + 1:])
 
 
 @lowers(aten.split_with_sizes.default, aten.split.Tensor, emits=("XNNStaticSlice",))
 def split(ctx: LoweringContext, x: Any, sizes: Any, dim: int = 0) -> tuple[Activation, ...]:
     x = ctx.value(x)
     total = x.shape[dim % x.rank]
+    if x.is_dynamic(dim):
+        raise XnnquantError(f"a split of dynamic dim {dim % x.rank} ({x.exprs[dim % x.rank]}): its parts' sizes "
+                            "would change with it; XNNPACK slices only at fixed positions")
     if isinstance(sizes, int):
         sizes = [min(sizes, total - i) for i in range(0, total, sizes)]
     parts, lo = [], 0
@@ -235,6 +299,9 @@ def upsample_bilinear2d(ctx: LoweringContext, x: Any, output_size: Any, align_co
         raise XnnquantError(f"bilinear upsampling needs a 4-D input: got {x.shape}")
     h, w = x.shape[2], x.shape[3]
     factors = scales[0] if len(scales) == 1 else scales
+    if x.is_dynamic(2) or x.is_dynamic(3):
+        raise XnnquantError(f"bilinear upsampling of dynamic H or W {x.exprs[2:]}: XNNPACK resizes to the fixed size "
+                            "computed at export")
     if output_size:
         oh, ow = (int(d) for d in output_size)
     else:
