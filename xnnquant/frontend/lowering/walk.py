@@ -55,6 +55,10 @@ class Lowered:
     refusals: list[str] = field(default_factory=list)
     #: ATen node -> its op, for every node that was lowered (not refused)
     lowered_ops: list[str] = field(default_factory=list)
+    #: the ATen nodes whose values the graph's inputs and outputs are, in order (a delegate of
+    #: a mixed program: what it takes from and gives to the rest of the program)
+    input_nodes: list[Any] = field(default_factory=list)
+    output_nodes: list[Any] = field(default_factory=list)
 
 
 def new_graph(target: Target) -> Graph:
@@ -66,13 +70,16 @@ def new_graph(target: Target) -> Graph:
 
 
 def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress: Progress | None = None, *,
-          raise_refusals: bool = True) -> Lowered:
-    """Lower every node of ``program``; raise one ``UnsupportedConfigError`` listing all refusals
-    (or, with ``raise_refusals=False``, return them in ``Lowered.refusals``)."""
+          raise_refusals: bool = True, members: set[Any] | None = None) -> Lowered:
+    """Lower every node of ``program`` (or only ``members``, one delegate of a mixed program:
+    the values it reads from other nodes become its inputs, the values other nodes or the
+    program's outputs read become its outputs, contiguous); raise one
+    ``UnsupportedConfigError`` listing all refusals (or, with ``raise_refusals=False``,
+    return them in ``Lowered.refusals``)."""
     load_lowerings()
     import torch
 
-    walk = _Walk(LoweringContext(program, new_graph(target), weights))
+    walk = _Walk(LoweringContext(program, new_graph(target), weights), members)
     nodes = list(program.graph.nodes)
     visits: Iterator[Any] = iter(nodes) if progress is None else progress(iter(nodes), len(nodes))
     with torch.no_grad():
@@ -83,14 +90,17 @@ def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress
         raise UnsupportedConfigError(f"export refused {len(walk.refusals)} node(s) or layer(s):\n{lines}")
     ctx = walk.ctx
     return Lowered(ctx.graph, ctx.rows, walk.inputs, walk.outputs, walk.sources, walk.env, ctx.references,
-                   ctx.fused, walk.refusals, walk.lowered_ops)
+                   ctx.fused, walk.refusals, walk.lowered_ops, walk.input_nodes, walk.output_nodes)
 
 
 class _Walk:
     """The walk's own state: what each node lowered to, refusals, debug handles."""
 
-    def __init__(self, ctx: LoweringContext) -> None:
+    def __init__(self, ctx: LoweringContext, members: set[Any] | None = None) -> None:
         self.ctx = ctx
+        self.members = members
+        self.input_nodes: list[Any] = []
+        self.output_nodes: list[Any] = []
         self.env: dict[Any, Any] = {}
         self.refusals: list[str] = []
         self.sources: list[tuple[str, str, str]] = []
@@ -106,13 +116,17 @@ class _Walk:
                 tensor = program.constants[node.name]
                 ctx.bind_constant(node.name, tensor)
                 self.env[node] = tensor
-            else:
+            elif self.members is None:
                 self.env[node] = self._input(node)
         elif node.op == "call_function":
-            self._call(node)
+            if self.members is None or node in self.members:
+                self._call(node)
         elif node.op == "output":
             start = len(ctx.graph.nodes)
-            self._outputs(node)
+            if self.members is None:
+                self._outputs(node)
+            else:
+                self._delegate_outputs(node)
             self._stamp(node, start)
         else:
             self.refuse(node, f"{node.op} nodes are not supported")
@@ -123,6 +137,40 @@ class _Walk:
         self.refusals.append(f"{op} (node {node.name}, module {where}): {reason}")
 
     # ------------------------------------------------------------------ inputs
+
+    def _lookup(self, node: Any) -> Any:
+        """What ``node`` lowered to; in a delegate, a value of another node becomes an input."""
+        if node in self.env:
+            return self.env[node]
+        val = node.meta.get("val")
+        if isinstance(val, (int, float, bool)) or type(val).__name__ in ("SymInt", "SymFloat", "SymBool"):
+            return val  # a size: its traced value
+        if self.members is None:
+            raise KeyError(node)
+        self.env[node] = self._input(node)
+        self.input_nodes.append(node)
+        return self.env[node]
+
+    def _delegate_outputs(self, output: Any) -> None:
+        """A delegate's outputs: its values that a node outside it, or the program's output, reads."""
+        ctx = self.ctx
+        returned = set(output.all_input_nodes)
+        for node in ctx.program.graph.nodes:
+            if node not in self.members or not any(u not in self.members for u in node.users):  # type: ignore[operator]
+                continue
+            value = self.env.get(node)
+            if not isinstance(value, Activation):
+                continue  # a tuple's items are read through getitem nodes, members too
+            only_returned = all(u is output for u in node.users) and node in returned
+            order = declared_dim_order(node.meta.get("val")) if only_returned else identity(value.rank)
+            vid = ctx.in_layout(value, order)
+            v = ctx.graph.value(vid)
+            if v.is_input or v.is_output or v.is_constant:
+                vid = ctx.copy(vid)
+            ctx.graph.output(vid)
+            sizes = ctx.program.shape(node.meta.get("val"), f"the value of {node.name}")
+            self.outputs.append(TensorIO(node.name, value.shape, "float32", order, _dynamic_dims(ctx.program, sizes)))
+            self.output_nodes.append(node)
 
     def _input(self, node: Any) -> Activation:
         val = node.meta.get("val")
@@ -151,7 +199,7 @@ class _Walk:
         if isinstance(val, (int, float, bool)) or type(val).__name__ in ("SymInt", "SymFloat", "SymBool"):
             self.env[node] = val  # shape arithmetic (sym_size, ...): the traced value, read by shape arguments
             return
-        args, kwargs = _map(node.args, self.env), _map(node.kwargs, self.env)
+        args, kwargs = _map(node.args, self._lookup), _map(node.kwargs, self._lookup)
         if node.target is operator.getitem:
             self.env[node] = args[0][args[1]] if args[0] is not None else None
             if self.env[node] is None and node.users:
@@ -289,14 +337,14 @@ def _dynamic_dims(program: AtenProgram, sizes: tuple[Size, ...]) -> tuple[Dynami
     return tuple(out)
 
 
-def _map(value: Any, env: dict[Any, Any]) -> Any:
+def _map(value: Any, lookup: Callable[[Any], Any]) -> Any:
     """ATen node arguments with every input node replaced by what it lowered to."""
     if isinstance(value, (list, tuple)):
-        return type(value)(_map(v, env) for v in value)
+        return type(value)(_map(v, lookup) for v in value)
     if isinstance(value, dict):
-        return {k: _map(v, env) for k, v in value.items()}
+        return {k: _map(v, lookup) for k, v in value.items()}
     if hasattr(value, "op") and hasattr(value, "users"):  # an fx Node
-        return env[value]
+        return lookup(value)
     return value
 
 

@@ -1,0 +1,127 @@
+"""Partitioning: which nodes run in XNNPACK delegates, which on ExecuTorch's portable kernels.
+
+A node runs in XNNPACK when it has a lowering (``lowering.LOWERINGS``) whose ``check``
+takes it, its activations are float32 (XNNPACK's external values are), and its lowering
+did not refuse it (``options.portable``: the nodes an earlier lowering refused, which the
+export loop sends back here).  Every other node runs on ExecuTorch's portable kernels,
+when the 1.4.1 runtime has a kernel for its op (``pte.portable``); a node with neither is
+refused by name.  ``strict=True`` sends nothing to the portable kernels.
+
+Delegates.  XNNPACK nodes are grouped into as few delegates as the graph allows: a
+node's *phase* is the number of times a path from the inputs to it leaves XNNPACK for a
+portable node, at most::
+
+    phase(n) = max over inputs i of  phase(i) + (1 if i runs in XNNPACK and n does not else 0)
+
+All XNNPACK nodes of one phase form one delegate.  No path leaves a delegate and comes
+back into it (a path out of phase p through a portable node only reaches phases > p), so
+the delegates and the portable nodes run in the order: portable nodes of phase 0,
+delegate 0, portable nodes of phase 1, delegate 1, ...  A pure program is one delegate.
+
+Each call node gets ``node.meta[PARTITION]``: its delegate's phase (an int >= 0), or
+``PORTABLE``; a node computing a size (``sym_size`` and arithmetic on sizes) gets ``SIZE``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from ..lowering import LOWERINGS, load_lowerings, op_name
+from ..program import AtenProgram
+from . import rewrite
+
+#: ``node.meta`` key of the decision (see the module docstring).
+PARTITION = "xnnquant_partition"
+PORTABLE = -1
+SIZE = -2
+#: ``node.meta`` key of why a node does not run in XNNPACK (for the delegation report).
+WHY = "xnnquant_why_portable"
+
+
+def is_size(node: Any) -> bool:
+    """A node computing a size (a ``torch.SymInt`` or a plain int), not a tensor."""
+    val = node.meta.get("val")
+    return isinstance(val, (int, bool)) or type(val).__name__ in ("SymInt", "SymBool", "SymFloat")
+
+
+def _dtype(value: Any) -> str:
+    return str(getattr(value, "dtype", "")).removeprefix("torch.")
+
+
+def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
+    """Why ``node`` cannot run in an XNNPACK delegate (None: it can, as far as the ATen node tells)."""
+    load_lowerings()
+    registration = LOWERINGS.get(node.target)
+    if registration is None:
+        return f"XNNPACK has no lowering of {op_name(node.target)}"
+    for arg in node.all_input_nodes:
+        if program.is_constant(arg) or is_size(arg):
+            continue
+        vals = arg.meta.get("val")
+        for val in vals if isinstance(vals, (tuple, list)) else (vals,):
+            if hasattr(val, "dtype") and _dtype(val) != "float32":
+                return f"its input {arg.name} is {_dtype(val)} (XNNPACK's values here are float32)"
+    vals = node.meta.get("val")
+    for val in vals if isinstance(vals, (tuple, list)) else (vals,):
+        if hasattr(val, "dtype") and _dtype(val) != "float32":
+            return f"its result is {_dtype(val)} (XNNPACK's values here are float32)"
+    if registration.check is not None:
+        return registration.check(node)
+    return None
+
+
+def portable_refusal(node: Any) -> str | None:
+    """Why ExecuTorch's portable kernels cannot run ``node`` (None: they can)."""
+    from ...errors import XnnquantError
+    from ...pte.portable import out_variant
+
+    try:
+        out_variant(node.target)
+    except XnnquantError as exc:
+        return str(exc)
+    return None
+
+
+def phases(program: AtenProgram) -> None:
+    """Give every XNNPACK node the phase of its delegate (module docstring)."""
+    phase: dict[Any, int] = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            phase[node] = 0
+            continue
+        here = node.meta.get(PARTITION)
+        value = 0
+        for arg in node.all_input_nodes:
+            leaves = arg.meta.get(PARTITION, SIZE) >= 0 and here is not None and here < 0 and here != SIZE
+            value = max(value, phase.get(arg, 0) + (1 if leaves else 0))
+        phase[node] = value
+        if here is not None and here >= 0:
+            node.meta[PARTITION] = value
+
+
+@rewrite("partition")
+def partition(program: AtenProgram, options: Any) -> None:
+    forced: set[str] = getattr(options, "portable", set()) or set()
+    strict = bool(getattr(options, "strict", False))
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if is_size(node):
+            node.meta[PARTITION] = SIZE
+            continue
+        if node.target is operator.getitem:
+            node.meta[PARTITION] = node.args[0].meta.get(PARTITION, PORTABLE)
+            continue
+        why = forced.get(node.name) if isinstance(forced, dict) else None
+        if why is None and node.name not in forced:
+            why = xnnpack_refusal(program, node)
+        if why is None:
+            node.meta[PARTITION] = 0
+            continue
+        node.meta[WHY] = why
+        node.meta[PARTITION] = 0 if strict else PORTABLE  # strict: the lowering refuses it by name
+    phases(program)
+    for node in program.graph.nodes:  # a getitem follows its producer's delegate
+        if node.op == "call_function" and node.target is operator.getitem:
+            node.meta[PARTITION] = node.args[0].meta.get(PARTITION, PORTABLE)
