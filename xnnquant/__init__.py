@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import Exported, check, export
+from .frontend import Exported, FallbackWarning, check, export
 from .frontend.divergence import VerifyReport, verify
 from .schemes import (
     Calibration,
@@ -38,6 +38,7 @@ __all__ = [
     "CalibrationWarning",
     "Datatype",
     "Exported",
+    "FallbackWarning",
     "MissingExtraError",
     "PayloadError",
     "QuantParamsKind",

@@ -15,9 +15,9 @@ what ``xq.export`` returns; ``divergence`` is ``xq.verify``.
 Importing this package does not import torch: ``export`` does, on first call.
 """
 
-from .api import CheckReport, check, export
+from .api import CheckReport, FallbackWarning, check, export
 from .exported import Exported, TensorIO
 from .report import ReportRow
 from .weights import SchemeKind, WeightScheme
 
-__all__ = ["CheckReport", "Exported", "ReportRow", "SchemeKind", "TensorIO", "WeightScheme", "check", "export"]
+__all__ = ["CheckReport", "Exported", "FallbackWarning", "ReportRow", "SchemeKind", "TensorIO", "WeightScheme", "check", "export"]

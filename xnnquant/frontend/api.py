@@ -243,6 +243,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
                         _progress(options.progress, f"export {options.policy.weights}"))
     exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
                         lowered.inputs, lowered.outputs, timings, lowered.sources)
+    _warn_fallbacks(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
             exported.to_bytes()
@@ -257,6 +258,24 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         with stage("check", timings):
             exported.self_check = self_check(eager, example_inputs, traced, program, lowered)
     return exported
+
+
+class FallbackWarning(UserWarning):
+    """Some layers of an export took another scheme than ``weights=`` (``fallback="auto"``)."""
+
+
+def _warn_fallbacks(exported: Exported) -> None:
+    """One warning for all the layers that fell back, by scheme (the report has each reason)."""
+    from collections import Counter
+
+    fell = Counter(row.scheme for row in exported.report if row.fallback)
+    if fell:
+        import warnings
+
+        took = ", ".join(f"{n} took {scheme}" for scheme, n in sorted(fell.items()))
+        warnings.warn(f"{sum(fell.values())} of {len(exported.report)} layers could not take "
+                      f"weights={str(exported.weights)!r} ({took}); print(exported) gives each layer's reason",
+                      FallbackWarning, stacklevel=3)
 
 
 class _PassOptions:
