@@ -65,6 +65,10 @@ RUNTIME_BF16_FACTOR = np.float32(1.00389105)
 
 # --- ExecuTorch 1.4.1 programs (.pte) ---------------------------------------------------
 
+#: backends/xnnpack/xnnpack_preprocess.py (the name of its BackendDetails class): the backend
+#: id of XNNPACK delegates, under which the runtime registers its XNNPACK backend.
+XNNPACK_BACKEND_ID = "XnnpackBackend"
+
 #: exir/tensor.py ALIGNMENT: a planned tensor starts at a multiple of it and takes a whole
 #: multiple of it; a constant tensor starts at a multiple of it in the constant segment.
 PTE_TENSOR_ALIGNMENT = 16

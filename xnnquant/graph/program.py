@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from ..arrays import ArrayInput, to_numpy
+from ..constants import XNNPACK_BACKEND_ID
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
 from .shapes import within
@@ -247,7 +248,7 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
 def _program(payload: Payload, inputs: list[TensorSpec], outputs: list[TensorSpec],
              named_data: Mapping[str, bytes] | None, dynamic: bool = False) -> ProgramBuilder:
     """The one-delegate program running ``payload`` (module docstring)."""
-    from ..pte.builder import XNNPACK_BACKEND_ID, ProgramBuilder
+    from ..pte.builder import ProgramBuilder
 
     if not outputs:
         raise PayloadError("the payload has no external output: a program must return something")

@@ -47,8 +47,6 @@ from .values import (
 #: Bytes as stored (a bytearray given is copied into bytes: it could change later).
 Blob = bytes | memoryview
 BytesLike = bytes | bytearray | memoryview
-#: ExecuTorch's id of the XNNPACK backend, which its runtime registers.
-XNNPACK_BACKEND_ID = "XnnpackBackend"
 _INT32_MAX = 2**31 - 1
 
 

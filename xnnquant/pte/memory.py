@@ -28,10 +28,11 @@ Inputs and outputs are planned (the runtime copies inputs into their planned mem
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..constants import PTE_TENSOR_ALIGNMENT, PTE_XNNPACK_EXTRA_PLANNED_BYTES
+from ..constants import PTE_TENSOR_ALIGNMENT, PTE_XNNPACK_EXTRA_PLANNED_BYTES, XNNPACK_BACKEND_ID
 from .values import OptionalTensorList, ShapeDynamism, Tensor, TensorList
 
 if TYPE_CHECKING:
@@ -95,20 +96,16 @@ def lifetimes(method: MethodBuilder) -> dict[int, tuple[int, int]]:
     return {index: (span[0], span[1]) for index, span in spans.items()}
 
 
-def plan_memory(method: MethodBuilder) -> MemoryPlan:
-    """Offsets of every planned tensor of ``method`` and its arena sizes (module docstring)."""
-    live = lifetimes(method)
-    sizes = {}
-    for index in live:
-        tensor = method.values[index]
-        assert isinstance(tensor, Tensor)  # lifetimes() keeps only tensors
-        sizes[index] = _aligned(tensor.nbytes)
-    order = sorted(live, key=lambda i: sizes[i])  # stable: equal sizes keep their order of appearance
+def greedy(sizes: Sequence[int], spans: Sequence[tuple[int, int]]) -> tuple[list[int], int]:
+    """Byte offsets of tensors of ``sizes`` bytes live over ``spans`` (both in order of
+    appearance), and the bytes of the objects laid end to end (module docstring)."""
+    aligned = [_aligned(n) for n in sizes]
+    order = sorted(range(len(aligned)), key=lambda k: aligned[k])  # stable: equal sizes keep their order
     order.reverse()
     objects: list[_SharedObject] = []
     where: dict[int, tuple[_SharedObject, int]] = {}
-    for index in order:
-        size, span = sizes[index], live[index]
+    for k in order:
+        size, span = aligned[k], spans[k]
         spot = next(((obj, 0) for obj in objects if not any(_overlap(span, p[2]) for p in obj.placed)), None)
         if spot is None:
             for obj in objects:
@@ -120,12 +117,25 @@ def plan_memory(method: MethodBuilder) -> MemoryPlan:
             objects.append(_SharedObject(size))
             spot = (objects[-1], 0)
         spot[0].placed.append((spot[1], size, span))
-        where[index] = spot
-    if not objects:
-        return MemoryPlan({}, (0, 0))
+        where[k] = spot
     total = 0
     for obj in objects:
         obj.offset, total = total, total + obj.size
-    if any(d.backend_id == "XnnpackBackend" for d in method.delegates):
+    return [where[k][0].offset + where[k][1] for k in range(len(aligned))], total
+
+
+def plan_memory(method: MethodBuilder) -> MemoryPlan:
+    """Offsets of every planned tensor of ``method`` and its arena sizes (module docstring)."""
+    live = lifetimes(method)
+    if not live:
+        return MemoryPlan({}, (0, 0))
+    indices = list(live)
+    sizes = []
+    for index in indices:
+        tensor = method.values[index]
+        assert isinstance(tensor, Tensor)  # lifetimes() keeps only tensors
+        sizes.append(tensor.nbytes)
+    offsets, total = greedy(sizes, [live[i] for i in indices])
+    if any(d.backend_id == XNNPACK_BACKEND_ID for d in method.delegates):
         total += PTE_XNNPACK_EXTRA_PLANNED_BYTES
-    return MemoryPlan({index: obj.offset + off for index, (obj, off) in where.items()}, (0, total))
+    return MemoryPlan(dict(zip(indices, offsets)), (0, total))
