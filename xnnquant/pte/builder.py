@@ -193,7 +193,8 @@ class MethodBuilder:
             if dynamic:
                 raise XnnquantError("a constant tensor cannot be dynamic: its data fixes its sizes")
             stored = np.ascontiguousarray(array.transpose(order), dtype=NUMPY_DTYPES[st])
-            if not np.array_equal(stored.astype(array.dtype), array.transpose(order)):
+            if not np.array_equal(stored.astype(array.dtype), array.transpose(order),
+                                  equal_nan=array.dtype.kind in "fc"):
                 raise XnnquantError(f"constant data of dtype {array.dtype} does not cast exactly to {st.name}")
             constant = self.program.constant(stored.tobytes())
         return self.value(Tensor(st, sizes, order, dynamism, constant, planned and constant == 0))

@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import UnsupportedConfigError, XnnquantError, missing_extra
 from .builder import MethodBuilder
 from .values import NUMPY_DTYPES, ScalarType, ShapeDynamism, Tensor
@@ -151,18 +153,10 @@ def _meta_outputs(method: MethodBuilder, op: Any, bound: Mapping[str, Any]) -> l
     torch = _torch()
     dynamic = False
 
-    def meta(arg: Any, index: Any) -> Any:
+    def meta_tensor(index: Any) -> Any:
         nonlocal dynamic
-        kind = str(arg.type)
-        if index is None or "Tensor" not in kind:
-            return index
-        if kind.startswith(("List", "Optional[List")):
-            return [meta_tensor(i) if i is not None else None for i in index]
-        return meta_tensor(index)
-
-    def meta_tensor(index: int) -> Any:
-        nonlocal dynamic
-        value = _tensor_value(method, index, kernel_name(op))
+        value = method.values[_tensor_index(method, index, kernel_name(op))]
+        assert isinstance(value, Tensor)  # checked by _tensor_index
         dynamic |= value.dynamism == ShapeDynamism.DYNAMIC_BOUND
         strides = [0] * len(value.sizes)
         step = 1
@@ -171,8 +165,14 @@ def _meta_outputs(method: MethodBuilder, op: Any, bound: Mapping[str, Any]) -> l
         dtype = getattr(torch, NUMPY_DTYPES[value.scalar_type].name, torch.bfloat16)
         return torch.empty_strided(value.sizes, strides, dtype=dtype, device="meta")
 
-    params = {a.name: a for a in op._schema.arguments}
-    given = {name: meta(params[name], v) for name, v in bound.items()}
+    given = {}
+    for arg in op._schema.arguments:
+        if arg.name in bound:
+            value, kind = bound[arg.name], str(arg.type)
+            if value is not None and "Tensor" in kind:
+                value = ([None if v is None else meta_tensor(v) for v in value] if "List" in kind
+                         else meta_tensor(value))
+            given[arg.name] = value
     result = op(**given)
     results = list(result) if isinstance(result, (tuple, list)) else [result]
     outs = []
@@ -182,30 +182,26 @@ def _meta_outputs(method: MethodBuilder, op: Any, bound: Mapping[str, Any]) -> l
     return outs
 
 
-def _tensor_value(method: MethodBuilder, index: Any, where: str) -> Tensor:
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(method.values) \
+def _tensor_index(method: MethodBuilder, index: Any, where: str) -> int:
+    """``index`` checked to be the index of a Tensor value of ``method``."""
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(method.values) \
             or not isinstance(method.values[index], Tensor):
         raise XnnquantError(f"{where}: a tensor argument must be the index of a Tensor value: got {index!r}")
-    value = method.values[index]
-    assert isinstance(value, Tensor)  # checked just above
-    return value
+    return int(index)
 
 
 def _argument(method: MethodBuilder, arg: Any, value: Any, where: str) -> int:
     """The value index of one argument (module docstring, step 2)."""
     kind = str(arg.type)
     if kind == "Tensor":
-        if value is None:
-            return method.tensor(ScalarType.BYTE, (0,), planned=False)
-        _tensor_value(method, value, where)
-        return int(value)
+        return method.tensor(ScalarType.BYTE, (0,), planned=False) if value is None else \
+            _tensor_index(method, value, where)
     if kind == "Optional[Tensor]":
-        return method.null() if value is None else _argument(method, _Plain("Tensor"), value, where)
+        return method.null() if value is None else _tensor_index(method, value, where)
     if kind in ("List[Tensor]", "Optional[List[Tensor]]") and value is not None:
-        return method.tensor_list([_argument(method, _Plain("Tensor"), v, where) for v in value])
+        return method.tensor_list([_tensor_index(method, v, where) for v in value])
     if kind == "List[Optional[Tensor]]":
-        return method.optional_tensor_list(
-            [None if v is None else _argument(method, _Plain("Tensor"), v, where) for v in value])
+        return method.optional_tensor_list([None if v is None else _tensor_index(method, v, where) for v in value])
     if value is None:
         return method.null()
     if isinstance(value, (list, tuple)):
@@ -217,6 +213,8 @@ def _argument(method: MethodBuilder, arg: Any, value: Any, where: str) -> int:
         if inner.startswith("bool"):
             return method.bool_list([bool(v) for v in value])
         raise UnsupportedConfigError(f"{where}: argument {arg.name!r} of type {kind} is not a list ExecuTorch emits")
+    if isinstance(value, np.generic):
+        value = value.item()  # numpy scalars as the Python scalars they hold
     torch = _torch()
     if isinstance(value, torch.dtype):
         return method.int_value(int(_scalar_type(value)))
@@ -237,18 +235,6 @@ def _argument(method: MethodBuilder, arg: Any, value: Any, where: str) -> int:
                                  "ExecuTorch value kind")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Plain:
-    """A stand-in argument of a given type, for the items of a tensor list."""
-
-    kind: str
-    name: str = "item"
-
-    @property
-    def type(self) -> str:
-        return self.kind
-
-
 def portable_call(method: MethodBuilder, op: Any, args: Sequence[Any] = (),
                   kwargs: Mapping[str, Any] | None = None, out: int | Sequence[int] | None = None) -> Any:
     """Append the portable kernel call of the ATen operator ``op`` to ``method``.
@@ -267,17 +253,13 @@ def portable_call(method: MethodBuilder, op: Any, args: Sequence[Any] = (),
     if out is None:
         outs = _meta_outputs(method, op, bound)
     else:
-        outs = [int(out)] if isinstance(out, int) else [int(o) for o in out]
-        for o in outs:
-            _tensor_value(method, o, where)
+        outs = [_tensor_index(method, o, where) for o in ([out] if isinstance(out, (int, np.integer)) else out)]
     list_out = len(out_args) == 1 and str(out_args[0].type) == "List[Tensor]"
     if not list_out and len(outs) != len(out_args):
         raise XnnquantError(f"{where}: {kernel_name(target)} writes {len(out_args)} out tensor(s), got {len(outs)}")
     out_values = iter([method.tensor_list(outs)] if list_out else outs)
-    given = {}
-    for name, value in bound.items():
-        if name in {a.name for a in target._schema.arguments}:
-            given[name] = value
+    # arguments the out variant lacks (a factory's dtype=, layout=...) are carried by the out tensor
+    given = {name: value for name, value in bound.items() if name in {a.name for a in target._schema.arguments}}
     indices, written = [], []
     for arg in target._schema.arguments:
         if arg.is_out:
