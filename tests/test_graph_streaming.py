@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from et_lowered import lowered_pte
 
 import xnnquant as xq
 from xnnquant.graph import Deferred, Graph, interpret, load, program, run, writer
@@ -125,7 +126,10 @@ def test_deferred_constants_give_the_same_bytes_and_are_made_one_at_a_time() -> 
 def test_streamed_pte_is_executorchs_pte_of_the_whole_payload() -> None:
     g = mlp(deferred(), **SEGMENT)
     streamed = b"".join(program.pte_chunks(g))
-    assert streamed == program.to_pte(mlp(weights(), **SEGMENT).to_bytes())
+    whole = mlp(weights(), **SEGMENT).to_bytes()
+    assert streamed == program.to_pte(whole)
+    specs = program.TensorSpec((4, 128), np.dtype(np.float32)), program.TensorSpec((4, 16), np.dtype(np.float32))
+    assert streamed == lowered_pte(whole, specs[:1], specs[1:])  # ExecuTorch's own serializer
     (out,) = run(mlp(weights(), **SEGMENT).to_bytes(), [X])
     import torch
     from executorch.runtime import Runtime

@@ -157,13 +157,15 @@ def test_malformed_delegate(small_pte: bytes) -> None:
         read_pte(broken)
 
 
-def test_a_missing_executorch_names_the_extra(small_pte: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_executorch_names_the_extra(et_programs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .pte is read with xnnquant's own generated code; a .ptd still needs executorch."""
     # a None entry makes the import fail even though an earlier test imported the module
-    for name in ("executorch.exir._serialize._flatbuffer_program", "executorch.exir._serialize._program"):
+    for name in ("executorch", "executorch.exir", "executorch.extension.flat_tensor.serialize.serialize"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(MissingExtraError, match=r"reading ExecuTorch programs \(\.pte\) needs the 'executorch' "
+    assert read_pte(et_programs / "xnnquant.pte").delegates
+    with pytest.raises(MissingExtraError, match=r"reading ExecuTorch data files \(\.ptd\) needs the 'executorch' "
                                                 r"package, which is not installed: .*xnnquant\[xnnpack\]"):
-        read_pte(small_pte)
+        read_ptd(et_programs / "model.ptd")
 
 
 def read_or_error(data: bytes) -> None:

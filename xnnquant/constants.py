@@ -62,3 +62,19 @@ MAX_NUM_EXTERNS = 4096
 #: backends/xnnpack/runtime/XNNCompiler.cpp (convertF32TensorToBF16): the factor an fp32
 #: blockwise scale is multiplied by before the runtime keeps the product's upper 16 bits.
 RUNTIME_BF16_FACTOR = np.float32(1.00389105)
+
+# --- ExecuTorch 1.4.1 programs (.pte) ---------------------------------------------------
+
+#: backends/xnnpack/xnnpack_preprocess.py (the name of its BackendDetails class): the backend
+#: id of XNNPACK delegates, under which the runtime registers its XNNPACK backend.
+XNNPACK_BACKEND_ID = "XnnpackBackend"
+
+#: exir/tensor.py ALIGNMENT: a planned tensor starts at a multiple of it and takes a whole
+#: multiple of it; a constant tensor starts at a multiple of it in the constant segment.
+PTE_TENSOR_ALIGNMENT = 16
+#: exir/_serialize/_program.py (serialize_pte_binary's default): the segment base and every
+#: segment start at multiples of it, counted from the start of the file.
+PTE_SEGMENT_ALIGNMENT = 128
+#: exir/memory_planning.py (apply_algo): bytes planned after a method's last tensor when the
+#: method calls an XNNPACK delegate, whose kernels may read past the end of a tensor.
+PTE_XNNPACK_EXTRA_PLANNED_BYTES = 64

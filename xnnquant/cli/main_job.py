@@ -21,12 +21,13 @@ ExecuTorch's flow is its documented one: torchao's
 ``Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(32))``
 with its default scale choice, ``torch.export``, ``to_edge_transform_and_lower`` with
 ``XnnpackPartitioner``, ``to_executorch``.  Importing ExecuTorch's XNNPACK backend in this
-process does not change our programs: ``to_pte`` builds its ``LoweredBackendModule``
-directly (tests/test_export_pte.py checks the bytes).
+process does not change our programs: ``to_pte`` writes them with xnnquant's own program
+writer (tests/test_export_pte.py checks the bytes).
 
 Neither flow's export time includes the one-off costs of a process: before any timing,
-one ``torch.export`` of the module is run and both flows' modules (torch.export,
-ExecuTorch's serializer and partitioner, torchao) are imported.
+one ``torch.export`` of the module is run and ExecuTorch's flow's modules (its
+serializer and partitioner, torchao) are imported; xnnquant's flow imports no part of
+executorch to write its programs.
 """
 
 from __future__ import annotations
@@ -108,7 +109,6 @@ def _check_extras(with_executorch: bool) -> None:
 def _warm_up(module: Any, example: tuple[Any, ...], with_executorch: bool) -> None:
     """One untimed ``torch.export``, and both flows' imports (see the module docstring)."""
     import torch
-    from executorch.exir.lowered_backend_module import LoweredBackendModule  # noqa: F401
 
     torch.export.export(module, example, strict=False)
     if with_executorch:

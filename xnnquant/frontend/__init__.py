@@ -20,4 +20,5 @@ from .exported import Exported, TensorIO
 from .report import ReportRow
 from .weights import SchemeKind, WeightScheme
 
-__all__ = ["CheckReport", "Exported", "FallbackWarning", "ReportRow", "SchemeKind", "TensorIO", "WeightScheme", "check", "export"]
+__all__ = ["CheckReport", "Exported", "FallbackWarning", "ReportRow", "SchemeKind", "TensorIO", "WeightScheme",
+           "check", "export"]

@@ -1,19 +1,24 @@
 """Regenerate the flatbuffers code from the project's schemas with the pinned ``flatc``.
 
-Two schemas, each with its generated module: ``schema.fbs`` (XN01, node kinds 1..37) ->
-``schema_generated.py``, and ``schema_141.fbs`` (ExecuTorch 1.4.1's additions on top) ->
-``schema_141_generated.py``.  ``python -m xnnquant.graph.codegen`` (what ``make
+Three schemas, each with its generated module: ``schema.fbs`` (XN01, node kinds 1..37) ->
+``schema_generated.py``, ``schema_141.fbs`` (ExecuTorch 1.4.1's additions on top) ->
+``schema_141_generated.py``, and ExecuTorch's program format ``../pte/program.fbs``
+(ET12, which includes ``scalar_type.fbs``) -> ``../pte/program_generated.py``.
+``python -m xnnquant.graph.codegen`` (what ``make
 flatbuffers`` runs) writes the files in place; ``python -m xnnquant.graph.codegen --check``
 only reports whether the committed files are what the schemas generate.  The compiler is flatc 24.3.25 as shipped in the
 ``executorch`` wheel (``executorch/data/bin/flatc``, also exposed as ``.venv/bin/flatc``),
 matching the pinned ``flatbuffers`` Python runtime.  Options: ``--python --gen-onefile``,
-which gives one self-contained module that imports nothing but ``flatbuffers``.
+which gives one self-contained module that imports nothing but ``flatbuffers``; for a schema
+that includes another, ``--gen-all`` as well, so the included declarations go into the
+same module.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -29,8 +34,11 @@ SCHEMA = HERE / "schema.fbs"
 GENERATED = HERE / "schema_generated.py"
 SCHEMA_141 = HERE / "schema_141.fbs"
 GENERATED_141 = HERE / "schema_141_generated.py"
+PTE_SCHEMA = HERE.parent / "pte" / "program.fbs"
+PTE_GENERATED = HERE.parent / "pte" / "program_generated.py"
 #: (schema, its generated module), every pair ``make flatbuffers`` keeps in step.
-SCHEMAS: tuple[tuple[Path, Path], ...] = ((SCHEMA, GENERATED), (SCHEMA_141, GENERATED_141))
+SCHEMAS: tuple[tuple[Path, Path], ...] = ((SCHEMA, GENERATED), (SCHEMA_141, GENERATED_141),
+                                          (PTE_SCHEMA, PTE_GENERATED))
 
 
 def find_flatc() -> Path:
@@ -60,7 +68,8 @@ def generate(out_dir: Path, flatc: Path | None = None, schema: Path = SCHEMA) ->
     version = flatc_version(flatc)
     if version != FLATC_VERSION:
         raise MissingExtraError(f"flatc version mismatch: got {version} at {flatc}, expected {FLATC_VERSION}")
-    subprocess.run([str(flatc), *FLATC_OPTIONS, "-o", str(out_dir), str(schema)], check=True)
+    includes = ("--gen-all",) if re.search(r'^include\s+"', schema.read_text(), re.M) else ()
+    subprocess.run([str(flatc), *FLATC_OPTIONS, *includes, "-o", str(out_dir), str(schema)], check=True)
     return out_dir / f"{schema.stem}_generated.py"
 
 

@@ -1,31 +1,21 @@
 """Running XNNGraph payloads on the real XNNPACK, through the ExecuTorch 1.4.1 runtime.
 
-``to_pte`` wraps a payload into a ``.pte`` program without ExecuTorch's partitioner;
-``run`` executes it with ``executorch.runtime`` and returns numpy arrays.
+``to_pte`` wraps a payload into a ``.pte`` program; ``run`` executes it with
+``executorch.runtime`` and returns numpy arrays.
 
-How a payload becomes a program:
-
-1. A stub ``torch.nn.Module`` with the payload's external inputs and outputs (shapes
-   and dtypes; its body only makes zero tensors of the output shapes) is exported with
-   ``torch.export``; cached per I/O signature.  ``to_edge`` is skipped: the lowered
-   program keeps only the stub's placeholders and output specs, and the ``.pte`` is
-   byte-identical with or without it (a test checks this), while ``to_edge`` costs a
-   second or two per signature.
-2. A ``LoweredBackendModule`` is built around that program with backend id
-   ``"XnnpackBackend"`` and the payload as its processed bytes; its ``.buffer()`` is
-   the ``.pte``: one delegate call taking the stub's inputs and giving its outputs.
-   Named data (constants that ExecuTorch-written payloads reference by ``named_key``)
-   travels in the program's named-data segment, aligned to ``CONSTANT_TENSOR_ALIGNMENT``.
-
-The ``LoweredBackendModule`` is built directly instead of through
-``to_backend("XnnpackBackend", ...)`` with a ``BackendDetails`` subclass: ``to_backend``
-uses the first subclass of that name, which is ExecuTorch's own partitioning backend
-whenever ``executorch.backends.xnnpack`` has been imported in the process.  Building it
-directly gives the same program whatever has been imported, so there is no clash.
+How a payload becomes a program (``xnnquant.pte.builder``, no torch or executorch
+needed): one method ``forward`` whose values are a tensor per external input, then a
+tensor per external output (shape, dtype, dim order); one ``XnnpackBackend`` delegate
+holding the payload in a segment of its own; one ``DelegateCall`` taking the inputs and
+giving the outputs; the inputs and outputs planned in memory as ExecuTorch plans them.
+Named data (constants that ExecuTorch-written payloads reference by ``named_key``) goes
+into the program's named-data segments.  The bytes are those ExecuTorch 1.4.1 writes for
+the same delegate (``LoweredBackendModule.buffer(extract_delegate_segments=True)``; a
+test compares them).
 
 External ids order the arguments: inputs, then outputs, each by ascending external id
 (the runtime sorts them so), which is the order of ``Graph.inputs`` / ``Graph.outputs``.
-torch and executorch are imported on first use (the ``xnnpack`` extra).
+torch and executorch are imported by ``run`` on first use (the ``xnnpack`` extra).
 
 Other sizes: XNNPACK computes every value's dims again from the tensors it is given on
 each call, so one payload runs at any input size whose dims are at most its values'
@@ -39,24 +29,24 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import hashlib
 import io
+import itertools
 import os
 import tempfile
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..arrays import ArrayInput, to_numpy
-from ..constants import CONSTANT_TENSOR_ALIGNMENT
+from ..constants import XNNPACK_BACKEND_ID
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
 from .shapes import within
 
 if TYPE_CHECKING:
+    from ..pte.builder import Payload, ProgramBuilder
     from .builder import Graph
     from .model import Node, Value
 
@@ -100,10 +90,9 @@ CHANNELS_LAST = (0, 2, 3, 1)
 
 
 def _import_torch_executorch() -> Any:
-    """The modules ``to_pte`` and ``run`` need, or ``MissingExtraError``."""
+    """The modules ``run`` needs, or ``MissingExtraError``."""
     try:
         import torch
-        from executorch.exir.lowered_backend_module import LoweredBackendModule  # noqa: F401
         from executorch.runtime import Runtime  # noqa: F401
     except ImportError:
         raise missing_extra("xnnpack", "executorch", "running a payload on the real XNNPACK") from None
@@ -214,46 +203,6 @@ def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
     return specs
 
 
-@functools.lru_cache(maxsize=64)
-def _stub_program(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> Any:
-    """Exported program of a module with the given I/O whose body makes zero outputs."""
-    torch = _import_torch_executorch()
-
-    def torch_dtype(dtype: np.dtype) -> Any:
-        return torch.from_numpy(np.zeros(0, dtype)).dtype
-
-    def zeros(spec: TensorSpec) -> Any:
-        """Zeros of ``spec``'s shape laid out in its dim order (the program declares it)."""
-        order = spec.dim_order or tuple(range(len(spec.shape)))
-        return torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype)).permute(order).contiguous().permute(
-            [order.index(d) for d in range(len(order))])
-
-    module_base: Any = torch.nn.Module
-
-    class Stub(module_base):
-        def forward(self, *args: Any) -> tuple[Any, ...]:
-            return tuple(zeros(spec) for spec in outputs)
-
-    examples = tuple(zeros(spec) for spec in inputs)
-    return torch.export.export(Stub(), examples, strict=False)
-
-
-def _named_data_output(named_data: Mapping[str, bytes] | None) -> Any:
-    if not named_data:
-        return None
-    from executorch.exir._serialize._named_data_store import NamedDataStore
-
-    store = NamedDataStore()
-    for key in sorted(named_data):
-        blob = named_data[key]
-        if not isinstance(key, str) or not isinstance(blob, (bytes, bytearray, memoryview)):
-            raise XnnquantError(
-                f"named_data must map str keys to bytes: got {type(key).__name__} -> {type(blob).__name__}"
-            )
-        store.add_named_data(key, bytes(blob), alignment=CONSTANT_TENSOR_ALIGNMENT)
-    return store.get_named_data_store_output()
-
-
 def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
            outputs: Sequence[SpecLike] | None = None, *,
            named_data: Mapping[str, bytes] | None = None, validate: bool = True,
@@ -296,97 +245,52 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     return _build_pte(data, in_specs, out_specs, named_data, dynamic)
 
 
-def _bounded_io_planning() -> Any:
-    """ExecuTorch's memory planning, after marking the program's input and output tensors
-    ``DYNAMIC_BOUND`` (their planned dims then being upper bounds)."""
-    from executorch.exir.passes.memory_planning_pass import MemoryPlanningPass
-    from executorch.exir.schema import TensorShapeDynamism
-    from executorch.exir.tensor import TensorSpec as ExirSpec
+def _program(payload: Payload, inputs: list[TensorSpec], outputs: list[TensorSpec],
+             named_data: Mapping[str, bytes] | None, dynamic: bool = False) -> ProgramBuilder:
+    """The one-delegate program running ``payload`` (module docstring)."""
+    from ..pte.builder import ProgramBuilder
 
-    class BoundedIO(MemoryPlanningPass):
-        def run(self, graph_module: Any, graph_signature: Any = None) -> Any:
-            for node in graph_module.graph.nodes:
-                io = [node] if node.op == "placeholder" else list(node.args[0]) if node.op == "output" else []
-                for spec in (n.meta.get("spec") for n in io):
-                    if isinstance(spec, ExirSpec):
-                        spec.shape_dynamism = TensorShapeDynamism.DYNAMIC_BOUND
-            return super().run(graph_module, graph_signature)
+    if not outputs:
+        raise PayloadError("the payload has no external output: a program must return something")
+    program = ProgramBuilder()
+    for key in sorted(named_data or {}):
+        program.add_named_data(key, named_data[key])  # type: ignore[index]  # not None: iterated
+    method = program.method("forward")
 
-    return BoundedIO()
+    def tensor(spec: TensorSpec) -> int:
+        return method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=dynamic)
+
+    args = [method.input(tensor(spec)) for spec in inputs]
+    results = [method.output(tensor(spec)) for spec in outputs]
+    method.delegate_call(method.delegate(XNNPACK_BACKEND_ID, payload), args, results)
+    return program
 
 
 def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
                named_data: Mapping[str, bytes] | None, dynamic: bool = False) -> bytes:
-    if not outputs:
-        raise PayloadError("the payload has no external output: a program must return something")
-    _import_torch_executorch()
-    from executorch.exir.lowered_backend_module import LoweredBackendModule
-
-    stub = _stub_program(tuple(inputs), tuple(outputs))
-    lowered = LoweredBackendModule(stub, "XnnpackBackend", data, [], _named_data_output(named_data))
-    with warnings.catch_warnings():  # ExecuTorch's own deprecations, not the caller's concern
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        # the payload in a segment of its own after the program, as ExecuTorch's own flow
-        # stores delegates: the runtime can map it, and a payload can be streamed into it
-        planning = _bounded_io_planning() if dynamic else None
-        return bytes(lowered.buffer(extract_delegate_segments=True, memory_planning=planning))
+    return _program(data, inputs, outputs, named_data, dynamic).to_bytes()
 
 
 def pte_chunks(graph: Any, inputs: Sequence[SpecLike] | None = None,
                outputs: Sequence[SpecLike] | None = None, dynamic: bool = False) -> Iterator[bytes | memoryview]:
     """The ``.pte`` of a ``Graph(scales_in_segment=True)``, piece by piece; the pieces
     joined are ``to_pte(graph.to_bytes())``, but the payload's constants are made and
-    passed on one value at a time (``writer.payload_chunks``).  ``inputs`` / ``outputs`` /
+    passed on one value at a time (``writer.payload_chunks``): the program declares the
+    payload's segment at its full size (``writer.SegmentPlan``) and the writer reads the
+    payload's pieces as it reaches that segment.  ``inputs`` / ``outputs`` /
     ``dynamic``: as for ``to_pte``.
-
-    The program is built by ExecuTorch for the payload's first part (header, flatbuffer,
-    padding), which ends its last segment; the lengths that then differ are the segment's
-    ``DataSegment.size`` in the program flatbuffer (a u64 present in both, so nothing
-    moves) and the extended header's segment data size.  Both are rewritten in place and
-    the constant segment follows::
-
-        program (extended header "eh00": program size, segment base, segment data size)
-        | zeros to the segment base | segment 0 (empty) | ... | last segment: the payload
-                                                                 header+flatbuffer | constants ->
     """
+    from ..pte.builder import Chunked
     from . import writer
 
-    chunks = writer.payload_chunks(graph)
-    head = bytes(next(chunks)) + bytes(next(chunks)) + bytes(next(chunks))
-    rest = writer.SegmentPlan.of(graph).size
     found_in, found_out = external_specs(graph)
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
     out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
-    yield _grown_last_segment(_build_pte(head, in_specs, out_specs, None, dynamic), len(head), rest)
-    yield from chunks
-
-
-def _grown_last_segment(program: bytes, size: int, extra: int) -> bytes:
-    """``program`` (ending with its last segment, of ``size`` bytes) with that segment's
-    size and the segment data size grown by ``extra`` bytes."""
-    from executorch.exir._serialize._program import _get_extended_header
-    from executorch.exir._serialize.generated.executorch_flatbuffer import DataSegment, Program
-
-    header = _get_extended_header(program)
-    root = Program.Program.GetRootAs(program, 0)
-    count = root.SegmentsLength()
-    if header is None or not count:
-        raise AssertionError("ExecuTorch wrote the delegate inline, not in a segment")
-    vector = root._tab.Offset(12)  # Program.segments
-    last = DataSegment.DataSegment()
-    last.Init(program, root._tab.Indirect(root._tab.Vector(vector) + 4 * (count - 1)))
-    size_field = last._tab.Offset(6)  # DataSegment.size
-    end = header.segment_base_offset + last.Offset() + last.Size()
-    if not size_field or last.Size() != size or end != len(program):
-        raise AssertionError(f"the payload is not the program's last segment (size {last.Size()}, "
-                             f"ends at {end} of {len(program)})")
-    out = bytearray(program)
-    at = last._tab.Pos + size_field
-    out[at:at + 8] = (size + extra).to_bytes(8, "little")
-    at = 8 + 24  # the extended header follows the root offset and identifier; its 4th field
-    out[at:at + 8] = (header.segment_data_size + extra).to_bytes(8, "little")
-    return bytes(out)
+    chunks = writer.payload_chunks(graph)  # validates the graph before the first piece
+    head = [next(chunks), next(chunks), next(chunks)]  # header, flatbuffer, padding
+    size = sum(len(c) for c in head) + writer.SegmentPlan.of(graph).size
+    yield from _program(Chunked(size, itertools.chain(head, chunks)), in_specs, out_specs, None,
+                          dynamic).chunks()
 
 
 @contextlib.contextmanager

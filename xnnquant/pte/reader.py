@@ -32,17 +32,12 @@ on the unlifted module, after ``torchao.utils.unwrap_tensor_subclass`` for torch
 weights); ``ExecutorchProgramManager.write_tensor_data_to_file`` then writes ``<tag>.ptd``.
 Pass those files as ``data_files``.
 
-What comes from the ``executorch`` wheel (imported on first use; importing it imports torch,
-a few seconds) rather than being re-implemented here:
-
-* ``executorch.exir._serialize._program._get_extended_header``: the ``.pte`` extended header;
-* the Python accessors that flatc generated from ExecuTorch's ``program.fbs``
-  (``executorch.exir._serialize.generated.executorch_flatbuffer``: ``Program``,
-  ``ExecutionPlan``, ``BackendDelegate``, ``DataSegment``, ``NamedData``, ``DataLocation``),
-  made importable by ExecuTorch's own ``_flatbuffer_program._patch_generated_flatbuffer_aliases``;
-* ``executorch.extension.flat_tensor.serialize.serialize``: ``FlatTensorHeader`` and
-  ``_deserialize_to_flat_tensor`` (ExecuTorch's flat_tensor.fbs, decoded by its pinned flatc
-  in a subprocess) for ``.ptd`` files.
+What comes from elsewhere: the program flatbuffer is read with the accessors flatc
+generated from xnnquant's own ``program.fbs`` (``program_generated``) and the extended
+header with ``header.py``, so reading a ``.pte`` imports neither torch nor executorch.
+``.ptd`` files are read with ExecuTorch's ``executorch.extension.flat_tensor.serialize
+.serialize`` (``FlatTensorHeader`` and ``_deserialize_to_flat_tensor``: ExecuTorch's
+flat_tensor.fbs, decoded by its pinned flatc in a subprocess; imported on first use).
 
 What is ours: the walk from the program to each delegate, the bounds checks (every
 offset, size and vector length is checked against the file before it is followed, so the
@@ -59,17 +54,17 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from ..constants import XNNPACK_BACKEND_ID
 from ..errors import PayloadError, XnnquantError, missing_extra
+from . import program_generated as fb
+from .header import ExtendedHeader
 
 #: File identifier of ExecuTorch's program.fbs (bytes 4..7 of every ``.pte``).
 PTE_IDENTIFIER = b"ET12"
 #: File identifier of ExecuTorch's flat_tensor.fbs (bytes 4..7 of every ``.ptd``).
 PTD_IDENTIFIER = b"FT01"
-#: Backend id ExecuTorch gives XNNPACK delegates.
-XNNPACK_BACKEND_ID = "XnnpackBackend"
 
 Source = bytes | bytearray | memoryview | str | os.PathLike
 #: Bytes read from a program or data file: a view of the mapped file when read from a path.
@@ -142,20 +137,6 @@ def is_pte(source: Source) -> bool:
             return f.read(8)[4:8] == PTE_IDENTIFIER
     except OSError:
         return False
-
-
-def _executorch() -> SimpleNamespace:
-    """The ExecuTorch helpers this module uses, or ``MissingExtraError``."""
-    try:
-        from executorch.exir._serialize._flatbuffer_program import _patch_generated_flatbuffer_aliases
-        from executorch.exir._serialize._program import _get_extended_header
-    except ImportError:
-        raise missing_extra("xnnpack", "executorch", "reading ExecuTorch programs (.pte)") from None
-    _patch_generated_flatbuffer_aliases()  # the generated package shadows its classes by modules
-    from executorch.exir._serialize.generated.executorch_flatbuffer.DataLocation import DataLocation
-    from executorch.exir._serialize.generated.executorch_flatbuffer.Program import Program
-
-    return SimpleNamespace(Program=Program, DataLocation=DataLocation, extended_header=_get_extended_header)
 
 
 def _read(source: Source, what: str) -> tuple[Blob, str]:
@@ -284,8 +265,7 @@ def read_pte(source: Source, data_files: Source | Iterable[Source] = (), *,
             f"{name} is not an ExecuTorch program: got identifier {data[4:8]!r}{hint} "
             f"({len(data)} bytes), expected {PTE_IDENTIFIER!r}"
         )
-    et = _executorch()
-    program = _Walk(data, name, et)
+    program = _Walk(data, name)
     named = dict(program.named_data)
     origin = dict.fromkeys(named, "program")
     files = _sources(data_files)
@@ -323,8 +303,8 @@ class _Found:
 class _Walk:
     """The methods, delegates and named data of a program, every offset checked."""
 
-    def __init__(self, data: Blob, name: str, et: SimpleNamespace) -> None:
-        self.data, self.name, self.et = data, name, et
+    def __init__(self, data: Blob, name: str) -> None:
+        self.data, self.name = data, name
         self.bounds = _Bounds(len(data), name)
         self.methods: list[str] = []
         self.xnnpack: list[_Found] = []
@@ -339,7 +319,7 @@ class _Walk:
 
     def _walk(self) -> None:
         data, bounds = self.data, self.bounds
-        header = self.et.extended_header(data)
+        header = ExtendedHeader.read(data)
         program_size, self.segment_base = len(data), None
         if header is not None:
             bounds.span(0, header.program_size, "the Program flatbuffer (from the extended header)")
@@ -348,7 +328,7 @@ class _Walk:
         flatbuffer = data[:program_size]
         self.fb_bounds = _Bounds(len(flatbuffer), self.name)
         bounds.count(struct.unpack_from("<I", flatbuffer, 0)[0], "the root offset", 1)
-        root = self.et.Program.GetRootAs(flatbuffer, 0)
+        root = fb.Program.GetRootAs(flatbuffer, 0)
         self.segments = [(s.Offset(), s.Size()) for s in
                          (root.Segments(i) for i in range(self.fb_bounds.count(root.SegmentsLength(), "segments")))]
         for i in range(self.fb_bounds.count(root.NamedDataLength(), "named_data")):
@@ -371,14 +351,14 @@ class _Walk:
                 if ref is None:
                     raise ProgramError(f"{self.name}: {where} has no processed data reference")
                 location, index = ref.Location(), ref.Index()
-                if location == self.et.DataLocation.INLINE:
+                if location == fb.DataLocation.INLINE:
                     if index >= inline_count:
                         raise ProgramError(f"{self.name}: {where} names inline data {index}, "
                                            f"the program has {inline_count}")
                     payload = root.BackendDelegateData(index).DataAsNumpy()
                     payload = b"" if isinstance(payload, int) else payload.tobytes()
                     self.xnnpack.append(_Found(method, j, "inline", payload))
-                elif location == self.et.DataLocation.SEGMENT:
+                elif location == fb.DataLocation.SEGMENT:
                     self.xnnpack.append(_Found(method, j, "segment", self._segment(index, where)))
                 else:
                     raise ProgramError(f"{self.name}: {where} has data location {location}, "
