@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from ..errors import XnnquantError, missing_extra
 from .exported import Exported
 from .options import ExportOptions, check_batches_fit
-from .report import stage
+from .program import AtenProgram
+from .report import ReportRow, stage
 
 
 def _torch() -> Any:
@@ -92,6 +94,11 @@ def _check_module(torch: Any, module: Any) -> None:
                                     "computed from it would be too; expected finite values")
 
 
+#: dtypes a program input may have (float32 ones may feed XNNPACK directly; the others go
+#: through ExecuTorch's portable kernels first).
+INPUT_DTYPES = ("float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
 def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         raise XnnquantError(
@@ -100,10 +107,8 @@ def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             raise XnnquantError(f"example_inputs[{i}] must be a torch.Tensor: got {type(x).__name__}")
-        if x.dtype != torch.float32:
-            raise XnnquantError(
-                f"example_inputs[{i}] is {x.dtype}: XNNPACK's external values are float32 here; pass float32 "
-                "inputs (cast masks and ids-derived tensors to float in the module's caller)")
+        if str(x.dtype).removeprefix("torch.") not in INPUT_DTYPES:
+            raise XnnquantError(f"example_inputs[{i}] is {x.dtype}: expected one of {', '.join(INPUT_DTYPES)}")
         if x.numel() == 0:
             raise XnnquantError(f"example_inputs[{i}] has no elements (shape {tuple(x.shape)}): XNNPACK cannot run "
                                 "a value of size 0; expected every dim >= 1")
@@ -176,7 +181,7 @@ def _statistics(module: Any, options: ExportOptions, timings: dict[str, float]) 
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
-           check: bool = True, dynamic_shapes: Any = None) -> Exported:
+           check: bool = True, dynamic_shapes: Any = None, strict: bool = False) -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -208,6 +213,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     the upper bound (every dynamic dim needs a max).  Ops whose result XNNPACK cannot
     recompute at other sizes (a reshape to two dynamic dims, a slice from the end of a
     dynamic dim, a mean over one) are refused naming the dim.
+    ``strict``: one pure XNNPACK graph or a refusal listing every node XNNPACK cannot run.
+    Otherwise (the default) nodes XNNPACK cannot run (embedding lookups on integer ids,
+    comparisons, index arithmetic, ...) run on ExecuTorch's portable kernels in the same
+    ``.pte``, and everything else goes into as few XNNPACK delegates as the graph allows
+    (``passes/partition.py``); ``print(exported)`` says which op ran where and why.
     ``check``: compare the lowered graph with the module on the example inputs before
     returning (``selfcheck.py``); a mismatch raises ``SelfCheckError`` naming the first
     diverging node.  A streaming export cannot run its module and skips it (the report
@@ -218,7 +228,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     """
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
-                                  progress=progress, dynamic_shapes=dynamic_shapes)
+                                  progress=progress, dynamic_shapes=dynamic_shapes, strict=strict)
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -230,23 +240,35 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         _check_streamed(eager)
     statistics = _statistics(eager, options, timings)
     from .lowering.context import WeightOptions
-    from .lowering.walk import lower
+    from .lowering.walk import Lowered, lower
     from .passes import run_passes
-    from .program import AtenProgram
 
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
         program.name_dims(options.dynamic_shapes, eager)
-        run_passes(program, _PassOptions(statistics))
+        pass_options = _PassOptions(statistics, options.strict)
+        run_passes(program, pass_options)
+        members = _partitioned(program, options, pass_options)
+    weights = WeightOptions(options.policy, options.method, statistics)
+    bar = _progress(options.progress, f"export {options.policy.weights}")
+    delegates: list[Lowered | None]
     with stage("lower", timings):
-        lowered = lower(program, options.target, WeightOptions(options.policy, options.method, statistics),
-                        _progress(options.progress, f"export {options.policy.weights}"))
-    exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
-                        lowered.inputs, lowered.outputs, timings, lowered.sources)
+        if members is None:  # a pure program: one XNNPACK graph, the program's inputs and outputs its own
+            lowered = lower(program, options.target, weights, bar)
+            delegates = [lowered]
+        else:
+            rows: list[ReportRow] = []
+            delegates = [None if group is None else lower(program, options.target, replace(weights, rows=rows),
+                                                          members=group) for group in members]
+    if members is None:
+        exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
+                            lowered.inputs, lowered.outputs, timings, lowered.sources)
+    else:
+        exported = _mixed(program, delegates, rows, options, timings)
     _warn_fallbacks(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
-            exported.to_bytes()
+            exported.to_pte() if members is not None else exported.to_bytes()
     if not options.check:
         exported.self_check = "skipped (check=False)"
     elif weight_file is not None or eager is None:
@@ -256,7 +278,86 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         from .selfcheck import self_check
 
         with stage("check", timings):
-            exported.self_check = self_check(eager, example_inputs, traced, program, lowered)
+            exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
+                                             exported if members is not None else None)
+    return exported
+
+
+#: Partition rounds: each sends the nodes a delegate's lowering refused to the portable kernels.
+PARTITION_ROUNDS = 4
+
+
+def _partitioned(program: AtenProgram, options: ExportOptions,
+                 pass_options: _PassOptions) -> list[set[Any] | None] | None:
+    """The members of each delegate of a mixed program (index: phase; None where a phase has
+    none), or None for a pure one (every node in XNNPACK, every input and output float32).
+
+    Lowering can refuse a node its check took: such nodes go to the portable kernels and
+    the partition is made again (a dry run of the lowering, nothing quantized), until no
+    delegate refuses a node.  Nodes that neither XNNPACK nor the portable kernels run, and
+    layers that cannot take their weights, are refused together, by name.
+    """
+    from ..errors import UnsupportedConfigError
+    from .lowering.context import WeightOptions
+    from .lowering.walk import lower
+    from .passes import PASSES
+    from .passes.partition import PARTITION, PORTABLE, portable_refusal
+
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    dry = WeightOptions(options.policy, dry_run=True)
+    for _ in range(PARTITION_ROUNDS):
+        portable = [n for n in calls if n.meta.get(PARTITION) == PORTABLE]
+        phases = sorted({n.meta[PARTITION] for n in calls if n.meta.get(PARTITION, -1) >= 0})
+        float_io = all(_dtype(n) == "float32" for n in program.graph.nodes if n.op == "placeholder"
+                       and n.name in program.inputs)
+        if options.strict or (not portable and phases in ([], [0]) and float_io):
+            return None
+        groups: list[set[Any] | None] = [None] * (max(phases, default=-1) + 1)
+        for phase in phases:
+            groups[phase] = {n for n in calls if n.meta.get(PARTITION) == phase}
+        refused: dict[str, str] = {}
+        weight_refusals: list[str] = []
+        for group in groups:
+            if group is not None:
+                dry_lowered = lower(program, options.target, dry, members=group, raise_refusals=False)
+                refused.update(dry_lowered.refused)
+                weight_refusals += [r for r in dry_lowered.refusals if "cannot take its weights" in r]
+        if not refused:
+            problems = weight_refusals + [
+                f"{n.target} (node {n.name}, module {AtenProgram.module_path(n) or '<top level>'}): neither XNNPACK "
+                f"({n.meta.get('xnnquant_why_portable', '')}) nor ExecuTorch's portable kernels ({why}) run it"
+                for n in portable if (why := portable_refusal(n)) is not None]
+            if problems:
+                lines = "\n".join(f"  - {p}" for p in problems)
+                raise UnsupportedConfigError(f"export refused {len(problems)} node(s) or layer(s):\n{lines}")
+            return groups
+        pass_options.portable.update(refused)
+        PASSES["partition"].fn(program, pass_options)
+    raise AssertionError(f"the partition did not settle in {PARTITION_ROUNDS} rounds")
+
+
+def _dtype(node: Any) -> str:
+    return str(getattr(node.meta.get("val"), "dtype", "")).removeprefix("torch.")
+
+
+def _mixed(program: AtenProgram, delegates: list[Any], rows: list[ReportRow], options: ExportOptions,
+           timings: dict[str, float]) -> Exported:
+    """The ``Exported`` of a mixed program: its delegates and the program that runs them."""
+    from .emit import emit, input_specs, output_specs, placements
+
+    inputs, outputs = input_specs(program), output_specs(program)
+    with stage("emit", timings):
+        builder = emit(program, delegates, [None if d is None else d.graph.to_bytes() for d in delegates],
+                       inputs, outputs)
+    graphs = [d for d in delegates if d is not None]
+    first = graphs[0] if graphs else None
+    exported = Exported(first.graph if first is not None else None, rows, options.policy.weights,  # type: ignore[arg-type]
+                        options.method, options.target, inputs, outputs, timings,
+                        first.sources if first is not None else [])
+    exported.delegates = [d.graph for d in graphs]
+    exported.delegate_sources = [d.sources for d in graphs]
+    exported.placement = placements(program)
+    exported.builder = builder
     return exported
 
 
@@ -279,10 +380,13 @@ def _warn_fallbacks(exported: Exported) -> None:
 
 
 class _PassOptions:
-    """What the passes read of an export's options."""
+    """What the passes read of an export's options: the calibration statistics, ``strict``,
+    and the nodes the partition must send to the portable kernels (name -> why)."""
 
-    def __init__(self, statistics: Any) -> None:
+    def __init__(self, statistics: Any, strict: bool = False) -> None:
         self.statistics = statistics
+        self.strict = strict
+        self.portable: dict[str, str] = {}
 
 
 def _check_streamed(module: Any) -> None:

@@ -92,12 +92,16 @@ SUFFIXES = {".pte": "an ExecuTorch program (one method, the payload as its XNNPA
 
 @dataclass
 class Exported:
-    """A module lowered onto one XNNPACK graph.
+    """A module lowered onto XNNPACK: one graph (a pure program), or XNNPACK delegates and
+    ExecuTorch's portable kernels in one program (a mixed one, ``mixed``).
 
     ``inputs`` / ``outputs``: the module's inputs and outputs, in order (``TensorIO``).
     ``timings``: seconds spent in each stage of the export.
     ``sources``: what a node's ``debug_handle`` h (1, 2, ...) stands for, ``sources[h - 1]`` =
     (ATen op, ATen node name, module path).
+    A mixed program also has ``delegates`` (each delegate's ``Graph``; ``graph`` is the
+    first), ``delegate_sources``, ``placement`` (where each ATen node runs and why:
+    ``emit.Placement``) and ``builder`` (the program, ``pte.ProgramBuilder``).
     """
 
     graph: Graph
@@ -111,21 +115,41 @@ class Exported:
     sources: list[tuple[str, str, str]] = field(default_factory=list)
     #: what the self-check found (``selfcheck.SelfCheck``), or why it did not run
     self_check: Any = None
+    delegates: list[Graph] = field(default_factory=list)
+    delegate_sources: list[list[tuple[str, str, str]]] = field(default_factory=list)
+    placement: list[Any] = field(default_factory=list)
+    builder: Any = None
     _payload: bytes | None = field(default=None, repr=False)
+    _pte: bytes | None = field(default=None, repr=False)
+
+    @property
+    def mixed(self) -> bool:
+        """True for a program of XNNPACK delegates and portable kernels (``builder``)."""
+        return self.builder is not None
 
     def to_bytes(self) -> bytes:
-        """The XNNGraph payload: XNNHeader + XN01 flatbuffer + constant segment (computed once)."""
+        """The XNNGraph payload: XNNHeader + XN01 flatbuffer + constant segment (computed once).
+        A mixed program has one per delegate (``delegates``): ``to_pte`` gives its program."""
+        if self.mixed:
+            raise XnnquantError(f"a mixed program has {len(self.delegates)} XNNPACK delegate(s) and portable kernels, "
+                                "no single payload: write it with to_pte() or save('model.pte'); each delegate's "
+                                "payload is exported.delegates[k].to_bytes()")
         if self._payload is None:
             self._payload = self.graph.to_bytes()
         return self._payload
 
     def to_pte(self) -> bytes:
         """An ExecuTorch ``.pte`` program whose ``forward`` method takes the module's inputs in
-        order and returns its outputs, all float32, computed by this graph on XNNPACK."""
-        from ..graph import to_pte
+        order and returns its outputs (computed once)."""
+        if self._pte is None:
+            if self.mixed:
+                self._pte = self.builder.to_bytes()
+            else:
+                from ..graph import to_pte
 
-        return to_pte(self.to_bytes(), inputs=self._specs(self.inputs), outputs=self._specs(self.outputs),
-                      validate=False, dynamic=self.dynamic)  # validated when the payload was written
+                self._pte = to_pte(self.to_bytes(), inputs=self._specs(self.inputs), outputs=self._specs(self.outputs),
+                                   validate=False, dynamic=self.dynamic)  # validated when the payload was written
+        return self._pte
 
     @property
     def dynamic(self) -> bool:
@@ -147,6 +171,11 @@ class Exported:
         if suffix not in SUFFIXES:
             raise XnnquantError(f"cannot tell what to write from the suffix of {os.fspath(path)!r}: expected "
                                 + " or ".join(f"{s} ({what})" for s, what in SUFFIXES.items()))
+        if self.mixed:
+            if suffix == ".xnn":
+                raise XnnquantError(f"cannot write {os.fspath(path)!r}: a mixed program (XNNPACK delegates and "
+                                    "portable kernels) is an ExecuTorch program: save it as .pte")
+            return write_atomic(path, self.to_pte())
         if self._payload is None and self.graph.scales_in_segment:
             from ..graph import pte_chunks
 
@@ -171,9 +200,26 @@ class Exported:
             raise XnnquantError(f"run takes the module's {len(self.inputs)} input(s): got {len(inputs)}")
         arrays = [self._laid_out(to_numpy(x, f"inputs[{i}]"), spec, i) for i, (x, spec) in
                   enumerate(zip(inputs, self.inputs))]
+        if self.mixed:
+            return self._run_program(arrays)
         results = run(self.to_bytes(), arrays, validate=False)
         return [r if spec.contiguous else np.ascontiguousarray(np.transpose(r, np.argsort(spec.dim_order)))
                 for r, spec in zip(results, self.outputs)]
+
+    def _run_program(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The program on ExecuTorch's runtime, each input a tensor in its declared dtype and dim order."""
+        import torch
+
+        from ..pte.run import run_method
+
+        tensors = []
+        for array, spec in zip(arrays, self.inputs):
+            if str(array.dtype) != spec.dtype:
+                raise XnnquantError(f"input {spec.name!r} is {array.dtype}: the program takes {spec.dtype}")
+            # torch's logical sizes over memory laid out in the declared dim order
+            tensors.append(torch.from_numpy(array).permute(*np.argsort(spec.dim_order).tolist()))
+        results = run_method(self.to_pte(), "forward", tensors)
+        return [np.ascontiguousarray(r) for r in results]
 
     @staticmethod
     def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
@@ -184,18 +230,41 @@ class Exported:
     @property
     def summary(self) -> dict[str, Any]:
         """Totals of the report, the options, the payload's size and the stage timings."""
+        graphs = self.delegates if self.mixed else [self.graph]
         return {"weights": str(self.weights), "method": self.method, "target": str(self.target),
-                "nodes": len(self.graph.nodes), "values": len(self.graph.values),
+                "delegates": len(graphs), "portable_nodes": sum(p.where == "portable kernels" for p in self.placement),
+                "nodes": sum(len(g.nodes) for g in graphs), "values": sum(len(g.values) for g in graphs),
                 **totals(self.report), "timings": dict(self.timings)}
 
     def to_json(self) -> str:
-        """The report rows and the summary as JSON (what ``xnnquant export --json`` prints)."""
-        return json.dumps({"summary": self.summary, "rows": [r.as_dict() for r in self.report]}, indent=2)
+        """The report rows, the summary and where each ATen node runs, as JSON (what
+        ``xnnquant export --json`` prints)."""
+        from dataclasses import asdict
+
+        return json.dumps({"summary": self.summary, "rows": [r.as_dict() for r in self.report],
+                           "placement": [asdict(p) for p in self.placement]}, indent=2)
 
     def __str__(self) -> str:
-        head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
-                f"{len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
-        return head + "\n" + format_report(self.report)
+        if not self.mixed:
+            head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
+                    f"{len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
+            return head + "\n" + format_report(self.report)
+        return self.delegation_report() + "\n" + format_report(self.report)
+
+    def delegation_report(self) -> str:
+        """How many delegates, which ops ran where and why (a mixed program)."""
+        from collections import Counter
+
+        delegated = Counter(p.where for p in self.placement if p.where != "portable kernels")
+        portable = Counter((p.op, p.why) for p in self.placement if p.where == "portable kernels")
+        lines = [f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
+                 f"{len(self.delegates)} XNNPACK delegate(s) ({sum(delegated.values())} ATen nodes), "
+                 f"{sum(portable.values())} node(s) on ExecuTorch's portable kernels"]
+        for (op, why), n in sorted(portable.items()):
+            paths = sorted({p.module or "<top level>" for p in self.placement if p.op == op and p.why == why})
+            lines.append(f"  portable: {op} x{n} ({why}); modules {', '.join(paths[:4])}"
+                         + (", ..." if len(paths) > 4 else ""))
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return (f"Exported(weights={str(self.weights)!r}, method={self.method!r}, target={str(self.target)!r}, "

@@ -35,12 +35,13 @@ class ExportOptions:
     check: bool
     progress: bool
     dynamic_shapes: Any = None
+    strict: bool = False
 
     @classmethod
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,
               fallback: Any = "auto", activations: Any = "dynamic", target: Any = "1.4.1",
               state_dict: Any = None, check: Any = True, progress: Any = True,
-              dynamic_shapes: Any = None) -> ExportOptions:
+              dynamic_shapes: Any = None, strict: Any = False) -> ExportOptions:
         policy = WeightPolicy(weights, fallback)
         if not isinstance(method, str):
             raise XnnquantError(f"method must be a string: got {type(method).__name__} {method!r}")
@@ -49,7 +50,7 @@ class ExportOptions:
         if activations not in ACTIVATIONS:
             raise XnnquantError(f"unknown activations: got {activations!r}, expected one of "
                                 f"{', '.join(map(repr, ACTIVATIONS))}")
-        for name, flag in (("check", check), ("progress", progress)):
+        for name, flag in (("check", check), ("progress", progress), ("strict", strict)):
             if not isinstance(flag, bool):
                 raise XnnquantError(f"{name} must be True or False: got {type(flag).__name__} {flag!r}")
         quantized = policy.weights.is_quantized
@@ -75,7 +76,7 @@ class ExportOptions:
                                 f"torch.export.Dim}} per input): got {type(dynamic_shapes).__name__}")
         return cls(policy, chosen, chosen_target, str(activations),
                    None if calibration is None else calibration_batches(calibration), path, check, progress,
-                   dynamic_shapes)
+                   dynamic_shapes, strict)
 
 
 def calibration_batches(batches: Any) -> tuple[tuple[Any, ...], ...]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,16 +204,18 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray],
     return torch.fx.node.map_arg(node.args, operand), torch.fx.node.map_arg(node.kwargs, operand), activations
 
 
-def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> tuple[int, float]:
-    """Comparison 2 (module docstring) on the interpreter's values ``env``; returns (nodes
-    compared, worst relative error)."""
+def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray],
+                   members: set[Any] | None = None) -> tuple[int, float]:
+    """Comparison 2 (module docstring) on the interpreter's values ``env``, for the nodes of
+    ``members`` (a delegate) or all; returns (nodes compared, worst relative error)."""
     import torch
 
     views = _unfused(lowered, env)
     clamps = {node: (vid, low, high) for vid, (_, fused) in lowered.fused.items() for node, low, high in fused}
     compared, worst = 0, 0.0
     for node in program.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
+        if node.op != "call_function" or node.target is operator.getitem or (members is not None
+                                                                               and node not in members):
             continue
         result = lowered.values.get(node)
         outs = result if isinstance(result, tuple) else (result,)
@@ -260,13 +263,98 @@ def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.n
                                  f"laid out as declared {spec.dim_order}")
 
 
-def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram, lowered: Lowered) -> SelfCheck:
-    """Run both comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``."""
+def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram,
+               delegates: Sequence[Lowered | None], mixed: Any = None) -> SelfCheck:
+    """Run the comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``.
+
+    ``delegates``: the one lowered graph of a pure program, or a mixed program's delegates
+    by phase, whose ``Exported`` is ``mixed``.
+    """
     inputs = tuple(example_inputs)
     eager_error = _compare_with_eager(module, traced, inputs, program)
-    arrays = [np.ascontiguousarray(np.transpose(x.detach().numpy(), spec.dim_order))
-              for x, spec in zip(inputs, lowered.inputs)]
-    env = interpret_values(lowered.graph, arrays)
-    compared, worst = _compare_nodes(program, lowered, env)
-    _compare_outputs(program, lowered, env)
+    if mixed is None:
+        (lowered,) = delegates
+        assert lowered is not None
+        arrays = [np.ascontiguousarray(np.transpose(x.detach().numpy(), spec.dim_order))
+                  for x, spec in zip(inputs, lowered.inputs)]
+        env = interpret_values(lowered.graph, arrays)
+        compared, worst = _compare_nodes(program, lowered, env)
+        _compare_outputs(program, lowered, env)
+        return SelfCheck(compared, worst, eager_error)
+    compared, worst, composite = _composite(program, delegates, inputs)
+    _compare_program(mixed, inputs, composite)
     return SelfCheck(compared, worst, eager_error)
+
+
+#: Largest relative error of a mixed program's outputs, run on ExecuTorch's runtime, against the
+#: composite reference (the interpreter for its delegates, torch for its portable nodes): float
+#: programs differ by XNNPACK's rounding (a few ulps, far below it); a program whose delegates
+#: quantize activations per token can move an int8 code on a rounding tie and pass that on,
+#: which stayed under 1e-3 in every program measured; a program that calls a kernel with a wrong
+#: argument or wires a delegate wrongly is off by about its outputs' size.
+PROGRAM_TOLERANCE = 1e-2
+
+
+def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
+               inputs: tuple[Any, ...]) -> tuple[int, float, list[Any]]:
+    """A mixed program computed as it runs, the delegates by the interpreter and the portable
+    nodes by torch, each delegate's nodes compared on the way (comparison 2); returns (nodes
+    compared, worst relative error, the program's outputs)."""
+    import torch
+
+    from .passes.partition import PARTITION, PHASE, PORTABLE
+
+    values: dict[Any, Any] = {}
+    given = iter(inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            values[node] = program.constants[node.name] if program.is_constant(node) else next(given)
+
+    def operand(arg: Any) -> Any:
+        if arg in values:
+            return values[arg]
+        val = arg.meta.get("val")
+        return int(val.node.hint) if isinstance(val, torch.SymInt) else val
+
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    last = max([n.meta.get(PHASE, 0) for n in calls] + [len(delegates) - 1], default=0)
+    compared, worst = 0, 0.0
+    with torch.no_grad():
+        for phase in range(last + 1):
+            for node in calls:
+                if node.meta.get(PARTITION) == PORTABLE and node.meta.get(PHASE, 0) == phase:
+                    args = torch.fx.node.map_arg(node.args, operand)
+                    kwargs = torch.fx.node.map_arg(node.kwargs, operand)
+                    values[node] = _torch_op(node.target)(*args, **kwargs)
+            lowered = delegates[phase] if phase < len(delegates) else None
+            if lowered is None:
+                continue
+            arrays = [np.ascontiguousarray(np.transpose(np.asarray(operand(n), np.float32), spec.dim_order))
+                      for n, spec in zip(lowered.input_nodes, lowered.inputs)]
+            env = interpret_values(lowered.graph, arrays)
+            members = {n for n in calls if n.meta.get(PARTITION) == phase}
+            n_compared, n_worst = _compare_nodes(program, lowered, env, members)
+            compared, worst = compared + n_compared, max(worst, n_worst)
+            for node, vid, spec in zip(lowered.output_nodes, lowered.graph.outputs, lowered.outputs):
+                values[node] = torch.from_numpy(np.ascontiguousarray(
+                    np.transpose(np.asarray(env[vid]), np.argsort(spec.dim_order))))
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    return compared, worst, [operand(item) for item in _leaves(output.args[0])]
+
+
+def _compare_program(exported: Any, inputs: tuple[Any, ...], composite: list[Any]) -> None:
+    """A mixed program's outputs on ExecuTorch's runtime against the composite reference."""
+    got = exported.run(*inputs)
+    for i, (out, ref) in enumerate(zip(got, composite)):
+        ref_arr = np.asarray(ref.detach().numpy() if hasattr(ref, "detach") else ref)
+        if ref_arr.dtype.kind in "biu":
+            if not np.array_equal(np.asarray(out), ref_arr):
+                raise SelfCheckError(f"self-check failed: output {i} of the program on ExecuTorch's runtime "
+                                     "differs from what its delegates and portable kernels compute")
+            continue
+        error = relative_error(np.asarray(out, np.float64), ref_arr.astype(np.float64), _magnitude(ref_arr))
+        if not error <= PROGRAM_TOLERANCE:
+            raise SelfCheckError(
+                f"self-check failed: output {i} of the program on ExecuTorch's runtime differs from what its "
+                f"delegates (on the interpreter) and portable kernels (torch) compute by {error:.3g} (relative; "
+                f"tolerance {PROGRAM_TOLERANCE:g}): the program is assembled wrongly; please report it")

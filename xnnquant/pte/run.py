@@ -157,7 +157,8 @@ def random_method_inputs(specs: Sequence[InputSpec], seed: int = 0) -> list[np.n
 def _execute(module: Any, method: str, inputs: Sequence[Any]) -> list[np.ndarray]:
     import torch
 
-    tensors = [torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+    # a torch tensor is passed as it is: its strides may lay it out in a declared dim order
+    tensors = [x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
     with _runtime_errors(f"to run method {method!r}"):
         results = module.run_method(method, tensors)
     return [np.array(r.numpy(), copy=True) for r in results]

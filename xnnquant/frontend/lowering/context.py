@@ -125,6 +125,11 @@ def moves_only_ones(shape: tuple[int, ...], perm: tuple[int, ...]) -> bool:
     return big == sorted(big)
 
 
+class WeightRefusal(XnnquantError):
+    """A layer that cannot take the weights asked for (``fallback=None``): refused, never sent
+    to the portable kernels in float."""
+
+
 @dataclass(frozen=True)
 class QuantizedReference:
     """How the self-check computes an ATen node whose lowering quantized: the filter argument
@@ -376,7 +381,7 @@ class LoweringContext:
         """The scheme layer ``path`` takes (``WeightPolicy.choose``), or a refusal naming it."""
         choice = self.weights.policy.choose(layer)
         if isinstance(choice, str):
-            raise XnnquantError(f"layer {path or '<top level>'!r} cannot take its weights: {choice}")
+            raise WeightRefusal(f"layer {path or '<top level>'!r} cannot take its weights: {choice}")
         return choice
 
     def weight(self, weight: Any, layer: Layer, *, path: str | None = None,

@@ -28,7 +28,7 @@ from ..exported import DynamicDim, TensorIO
 from ..program import AtenProgram, Size
 from ..report import ReportRow
 from . import LOWERINGS, load_lowerings, op_name
-from .context import NHWC, Activation, LoweringContext, QuantizedReference, WeightOptions, identity
+from .context import NHWC, Activation, LoweringContext, QuantizedReference, WeightOptions, WeightRefusal, identity
 
 Progress = Callable[[Iterator[Any], int], Iterator[Any]]
 
@@ -55,6 +55,8 @@ class Lowered:
     refusals: list[str] = field(default_factory=list)
     #: ATen node -> its op, for every node that was lowered (not refused)
     lowered_ops: list[str] = field(default_factory=list)
+    #: call node name -> why its lowering refused it
+    refused: dict[str, str] = field(default_factory=dict)
     #: the ATen nodes whose values the graph's inputs and outputs are, in order (a delegate of
     #: a mixed program: what it takes from and gives to the rest of the program)
     input_nodes: list[Any] = field(default_factory=list)
@@ -90,7 +92,7 @@ def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress
         raise UnsupportedConfigError(f"export refused {len(walk.refusals)} node(s) or layer(s):\n{lines}")
     ctx = walk.ctx
     return Lowered(ctx.graph, ctx.rows, walk.inputs, walk.outputs, walk.sources, walk.env, ctx.references,
-                   ctx.fused, walk.refusals, walk.lowered_ops, walk.input_nodes, walk.output_nodes)
+                   ctx.fused, walk.refusals, walk.lowered_ops, walk.refused, walk.input_nodes, walk.output_nodes)
 
 
 class _Walk:
@@ -107,6 +109,7 @@ class _Walk:
         self.inputs: list[TensorIO] = []
         self.outputs: list[TensorIO] = []
         self.lowered_ops: list[str] = []
+        self.refused: dict[str, str] = {}  # call node name -> why its lowering refused it
 
     def visit(self, node: Any) -> None:
         ctx, program = self.ctx, self.ctx.program
@@ -131,10 +134,13 @@ class _Walk:
         else:
             self.refuse(node, f"{node.op} nodes are not supported")
 
-    def refuse(self, node: Any, reason: str) -> None:
+    def refuse(self, node: Any, reason: str, weights: bool = False) -> None:
+        """Note that ``node`` cannot be lowered (``weights``: because of the scheme asked for)."""
         where = AtenProgram.module_path(node) or "<top level>"
         op = op_name(node.target) if node.op == "call_function" else node.op
         self.refusals.append(f"{op} (node {node.name}, module {where}): {reason}")
+        if node.op == "call_function" and not weights:
+            self.refused.setdefault(node.name, reason)
 
     # ------------------------------------------------------------------ inputs
 
@@ -219,7 +225,7 @@ class _Walk:
             result = registration.fn(ctx, *args, **kwargs)
             self.lowered_ops.append(op_name(node.target))
         except XnnquantError as exc:
-            self.refuse(node, str(exc))
+            self.refuse(node, str(exc), isinstance(exc, WeightRefusal))
             result = self._stand_in(node)
         self._stamp(node, start)
         for emitted in ctx.graph.nodes[start:]:

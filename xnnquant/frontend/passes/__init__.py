@@ -18,6 +18,8 @@ lowering needs to know about another.
 ``batch_norm``     folds an eval-mode batch norm into the convolution before it
 ``equalization``   with calibration statistics: per-channel scales for the linears
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
+``partition``      which nodes run in XNNPACK delegates (and which delegate), which on
+                   ExecuTorch's portable kernels
 =================  =================================================================
 
 Ops a pass removes (``HANDLED``) count as handled when deciding whether the program needs
@@ -36,7 +38,7 @@ from ..program import AtenProgram
 PassFn = Callable[[AtenProgram, Any], None]
 
 #: The passes, in the order they run (module names in this package).
-ORDER = ("cleanup", "constants", "batch_norm", "equalization")
+ORDER = ("cleanup", "constants", "batch_norm", "equalization", "partition")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ the delegates and the portable nodes run in the order: portable nodes of phase 0
 delegate 0, portable nodes of phase 1, delegate 1, ...  A pure program is one delegate.
 
 Each call node gets ``node.meta[PARTITION]``: its delegate's phase (an int >= 0), or
-``PORTABLE``; a node computing a size (``sym_size`` and arithmetic on sizes) gets ``SIZE``.
+``PORTABLE``; a node computing a size (``sym_size`` and arithmetic on sizes) gets ``SIZE``;
+and ``node.meta[PHASE]``, its phase (the emitter orders portable nodes by it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ PORTABLE = -1
 SIZE = -2
 #: ``node.meta`` key of why a node does not run in XNNPACK (for the delegation report).
 WHY = "xnnquant_why_portable"
+#: ``node.meta`` key of every call node's phase.
+PHASE = "xnnquant_phase"
 
 
 def is_size(node: Any) -> bool:
@@ -96,13 +99,14 @@ def phases(program: AtenProgram) -> None:
             leaves = arg.meta.get(PARTITION, SIZE) >= 0 and here is not None and here < 0 and here != SIZE
             value = max(value, phase.get(arg, 0) + (1 if leaves else 0))
         phase[node] = value
+        node.meta[PHASE] = value
         if here is not None and here >= 0:
             node.meta[PARTITION] = value
 
 
 @rewrite("partition")
 def partition(program: AtenProgram, options: Any) -> None:
-    forced: set[str] = getattr(options, "portable", set()) or set()
+    forced: dict[str, str] = getattr(options, "portable", {}) or {}
     strict = bool(getattr(options, "strict", False))
     for node in program.graph.nodes:
         if node.op != "call_function":
@@ -113,9 +117,7 @@ def partition(program: AtenProgram, options: Any) -> None:
         if node.target is operator.getitem:
             node.meta[PARTITION] = node.args[0].meta.get(PARTITION, PORTABLE)
             continue
-        why = forced.get(node.name) if isinstance(forced, dict) else None
-        if why is None and node.name not in forced:
-            why = xnnpack_refusal(program, node)
+        why = forced.get(node.name) or xnnpack_refusal(program, node)
         if why is None:
             node.meta[PARTITION] = 0
             continue

@@ -1,0 +1,207 @@
+"""The ExecuTorch program of an export: XNNPACK delegates and portable kernel calls, in one method.
+
+``emit`` writes the ``forward`` method of a ``.pte`` from the partitioned ``AtenProgram``
+(``passes/partition.py``) and the lowered delegates, in the order the partition gives::
+
+    inputs (any dtype ExecuTorch has; the example's dim order, bounded when dynamic)
+    portable nodes of phase 0  ->  delegate 0  ->  portable nodes of phase 1  ->  delegate 1 ...
+    outputs
+
+A portable node becomes a call of ExecuTorch's portable kernel for its ATen op
+(``pte.portable.portable_call``: the out variant, arguments in schema order, the out tensor
+made from torch's meta kernel); a constant it reads becomes a constant tensor of the
+program; a size it reads is the traced int.  A delegate reads the tensors of its input
+nodes and writes new float32 tensors for its output nodes (``lowering.walk.Lowered``).
+Memory is planned by the program builder from the instructions' order.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UnsupportedConfigError, XnnquantError
+from ..pte.builder import MethodBuilder, ProgramBuilder
+from .exported import TensorIO
+from .lowering.walk import Lowered, declared_dim_order
+from .passes.partition import PARTITION, PHASE, PORTABLE, SIZE, WHY
+from .program import AtenProgram, Size
+
+XNNPACK_BACKEND = "XnnpackBackend"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one ATen node runs (the delegation report): its op, node name, module path,
+    ``where`` ("XNNPACK delegate k" or "portable kernels") and why it is not in XNNPACK."""
+
+    op: str
+    node: str
+    module: str
+    where: str
+    why: str = ""
+
+
+def placements(program: AtenProgram) -> list[Placement]:
+    """The delegation report of a partitioned program: one entry per call node."""
+    from .lowering import op_name
+
+    out = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        part = node.meta.get(PARTITION, PORTABLE)
+        if part == SIZE:
+            continue
+        where = f"XNNPACK delegate {part}" if part >= 0 else "portable kernels"
+        out.append(Placement(op_name(node.target), node.name, AtenProgram.module_path(node), where,
+                             node.meta.get(WHY, "") if part < 0 else ""))
+    return out
+
+
+def _dtype(val: Any) -> str:
+    return str(getattr(val, "dtype", "float32")).removeprefix("torch.")
+
+
+def input_specs(program: AtenProgram) -> list[TensorIO]:
+    """The program's inputs as the method declares them (any dtype, the example's dim order)."""
+    from .lowering.walk import _dynamic_dims
+
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    specs = []
+    for name in program.inputs:
+        val = placeholders[name].meta.get("val")
+        what = f"input {program.input_names.get(name, name)!r}"
+        sizes = program.shape(val, what)
+        if any(s.bound == 0 for s in sizes):
+            raise XnnquantError(f"{what} has no elements (shape {tuple(s.bound for s in sizes)}): the runtime "
+                                "cannot run a value of size 0; expected every dim >= 1")
+        specs.append(TensorIO(program.input_names.get(name, name), tuple(s.bound for s in sizes), _dtype(val),
+                              declared_dim_order(val), _dynamic_dims(program, sizes)))
+    return specs
+
+
+def output_specs(program: AtenProgram) -> list[TensorIO]:
+    """The program's outputs as the method declares them."""
+    from .lowering.walk import _dynamic_dims
+
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    specs = []
+    for i, item in enumerate(items):
+        val = getattr(item, "meta", {}).get("val")
+        if not hasattr(val, "shape"):
+            raise XnnquantError(f"output {i} is not a tensor (got {type(val).__name__}): a program returns tensors")
+        sizes = program.shape(val, f"output {i}")
+        specs.append(TensorIO(f"output {i}", tuple(s.bound for s in sizes), _dtype(val), declared_dim_order(val),
+                              _dynamic_dims(program, sizes)))
+    return specs
+
+
+class _Emitter:
+    def __init__(self, program: AtenProgram, method: MethodBuilder) -> None:
+        self.program = program
+        self.method = method
+        self.values: dict[Any, Any] = {}  # ATen node -> value index (or tuple of them)
+        self.constants: dict[str, int] = {}
+
+    def tensor_of(self, spec: TensorIO) -> int:
+        return self.method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=bool(spec.dynamic))
+
+    def operand(self, node: Any) -> Any:
+        """What a portable kernel is given for ``node``: a value index, or a size's traced int."""
+        if node in self.values:
+            return self.values[node]
+        if self.program.is_constant(node):
+            if node.name not in self.constants:
+                tensor = self.program.constants[node.name]
+                if tensor.device.type == "meta":
+                    raise XnnquantError(f"the portable kernels read {node.name!r}, which a streaming export holds on "
+                                        "the meta device: export the module with its weights in memory")
+                data = tensor.detach().contiguous().numpy()
+                self.constants[node.name] = self.method.tensor(_dtype(tensor), tuple(data.shape), data=data)
+            return self.constants[node.name]
+        val = node.meta.get("val")
+        if isinstance(val, (int, float, bool)):
+            return val
+        if type(val).__name__ in ("SymInt", "SymFloat", "SymBool"):
+            size: Size = self.program.size(val, f"size {node.name}") if type(val).__name__ == "SymInt" else Size(0)
+            if size.expr is not None:
+                raise UnsupportedConfigError(
+                    f"{node.name} ({size.expr}) is a dynamic size that a portable kernel reads: computing sizes at "
+                    "run time outside XNNPACK is not supported yet; export with static shapes or keep this op in "
+                    "XNNPACK")
+            return size.bound
+        raise XnnquantError(f"no value for {node.name}: it is neither computed before nor a constant")
+
+    def portable(self, node: Any) -> None:
+        import torch
+
+        from ..pte.portable import portable_call
+
+        args = torch.fx.node.map_arg(node.args, self.operand)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self.operand)
+        try:
+            self.values[node] = portable_call(self.method, node.target, args, kwargs)
+        except XnnquantError as exc:
+            where = AtenProgram.module_path(node) or "<top level>"
+            raise UnsupportedConfigError(f"{node.target} (node {node.name}, module {where}) runs on ExecuTorch's "
+                                         f"portable kernels, and cannot: {exc}") from None
+
+    def delegate(self, lowered: Lowered, payload: Any) -> None:
+        """A delegate call: the tensors of its input nodes in, new tensors for its output nodes."""
+        m = self.method
+        inputs = [self.operand(node) for node in lowered.input_nodes]
+        outputs = [self.tensor_of(spec) for spec in lowered.outputs]
+        for node, index in zip(lowered.output_nodes, outputs):
+            self.values[node] = index
+        m.delegate_call(m.delegate(XNNPACK_BACKEND, payload), inputs, outputs)
+
+
+def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Sequence[Any], inputs: Sequence[TensorIO],
+         outputs: Sequence[TensorIO]) -> ProgramBuilder:
+    """The ``ProgramBuilder`` of the partitioned ``program`` (module docstring); ``delegates[k]``
+    is the delegate of phase k, ``payloads[k]`` its bytes (or ``Chunked``)."""
+    builder = ProgramBuilder()
+    emitter = _Emitter(program, builder.method("forward"))
+    m = emitter.method
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for name, spec in zip(program.inputs, inputs):
+        emitter.values[placeholders[name]] = m.input(emitter.tensor_of(spec))
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    last = max([n.meta.get(PHASE, 0) for n in calls] + [len(delegates) - 1], default=0)
+    for phase in range(last + 1):
+        for node in calls:
+            part = node.meta.get(PARTITION, PORTABLE)
+            if part != PORTABLE or node.meta.get(PHASE, 0) != phase:
+                continue
+            if node.target is operator.getitem:
+                emitter.values[node] = emitter.values[node.args[0]][node.args[1]]
+            else:
+                emitter.portable(node)
+        lowered = delegates[phase] if phase < len(delegates) else None
+        if lowered is not None:
+            emitter.delegate(lowered, payloads[phase])
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    used: set[int] = set()
+    for item in items:
+        index = emitter.operand(item)
+        if index in used or index in m.inputs or index in emitter.constants.values():
+            index = emitter.values[item] = _copy(m, index)  # an output is written once, by its own value
+        used.add(index)
+        m.output(index)
+    return builder
+
+
+def _copy(method: MethodBuilder, index: int) -> int:
+    import torch
+
+    from ..pte.portable import portable_call
+
+    result = portable_call(method, torch.ops.aten.clone.default, (index,))
+    assert isinstance(result, int)
+    return result
+
