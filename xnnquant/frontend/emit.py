@@ -10,8 +10,12 @@
 A portable node becomes a call of ExecuTorch's portable kernel for its ATen op
 (``pte.portable.portable_call``: the out variant, arguments in schema order, the out tensor
 made from torch's meta kernel); a constant it reads becomes a constant tensor of the
-program; a size it reads is the traced int.  A delegate reads the tensors of its input
-nodes and writes new float32 tensors for its output nodes (``lowering.walk.Lowered``).
+program; a static size it reads is the traced int, and a dynamic one is computed when the
+program runs, where it is first needed: ``aten::sym_size.int`` reads a tensor's dim into an
+``Int`` value, and arithmetic on sizes (``operator.mul``, ``torch.sym_max``, ...) is
+ExecuTorch's ``executorch_prim::`` kernels on ``Int`` values (``SIZE_KERNELS``).  A
+delegate reads the tensors of its input nodes and writes new float32 tensors for its output
+nodes (``lowering.walk.Lowered``).
 Memory is planned by the program builder from the instructions' order.
 """
 
@@ -30,6 +34,11 @@ from .passes.partition import PARTITION, PHASE, PORTABLE, SIZE, WHY
 from .program import AtenProgram, Size
 
 XNNPACK_BACKEND = "XnnpackBackend"
+#: Arithmetic on sizes, by its traced target's name: the ``executorch_prim`` kernel computing it.
+SIZE_KERNELS = {"add": "add.Scalar", "sub": "sub.Scalar", "mul": "mul.Scalar", "floordiv": "floordiv.Scalar",
+                "mod": "mod.Scalar", "neg": "neg.Scalar", "truediv": "truediv.Scalar", "sym_max": "sym_max.Scalar",
+                "sym_min": "sym_min.Scalar", "eq": "eq.Scalar", "gt": "gt.Scalar", "ge": "ge.Scalar",
+                "lt": "lt.Scalar", "le": "le.Scalar"}
 
 
 @dataclass(frozen=True)
@@ -126,15 +135,37 @@ class _Emitter:
         val = node.meta.get("val")
         if isinstance(val, (int, float, bool)):
             return val
-        if type(val).__name__ in ("SymInt", "SymFloat", "SymBool"):
-            size: Size = self.program.size(val, f"size {node.name}") if type(val).__name__ == "SymInt" else Size(0)
-            if size.expr is not None:
-                raise UnsupportedConfigError(
-                    f"{node.name} ({size.expr}) is a dynamic size that a portable kernel reads: computing sizes at "
-                    "run time outside XNNPACK is not supported yet; export with static shapes or keep this op in "
-                    "XNNPACK")
-            return size.bound
+        if type(val).__name__ == "SymInt":
+            size: Size = self.program.size(val, f"size {node.name}")
+            if size.expr is None:
+                return size.bound
+            self.values[node] = self.size(node, size)
+            return self.values[node]
         raise XnnquantError(f"no value for {node.name}: it is neither computed before nor a constant")
+
+    def size(self, node: Any, size: Size) -> Any:
+        """A dynamic size as a ``RuntimeInt``: its ``Int`` value, computed by the kernels that
+        read it from a tensor or do its arithmetic (module docstring)."""
+        import torch
+
+        from ..pte.portable import RuntimeInt
+
+        m = self.method
+        out = m.int_value(int(node.meta["val"].node.hint))  # the traced value, rewritten when the program runs
+        if node.target is torch.ops.aten.sym_size.int:
+            m.kernel_call("aten::sym_size", "int", [self.operand(node.args[0]), m.int_value(int(node.args[1])), out])
+            return RuntimeInt(out, size.bound)
+        kernel = SIZE_KERNELS.get(getattr(node.target, "__name__", ""))
+        if kernel is None:
+            raise UnsupportedConfigError(f"{node.name} computes a dynamic size with {node.target}, which ExecuTorch's "
+                                         "portable kernels do not compute")
+        args = []
+        for arg in node.args:
+            value = self.operand(arg) if hasattr(arg, "op") else arg
+            args.append(value.index if isinstance(value, RuntimeInt) else m.int_value(int(value)))
+        name, _, overload = kernel.partition(".")
+        m.kernel_call(f"executorch_prim::{name}", overload, [*args, out])
+        return RuntimeInt(out, size.bound)
 
     def portable(self, node: Any) -> None:
         import torch

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ import numpy as np
 
 from ..errors import UnsupportedConfigError, XnnquantError, missing_extra
 from .builder import MethodBuilder
-from .values import NUMPY_DTYPES, ScalarType, ShapeDynamism, Tensor
+from .values import NUMPY_DTYPES, IntList, ScalarType, ShapeDynamism, Tensor
 
 #: The runtime's operator registry (executorch 1.4.1 pybindings), one "name.overload" a line.
 REGISTERED_OPERATORS_FILE = Path(__file__).with_name("registered_operators.txt")
@@ -56,6 +57,16 @@ _TORCH_DTYPES = {"uint8": ScalarType.BYTE, "int8": ScalarType.CHAR, "int16": Sca
 #: torch.layout / torch.memory_format names -> the numbers ExecuTorch's kernels read.
 _LAYOUTS = {"torch.strided": 0, "torch.sparse_coo": 1}
 _MEMORY_FORMATS = {"torch.contiguous_format": 0, "torch.preserve_format": 1}
+
+
+@dataclass(frozen=True)
+class RuntimeInt:
+    """An int argument computed when the program runs (a dynamic size): the value index of
+    its ``Int``, and the largest value it can take (what the meta kernel sizes outputs by;
+    an output sized by one is bounded)."""
+
+    index: int
+    bound: int
 
 
 @functools.cache
@@ -165,6 +176,15 @@ def _meta_outputs(method: MethodBuilder, op: Any, bound: Mapping[str, Any]) -> l
         dtype = getattr(torch, NUMPY_DTYPES[value.scalar_type].name, torch.bfloat16)
         return torch.empty_strided(value.sizes, strides, dtype=dtype, device="meta")
 
+    def concrete(value: Any) -> Any:
+        nonlocal dynamic
+        if isinstance(value, RuntimeInt):
+            dynamic = True
+            return value.bound
+        if isinstance(value, (list, tuple)):
+            return type(value)(concrete(v) for v in value)
+        return value
+
     given = {}
     for arg in op._schema.arguments:
         if arg.name in bound:
@@ -172,7 +192,7 @@ def _meta_outputs(method: MethodBuilder, op: Any, bound: Mapping[str, Any]) -> l
             if value is not None and "Tensor" in kind:
                 value = ([None if v is None else meta_tensor(v) for v in value] if "List" in kind
                          else meta_tensor(value))
-            given[arg.name] = value
+            given[arg.name] = concrete(value)
     result = op(**given)
     results = list(result) if isinstance(result, (tuple, list)) else [result]
     outs = []
@@ -204,9 +224,14 @@ def _argument(method: MethodBuilder, arg: Any, value: Any, where: str) -> int:
         return method.optional_tensor_list([None if v is None else _tensor_index(method, v, where) for v in value])
     if value is None:
         return method.null()
+    if isinstance(value, RuntimeInt):
+        return value.index
     if isinstance(value, (list, tuple)):
         inner = kind.removeprefix("Optional[").removeprefix("List[")
         if inner.startswith(("int", "SymInt")):
+            if any(isinstance(v, RuntimeInt) for v in value):
+                return method.value(IntList(tuple(v.index if isinstance(v, RuntimeInt) else method.int_value(int(v))
+                                                  for v in value)))
             return method.int_list([int(v) for v in value])
         if inner.startswith("float"):
             return method.double_list([float(v) for v in value])

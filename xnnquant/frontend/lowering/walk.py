@@ -184,10 +184,10 @@ class _Walk:
         sizes = self.ctx.program.shape(val, f"input {name!r}")
         shape = tuple(s.bound for s in sizes)
         dtype = str(getattr(val, "dtype", "")).removeprefix("torch.")
-        if dtype != "float32":
-            raise XnnquantError(
-                f"input {name!r} is {dtype or type(val).__name__}: XNNPACK's external values are float32 "
-                "here; pass float32 example inputs (cast masks and ids-derived tensors to float)")
+        if dtype != "float32":  # listed with the other refusals (strict=True)
+            self.refuse(node, f"input {name!r} is {dtype or type(val).__name__}: XNNPACK's external values are "
+                              "float32 (without strict=True, nodes that read it run on ExecuTorch's portable kernels)")
+            return Activation(self.ctx.graph.input(shape), shape, identity(len(shape)))
         if math.prod(shape) == 0:
             raise XnnquantError(f"input {name!r} has no elements (shape {shape}): XNNPACK cannot run a value of "
                                 "size 0; expected every dim >= 1")

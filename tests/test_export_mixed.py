@@ -1,0 +1,155 @@
+"""Mixed programs: XNNPACK delegates and ExecuTorch's portable kernels in one ``.pte``.
+
+Modules take token ids (int64), look up embeddings, build masks and positions, and cumulate:
+ops XNNPACK cannot run.  Each program is run on ExecuTorch's runtime and compared with the
+module in eager torch.  Bound: the float work in XNNPACK differs from torch by the rounding
+of its sums (a few float32 ulps of sums of at most a few hundred products: far below
+``1e-5`` of the output's largest magnitude); portable kernels compute as torch does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xnnquant as xq
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+pytestmark = pytest.mark.xnnpack
+
+BOUND = 1e-5  # relative to the largest output magnitude (see the module docstring)
+
+
+def _relative(got: np.ndarray, ref: torch.Tensor) -> float:
+    ref_arr = ref.detach().numpy()
+    return float(np.abs(got - ref_arr).max() / np.abs(ref_arr).max())
+
+
+class Tokens(nn.Module):
+    """ids -> token + position embeddings -> linear -> relu; a mask built from the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(100, 32)
+        self.positions = nn.Embedding(64, 32)
+        self.dense = nn.Linear(32, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1]).unsqueeze(0)
+        hidden = self.tokens(ids) + self.positions(positions)
+        return torch.relu(self.dense(hidden)) * (ids > 5).unsqueeze(-1)
+
+
+class TwoDelegates(nn.Module):
+    """linear -> cumsum (portable) -> linear: two delegates around a portable node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.cumsum(self.a(x), dim=1))
+
+
+def _module(cls: type) -> nn.Module:
+    torch.manual_seed(0)
+    return cls().eval()
+
+
+def _ids(length: int, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 100, (batch, length), generator=torch.Generator().manual_seed(length))
+
+
+@pytest.mark.parametrize("weights", ["fp32", "qc8w"])
+def test_token_ids_in_one_program(weights: str) -> None:
+    module = _module(Tokens)
+    exported = xq.export(module, (_ids(7),), weights=weights, progress=False)
+    assert exported.mixed and len(exported.delegates) == 1
+    assert [(t.name, t.dtype) for t in exported.inputs] == [("ids", "int64")]
+    ids = _ids(7)
+    (got,) = exported.run(ids)
+    with torch.no_grad():
+        ref = module(ids)
+    assert _relative(got, ref) < (BOUND if weights == "fp32" else 0.05)  # qc8w: int8 weights and activations
+
+
+def test_the_delegation_report_says_what_ran_where_and_why() -> None:
+    exported = xq.export(_module(Tokens), (_ids(7),), weights="fp32", progress=False)
+    text = str(exported)
+    assert text.splitlines()[0].startswith("xnnquant export: weights fp32, method mse, target 1.4.1; 1 XNNPACK "
+                                           "delegate(s) (")
+    assert "  portable: aten.embedding.default x1 (XNNPACK has no lowering of aten.embedding.default); modules " \
+           "tokens" in text
+    assert "  portable: aten.gt.Scalar x1 (XNNPACK has no lowering of aten.gt.Scalar); modules <top level>" in text
+    report = json.loads(exported.to_json())
+    assert report["summary"]["delegates"] == 1 and report["summary"]["portable_nodes"] >= 3
+    where = {p["op"]: p["where"] for p in report["placement"]}
+    assert where["aten.linear.default"] == "XNNPACK delegate 0" and where["aten.gt.Scalar"] == "portable kernels"
+
+
+def test_as_few_delegates_as_the_graph_allows() -> None:
+    module = _module(TwoDelegates)
+    x = torch.randn(2, 5, 16)
+    exported = xq.export(module, (x,), weights="fp32", progress=False)
+    assert len(exported.delegates) == 2
+    assert [p.where for p in exported.placement if p.op == "aten.linear.default"] == [
+        "XNNPACK delegate 0", "XNNPACK delegate 1"]
+    (got,) = exported.run(x)
+    with torch.no_grad():
+        assert _relative(got, module(x)) < BOUND
+
+
+def test_dynamic_lengths_are_computed_when_the_program_runs() -> None:
+    module = _module(Tokens)
+    exported = xq.export(module, (_ids(7, 1),), weights="fp32", progress=False,
+                         dynamic_shapes=({1: torch.export.Dim("seq", max=48)},))
+    for length in (1, 9, 48):
+        ids = _ids(length, 1)
+        (got,) = exported.run(ids)
+        assert got.shape == (1, length, 16)
+        with torch.no_grad():
+            assert _relative(got, module(ids)) < BOUND
+
+
+def test_the_saved_program_runs_on_executorch(tmp_path: Path) -> None:
+    from executorch.runtime import Runtime
+
+    module = _module(Tokens)
+    exported = xq.export(module, (_ids(7),), weights="fp32", progress=False)
+    path = exported.save(tmp_path / "tokens.pte")
+    program = Runtime.get().load_program(path.read_bytes())
+    ids = _ids(7)
+    (got,) = program.load_method("forward").execute([ids])
+    with torch.no_grad():
+        assert _relative(got.numpy(), module(ids)) < BOUND
+    with pytest.raises(xq.XnnquantError, match=r"a mixed program \(XNNPACK delegates and portable kernels\) is an "
+                                               r"ExecuTorch program: save it as .pte"):
+        exported.save(tmp_path / "tokens.xnn")
+    with pytest.raises(xq.XnnquantError, match=r"^a mixed program has 1 XNNPACK delegate\(s\) and portable kernels, "
+                                               r"no single payload"):
+        exported.to_bytes()
+
+
+def test_strict_refuses_every_node_xnnpack_cannot_run() -> None:
+    with pytest.raises(xq.UnsupportedConfigError) as info:
+        xq.export(_module(Tokens), (_ids(7),), weights="fp32", progress=False, strict=True)
+    text = str(info.value)
+    assert "aten.embedding.default (node embedding, module tokens)" in text and "aten.gt.Scalar" in text
+
+
+class Neither(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.erfcx(x) + 1
+
+
+def test_an_op_neither_runs_is_refused_by_name() -> None:
+    with pytest.raises(xq.UnsupportedConfigError, match=r"aten.special_erfcx.default \(node special_erfcx, module "
+                                                        r"<top level>\): neither XNNPACK \(XNNPACK has no lowering of "
+                                                        r"aten.special_erfcx.default\) nor ExecuTorch's portable "
+                                                        r"kernels"):
+        xq.export(Neither().eval(), (torch.randn(2, 3),), weights="fp32", progress=False)
