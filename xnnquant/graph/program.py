@@ -253,8 +253,9 @@ def _program(payload: Payload, inputs: list[TensorSpec], outputs: list[TensorSpe
     if not outputs:
         raise PayloadError("the payload has no external output: a program must return something")
     program = ProgramBuilder()
-    for key in sorted(named_data or {}):
-        program.add_named_data(key, named_data[key])  # type: ignore[index]  # not None: iterated
+    named = named_data or {}
+    for key in sorted(named):
+        program.add_named_data(key, named[key])
     method = program.method("forward")
 
     def tensor(spec: TensorSpec) -> int:
