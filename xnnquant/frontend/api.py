@@ -150,9 +150,39 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
                                     f"{type(exc).__name__}: {exc}") from exc
             eager = module
     with stage("decompose", timings):
-        if needs_decomposition(program):
-            program = program.run_decompositions(decomposition_table())
+        extra = _unrunnable(program)
+        if needs_decomposition(program) or extra:
+            program = program.run_decompositions({**decomposition_table(), **extra})
+        for _ in range(2):  # a decomposition may give ops that need one too
+            extra = _unrunnable(program)
+            if not extra:
+                break
+            program = program.run_decompositions(extra)
     return eager, program
+
+
+def _unrunnable(program: Any) -> dict[Any, Any]:
+    """torch's decompositions of the ops in ``program`` that neither XNNPACK nor ExecuTorch's
+    portable kernels run (``linalg_vector_norm``: core ATen, so torch.export keeps it)."""
+    import torch
+
+    from .lowering import load_lowerings
+    from .passes.partition import portable_refusal
+
+    lowerings = load_lowerings()
+    table = torch._decomp.decomposition_table
+    ops = {n.target for n in program.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
+    return {op: table[op] for op in ops if op not in lowerings and op in table
+            and portable_refusal_of(op, portable_refusal) is not None}
+
+
+def portable_refusal_of(op: Any, refusal: Any) -> str | None:
+    """``refusal`` (of a node) asked of an op alone."""
+
+    class _Node:
+        target = op
+
+    return refusal(_Node())
 
 
 def _statistics(module: Any, options: ExportOptions, timings: dict[str, float]) -> Any:

@@ -38,6 +38,7 @@ HEAD_DIM = HIDDEN // HEADS
 NUM_LAYERS = 6
 LAYER_NORM_EPS = 1e-12
 MAX_POSITIONS = 512
+VOCABULARY_SIZE = 30522  # rows of embeddings.word_embeddings.weight
 CLS, SEP, PAD, UNK = "[CLS]", "[SEP]", "[PAD]", "[UNK]"
 
 #: The six linears of one encoder layer, in the order data flows through them.

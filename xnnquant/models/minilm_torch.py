@@ -120,6 +120,68 @@ class MiniLMEncoder(nn.Module):
         return hidden
 
 
+class Embeddings(nn.Module):
+    """BERT's embeddings: word + position + token type (always type 0 here), then LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(minilm.VOCABULARY_SIZE, minilm.HIDDEN)
+        self.position_embeddings = nn.Embedding(minilm.MAX_POSITIONS, minilm.HIDDEN)
+        self.token_type_embeddings = nn.Embedding(2, minilm.HIDDEN)
+        self.LayerNorm = nn.LayerNorm(minilm.HIDDEN, eps=minilm.LAYER_NORM_EPS)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        summed = self.word_embeddings(ids) + self.position_embeddings(positions) + self.token_type_embeddings.weight[0]
+        return self.LayerNorm(summed)
+
+
+class SentenceEncoder(nn.Module):
+    """The whole sentence-embedding model, as all-MiniLM-L6-v2 is used::
+
+        ids            int64 (B, T)   token ids (``minilm.tokenize_batch``)
+        attention_mask int64 (B, T)   1 on real tokens, 0 on padding
+          -> float32 (B, 384)         the mean of the last hidden states over the real tokens, unit length
+    """
+
+    def __init__(self, num_layers: int = minilm.NUM_LAYERS) -> None:
+        super().__init__()
+        self.embeddings = Embeddings()
+        self.encoder = MiniLMEncoder(num_layers)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask.to(torch.float32)
+        hidden = self.encoder(self.embeddings(ids), mask)
+        summed = (hidden * mask.unsqueeze(-1)).sum(dim=1)
+        pooled = summed / mask.sum(dim=1, keepdim=True).clamp(min=1e-9)
+        return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+
+
+def sentence_encoder(num_layers: int = minilm.NUM_LAYERS,
+                     weights: Mapping[str, np.ndarray] | None = None) -> SentenceEncoder:
+    """``SentenceEncoder`` in eval mode with all-MiniLM-L6-v2's weights (``embeddings.*`` and
+    ``encoder.*`` tensors)."""
+    tensors = minilm.minilm_tensors() if weights is None else weights
+    module = SentenceEncoder(num_layers)
+    state = {name: torch.from_numpy(np.array(tensors[name], np.float32)) for name in module.state_dict()}
+    module.load_state_dict(state, strict=True)
+    return module.eval()
+
+
+def sentence_inputs(sentences: Sequence[str], tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask)`` int64 ``(B, T)`` of ``sentences``, padded to ``tokens`` (default:
+    the longest sentence)."""
+    ids, mask = minilm.tokenize_batch(sentences)
+    if tokens is not None:
+        if tokens < ids.shape[1]:
+            raise minilm.XnnquantError(f"tokens too small: got {tokens}, the longest sentence has {ids.shape[1]} "
+                                       "tokens")
+        pad = tokens - ids.shape[1]
+        ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=minilm.vocabulary()[minilm.PAD])
+        mask = np.pad(mask, ((0, 0), (0, pad)))
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+
+
 def encoder(num_layers: int = minilm.NUM_LAYERS, weights: Mapping[str, np.ndarray] | None = None) -> MiniLMEncoder:
     """``MiniLMEncoder`` in eval mode with all-MiniLM-L6-v2's weights (``encoder.*`` tensors).
 
