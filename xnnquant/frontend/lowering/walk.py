@@ -195,7 +195,7 @@ class _Walk:
             shape = getattr(val, "shape", None)
             if shape is None or not all(isinstance(d, int) for d in shape):
                 return None
-            dims = tuple(int(d) for d in shape)
+            dims = tuple(int(d) for d in shape) or (1,)  # a 0-d value stands as [1], as the graph holds it
             return Activation(self.ctx.graph.tensor(dims), dims, identity(len(dims)))
         return make(node.meta.get("val"))
 
