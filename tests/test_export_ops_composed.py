@@ -559,6 +559,8 @@ copies = aten
     ("expand_copy", lambda t: copies.expand_copy(t[:, :1], [2, 3, 6, 7]) * 1),
     ("split_copy", lambda t: copies.split_copy(t, 2, 3)[1]),
     ("unbind", lambda t: torch.unbind(t, 1)[2]),
+    ("repeat", lambda t: t.repeat(2, 1, 3, 1, 7)),
+    ("flip", lambda t: torch.flip(t, (1, 3))),
     ("strided_slices", lambda t: t[:, :, ::2, 1::3]),
     ("strided_slice_of_nhwc", lambda t: F.max_pool2d(t, 1)[:, :, 1::2, ::4]),
     ("strided_slice_past_the_end", lambda t: t[..., 2:7:4]),

@@ -352,3 +352,21 @@ def flip(ctx: LoweringContext, x: Any, dims: Any) -> Activation:
         d = int(d) % x.rank
         x = gathered(ctx, x, d, list(range(x.shape[d] - 1, -1, -1)))
     return x
+
+
+@lowers(aten.repeat.default, emits=("XNNConcatenate2", "XNNConcatenate3", "XNNConcatenate4", "XNNConcatenate5",
+                                    "XNNStaticReshape", "XNNStaticTranspose"))
+def repeat(ctx: LoweringContext, x: Any, repeats: Any) -> Activation:
+    """``x.repeat(*repeats)``: ``x`` tiled, each dim by a concatenation of copies (leading
+    repeats beyond ``x``'s rank add dims first)."""
+    x = ctx.value(x)
+    counts = [int(r) for r in repeats]
+    if len(counts) < x.rank or min(counts, default=1) < 1:
+        raise XnnquantError(f"repeat {counts} of a value of shape {x.shape}: expected at least {x.rank} counts >= 1")
+    lead = len(counts) - x.rank
+    if lead:
+        x = reshaped(ctx, x, (1,) * lead + x.shape)
+    for d, r in enumerate(counts):
+        if r > 1:
+            x = cat(ctx, [x] * r, d)
+    return x
