@@ -659,3 +659,17 @@ def test_building_blocks(name: str, weights: str) -> None:
         assert np.abs(got - reference).max() <= 2e-6 * np.abs(reference).max()
     else:
         assert np.sqrt(np.mean((got - reference) ** 2) / np.mean(reference ** 2)) <= 0.25
+
+
+def test_check_reports_what_the_registrations_refuse_without_lowering() -> None:
+    """``xq.check`` asks each registration's check on the ATen node (what a mixed program's
+    partitioner reads to place an op outside XNNPACK)."""
+    def fn(q: Any, k: Any, v: Any, m: Any) -> Any:
+        return sdpa(q, k, v, attn_mask=m > 0) + torch.max(q, -1, keepdim=True)[1].float()
+
+    report = xq.check(Op(fn).eval(), (Q, Q, Q, _x(5, 5)), weights="fp32")
+    assert not report.ok
+    reasons = "\n".join(report.refused)
+    assert "the boolean attention mask is computed at run time" in reasons
+    assert "the indices output of aten.max.dim is used" in reasons
+    assert "aten.gt.Scalar (node gt, module <top level>): unsupported operator" in reasons
