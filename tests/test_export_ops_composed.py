@@ -673,3 +673,43 @@ def test_check_reports_what_the_registrations_refuse_without_lowering() -> None:
     assert "the boolean attention mask is computed at run time" in reasons
     assert "the indices output of aten.max.dim is used" in reasons
     assert "aten.gt.Scalar (node gt, module <top level>): unsupported operator" in reasons
+
+
+# ------------------------------------------------------------ dynamic sizes
+
+Dim = torch.export.Dim
+
+
+def _dynamic(fn: Any, inputs: tuple[Any, ...], spec: Any) -> xq.Exported:
+    return xq.export(_module(fn), inputs, weights="fp32", dynamic_shapes=spec, progress=False)
+
+
+def test_attention_and_conv1d_follow_dynamic_sizes() -> None:
+    """One program at every size in range, against torch at that size (bound as in their own
+    tests: 1e-6 of the largest output)."""
+    seq = Dim("seq", min=2, max=16)
+    attention = _dynamic(lambda q, k, v: sdpa(q, k, v, enable_gqa=True), (GQ, _x(2, 4, 5, 8), _x(2, 4, 5, 6)),
+                         (({2: seq}, {2: seq}, {2: seq}),))
+    conv = _dynamic(CONV1D["channels_last"][0], (_x(2, 20, 8),), ({1: Dim("length", min=4, max=40)},))
+    for n in (2, 9, 16):
+        q, k, v = _x(2, 8, n, 8), _x(2, 4, n, 8), _x(2, 4, n, 6)
+        (got,) = attention.run(q, k, v)
+        want = sdpa(q, k, v, enable_gqa=True).numpy()
+        assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+        x = _x(2, 2 * n + 4, 8)
+        (got,) = conv.run(x)
+        with torch.no_grad():
+            want = CONV1D["channels_last"][0](x).numpy()
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def test_compositions_at_fixed_sizes_refuse_dynamic_ones() -> None:
+    seq = Dim("seq", min=2, max=16)
+    with pytest.raises(UnsupportedConfigError, match=r"a constant of shape \(16, 16\) is combined with dim 2 of "
+                                                     r"\(2, 4, 16, 16\), which is dynamic"):
+        _dynamic(lambda q, k, v: sdpa(q, k, v, is_causal=True), (Q, _x(2, 4, 5, 8), _x(2, 4, 5, 6)),
+                 (({2: seq}, {2: seq}, {2: seq}),))
+    with pytest.raises(UnsupportedConfigError, match=r"aten.group_norm.default of a tensor with dynamic dims "
+                                                     r"\(s\d+, 8, 5\) is not supported: it is composed at the sizes "
+                                                     r"seen at export; expected static shapes for it"):
+        _dynamic(nn.GroupNorm(2, 8).eval(), (_x(2, 8, 5),), ({0: Dim("batch", max=8)},))

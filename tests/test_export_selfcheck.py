@@ -86,7 +86,7 @@ def test_a_wrong_filter_layout_is_named(replaced: Any) -> None:
         return conv_family.conv2d(ctx, x, weight.transpose(2, 3).contiguous(), *args)
 
     replaced(aten.conv2d.default, transposed_filter)
-    module = nn.Sequential(nn.Conv2d(3, 8, (3, 5), padding=1)).eval()
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1)).eval()  # square: the fault keeps every shape
     with pytest.raises(SelfCheckError, match=r"^self-check failed at aten.conv2d.default \(node conv2d, module 0\)"):
         xq.export(module, (torch.randn(1, 3, 9, 9),), weights="qc8w", progress=False)
 

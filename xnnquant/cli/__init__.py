@@ -93,14 +93,39 @@ def _export(args: argparse.Namespace) -> None:
 
     module, example = load_model(args.model)
     with contextlib.redirect_stderr(args.terminal):  # the progress bar shows; libraries' chatter does not
-        exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=args.fallback,
-                             target=args.target, progress=not args.no_progress, state_dict=args.weights_from)
+        fallback = None if args.fallback.strip().lower() == "none" else args.fallback
+        exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=fallback,
+                             target=args.target, progress=not args.no_progress, state_dict=args.weights_from,
+                             dynamic_shapes=dynamic_shapes(args.dynamic, len(example or ())))
         path = exported.save(args.output)  # a streaming export quantizes here
     if args.json:
         print(exported.to_json())
         return
     seconds = sum(exported.timings.values())
     print(f"{exported}\nwrote {path} ({Path(path).stat().st_size:,} bytes), exported in {seconds:.2f} s")
+
+
+def dynamic_shapes(specs: list[str], inputs: int) -> tuple[dict[int, object], ...] | None:
+    """``--dynamic`` values as torch.export's ``dynamic_shapes`` (one ``{dim: Dim}`` per input)."""
+    if not specs:
+        return None
+    import torch
+
+    shapes: list[dict[int, object]] = [{} for _ in range(inputs)]
+    for spec in specs:
+        try:
+            name, low, high, where = spec.split(":")
+            dim = torch.export.Dim(name, min=int(low), max=int(high))
+            places = [tuple(int(v) for v in item.split(".")) for item in where.split(",")]
+        except (ValueError, TypeError) as exc:
+            raise XnnquantError(f"--dynamic {spec!r}: expected NAME:MIN:MAX:INPUT.DIM[,INPUT.DIM...], e.g. "
+                                f"seq:1:128:0.1,1.1 ({exc})") from None
+        for place in places:
+            if len(place) != 2 or not 0 <= place[0] < inputs:
+                raise XnnquantError(f"--dynamic {spec!r}: {'.'.join(map(str, place))} is not INPUT.DIM of one of the "
+                                    f"model's {inputs} inputs")
+            shapes[place[0]][place[1]] = dim
+    return tuple(shapes)
 
 
 def _minilm(args: argparse.Namespace) -> None:
@@ -191,8 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "(bare XNNGraph payload)")
     export.add_argument("--weights", default="qb4w:32", help="fp32, qc8w, qc4w or qb4w:G (default qb4w:32)")
     export.add_argument("--method", default="mse", help="scale choice: minmax or mse (default mse)")
-    export.add_argument("--fallback", default=None, help="schemes for layers that cannot take --weights, tried in "
-                                                          "order, e.g. qc8w,fp32 (default: refuse them)")
+    export.add_argument("--fallback", default="auto", help="schemes for layers that cannot take --weights: auto "
+                        "(default: the most compact scheme each layer takes), none (refuse them), or schemes tried in "
+                        "order, e.g. qc8w,fp32")
+    export.add_argument("--dynamic", action="append", default=[], metavar="NAME:MIN:MAX:INPUT.DIM[,INPUT.DIM...]",
+                        help="a dynamic dim: torch.export.Dim(NAME, min=MIN, max=MAX) for dim DIM of input INPUT "
+                             "(0-based), e.g. seq:1:128:0.1,1.1; repeat for several dims")
     export.add_argument("--target", default="1.4.1", help="1.4.1 (default) or xn01 (XN01 node kinds only)")
     export.add_argument("--weights-from", default=None, metavar="FILE.safetensors",
                         help="streaming export: the module is built on the meta device and its tensors are read "

@@ -138,9 +138,10 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
             if options.calibration is not None:
                 check_batches_fit(options.calibration, inputs)
             try:
-                program = torch.export.export(module, inputs, strict=False)
+                program = torch.export.export(module, inputs, dynamic_shapes=options.dynamic_shapes, strict=False)
             except Exception as exc:  # torch's tracing errors come in many types; say where they came from
-                raise XnnquantError(f"torch.export.export failed on {type(module).__name__}: "
+                what = " with these dynamic_shapes" if options.dynamic_shapes is not None else ""
+                raise XnnquantError(f"torch.export.export failed on {type(module).__name__}{what}: "
                                     f"{type(exc).__name__}: {exc}") from exc
             eager = module
     with stage("decompose", timings):
@@ -175,7 +176,7 @@ def _statistics(module: Any, options: ExportOptions, timings: dict[str, float]) 
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
-           check: bool = True) -> Exported:
+           check: bool = True, dynamic_shapes: Any = None) -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -202,6 +203,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     model nor the payload is ever whole in memory; the bytes are those of the same module
     exported with its weights in memory.  Needs target 1.4.1; no calibration.  The
     module's own parameters must then all be on the meta device.
+    ``dynamic_shapes``: torch.export's own spec (``{1: torch.export.Dim("seq", max=512)}`` per
+    input): the program then takes every size in each dim's range, its memory planned at
+    the upper bound (every dynamic dim needs a max).  Ops whose result XNNPACK cannot
+    recompute at other sizes (a reshape to two dynamic dims, a slice from the end of a
+    dynamic dim, a mean over one) are refused naming the dim.
     ``check``: compare the lowered graph with the module on the example inputs before
     returning (``selfcheck.py``); a mismatch raises ``SelfCheckError`` naming the first
     diverging node.  A streaming export cannot run its module and skips it (the report
@@ -212,7 +218,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     """
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
-                                  progress=progress)
+                                  progress=progress, dynamic_shapes=dynamic_shapes)
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -230,6 +236,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
+        program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(statistics))
     with stage("lower", timings):
         lowered = lower(program, options.target, WeightOptions(options.policy, options.method, statistics),
@@ -270,7 +277,7 @@ def _check_streamed(module: Any) -> None:
 
 
 def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", fallback: Any = "auto",
-          target: Any = "1.4.1") -> CheckReport:
+          target: Any = "1.4.1", dynamic_shapes: Any = None) -> CheckReport:
     """What ``xq.export`` would do with ``module``, without quantizing or writing anything.
 
     The module is traced and rewritten as ``export`` does; then each node is asked of its
@@ -279,7 +286,8 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     lowered, every refusal with its reason and module path, and every layer's scheme with
     the reason when it falls back.  Arguments as for ``export``.
     """
-    options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False)
+    options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False,
+                                  dynamic_shapes=dynamic_shapes)
     timings: dict[str, float] = {}
     _, traced = _traced(module, example_inputs, options, timings)
     from .lowering.context import WeightOptions
@@ -288,6 +296,7 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     from .program import AtenProgram
 
     program = AtenProgram.of(traced)
+    program.name_dims(options.dynamic_shapes, module)
     run_passes(program, _PassOptions(None))
     lowered = lower(program, options.target, WeightOptions(options.policy, dry_run=True), raise_refusals=False)
     return CheckReport(lowered.lowered_ops, lowered.refusals, lowered.rows)

@@ -23,6 +23,19 @@ from .weights import WeightScheme
 
 
 @dataclass(frozen=True)
+class DynamicDim:
+    """A dim of an input or output that the program takes at any size in ``[min, max]``:
+    its name (the size symbol torch.export gave it, e.g. ``s27``) and its range."""
+
+    name: str
+    min: int
+    max: int
+
+    def __str__(self) -> str:
+        return f"{self.name} in [{self.min}, {self.max}]"
+
+
+@dataclass(frozen=True)
 class TensorIO:
     """One input or output of the program: its name, torch shape, dtype and dim order.
 
@@ -37,6 +50,9 @@ class TensorIO:
     shape: tuple[int, ...]
     dtype: str = "float32"
     dim_order: tuple[int, ...] = ()
+    #: per dim, its ``DynamicDim`` or None (static; ``shape`` holds it); () when every dim is static.
+    #: ``shape`` holds a dynamic dim's upper bound.
+    dynamic: tuple[DynamicDim | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.dim_order:
@@ -45,6 +61,28 @@ class TensorIO:
     @property
     def contiguous(self) -> bool:
         return self.dim_order == tuple(range(len(self.shape)))
+
+    def check(self, shape: tuple[int, ...], what: str) -> None:
+        """``XnnquantError`` unless ``shape`` fits: static dims equal, dynamic ones in range."""
+        if len(shape) != len(self.shape):
+            raise XnnquantError(f"{what} ({self.name!r}) has shape {shape}: expected rank {len(self.shape)}, "
+                                f"shape {self.describe()}")
+        for i, (got, fixed) in enumerate(zip(shape, self.shape)):
+            dim = self.dynamic[i] if self.dynamic else None
+            if dim is None and got != fixed:
+                raise XnnquantError(f"{what} ({self.name!r}) has shape {shape}: dim {i} is fixed at {fixed} "
+                                    f"(expected shape {self.describe()})")
+            if dim is not None and not dim.min <= got <= dim.max:
+                raise XnnquantError(f"{what} ({self.name!r}) has size {got} in dim {i}: the program takes "
+                                    f"{dim} there (its memory is planned at {dim.max}); expected shape "
+                                    f"{self.describe()}")
+
+    def describe(self) -> str:
+        """The shape, with each dynamic dim shown as ``name<=max``."""
+        dims = [str(d) if not self.dynamic or self.dynamic[i] is None else
+                f"{self.dynamic[i].name}<={self.dynamic[i].max}"  # type: ignore[union-attr]
+                for i, d in enumerate(self.shape)]
+        return "(" + ", ".join(dims) + ")"
 
 
 #: File suffixes ``save`` writes, and what each holds.
@@ -87,7 +125,12 @@ class Exported:
         from ..graph import to_pte
 
         return to_pte(self.to_bytes(), inputs=self._specs(self.inputs), outputs=self._specs(self.outputs),
-                      validate=False)  # validated when the payload was written
+                      validate=False, dynamic=self.dynamic)  # validated when the payload was written
+
+    @property
+    def dynamic(self) -> bool:
+        """True when some input or output has a dynamic dim (the program takes other sizes)."""
+        return any(t.dynamic for t in self.inputs + self.outputs)
 
     @staticmethod
     def _specs(items: list[TensorIO]) -> list[tuple[tuple[int, ...], str, tuple[int, ...]]]:
@@ -109,7 +152,8 @@ class Exported:
 
             if suffix == ".xnn":
                 return self.graph.save(path)
-            return write_atomic(path, pte_chunks(self.graph, self._specs(self.inputs), self._specs(self.outputs)))
+            return write_atomic(path, pte_chunks(self.graph, self._specs(self.inputs), self._specs(self.outputs),
+                                                 self.dynamic))
         return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
 
     def source(self, node_index: int) -> tuple[str, str, str] | None:
@@ -134,8 +178,7 @@ class Exported:
     @staticmethod
     def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
         """Input ``x`` (torch order, any strides) as the payload reads it: its dims in ``spec``'s order."""
-        if tuple(x.shape) != spec.shape:
-            raise XnnquantError(f"inputs[{i}] ({spec.name!r}) has shape {tuple(x.shape)}: expected {spec.shape}")
+        spec.check(tuple(x.shape), f"inputs[{i}]")
         return np.ascontiguousarray(x if spec.contiguous else np.transpose(x, spec.dim_order))
 
     @property

@@ -34,11 +34,13 @@ class ExportOptions:
     state_dict: Path | None
     check: bool
     progress: bool
+    dynamic_shapes: Any = None
 
     @classmethod
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,
               fallback: Any = "auto", activations: Any = "dynamic", target: Any = "1.4.1",
-              state_dict: Any = None, check: Any = True, progress: Any = True) -> ExportOptions:
+              state_dict: Any = None, check: Any = True, progress: Any = True,
+              dynamic_shapes: Any = None) -> ExportOptions:
         policy = WeightPolicy(weights, fallback)
         if not isinstance(method, str):
             raise XnnquantError(f"method must be a string: got {type(method).__name__} {method!r}")
@@ -68,8 +70,12 @@ class ExportOptions:
             if calibration is not None:
                 raise XnnquantError("a streaming export (state_dict=) cannot calibrate: the module on the meta "
                                     "device cannot run; calibrate on the module with its weights instead")
+        if dynamic_shapes is not None and not isinstance(dynamic_shapes, (dict, tuple, list)):
+            raise XnnquantError(f"dynamic_shapes must be torch.export's spec (a tuple or dict of {{dim: "
+                                f"torch.export.Dim}} per input): got {type(dynamic_shapes).__name__}")
         return cls(policy, chosen, chosen_target, str(activations),
-                   None if calibration is None else calibration_batches(calibration), path, check, progress)
+                   None if calibration is None else calibration_batches(calibration), path, check, progress,
+                   dynamic_shapes)
 
 
 def calibration_batches(batches: Any) -> tuple[tuple[Any, ...], ...]:

@@ -11,7 +11,14 @@ program is never changed) and the tensors its placeholders stand for:
   weight file (only the module's own parameters and buffers: a tensor a pass computed
   from them has none);
 * ``inputs``: the user inputs' placeholder names, in order (``input_names``: as the
-  module's program names them).
+  module's program names them);
+* ``ranges``: the range of each dynamic size symbol (torch.export's ``range_constraints``).
+
+Dynamic sizes.  A dim torch.export traced as symbolic (``dynamic_shapes=``) is a
+``torch.SymInt``; ``size(d)`` gives ``Size(bound, expr)``: the largest value its range
+allows (the size the graph's values and the program's memory are planned at) and its
+sympy expression (``s27``, ``s27 - 1``, ``3*s27``).  A symbol without an upper bound is
+refused: ExecuTorch plans memory at the bound.
 
 ``module_path(node)`` is the module a node was traced in (``nn_module_stack``).
 """
@@ -19,12 +26,19 @@ program is never changed) and the tensors its placeholders stand for:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import UnsupportedConfigError, XnnquantError
 from .streaming import WeightFile, meta_tensor_refusal
+
+
+class Size(NamedTuple):
+    """One dim: its largest value, and its sympy expression when it is dynamic (else None)."""
+
+    bound: int
+    expr: Any = None
 
 
 @dataclass
@@ -40,6 +54,9 @@ class AtenProgram:
     #: placeholder name -> the user input's name in the module's program (the copy renames
     #: a few, e.g. ``input`` -> ``input_1``)
     input_names: dict[str, str] = field(default_factory=dict)
+    ranges: dict[Any, Any] = field(default_factory=dict)
+    #: size symbol (``"s27"``) -> the name the user gave its ``torch.export.Dim`` (``"seq"``)
+    dim_names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, program: Any, weight_file: WeightFile | None = None) -> AtenProgram:
@@ -58,7 +75,7 @@ class AtenProgram:
         named = {**program.state_dict, **getattr(program, "constants", {})}
         sources = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
                    **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
-        out = cls(graph, weight_file=weight_file)
+        out = cls(graph, weight_file=weight_file, ranges=dict(getattr(program, "range_constraints", {}) or {}))
         for old in program.graph.nodes:  # the copy may rename a node (``input`` -> ``input_1``)
             if old.op != "placeholder":
                 continue
@@ -74,6 +91,57 @@ class AtenProgram:
             else:
                 raise UnsupportedConfigError(f"placeholder {old.name!r} is neither an input nor a weight")
         return out
+
+    # ------------------------------------------------------------------ sizes
+
+    def name_dims(self, spec: Any, module: Any) -> None:
+        """Learn the names of the ``torch.export.Dim``s of ``spec`` (torch.export's
+        ``dynamic_shapes``: per input a ``{dim: Dim}`` dict or a per-dim sequence, the inputs
+        given as a sequence or by ``forward``'s argument names) from the sizes they became."""
+        import inspect
+
+        if spec is None:
+            return
+        if isinstance(spec, dict) and callable(getattr(module, "forward", None)):
+            params = list(inspect.signature(module.forward).parameters)
+            spec = [spec.get(name) for name in params[: len(self.inputs)]]
+        if not isinstance(spec, (list, tuple)):
+            return
+        placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
+        for name, dims in zip(self.inputs, spec):
+            shape = getattr(placeholders[name].meta.get("val"), "shape", ())
+            items = dims.items() if isinstance(dims, dict) else enumerate(dims or ())
+            for d, dim in items:
+                if dim is not None and hasattr(dim, "__name__") and int(d) < len(shape) and \
+                        not isinstance(shape[int(d)], int):
+                    self.dim_names.setdefault(str(shape[int(d)].node.expr), str(dim.__name__))
+
+    def size(self, d: Any, what: str) -> Size:
+        """``Size`` of dim ``d`` (an int or a ``torch.SymInt``) of ``what``."""
+        if isinstance(d, int):
+            return Size(int(d))
+        from torch.utils._sympy.value_ranges import bound_sympy
+
+        expr = d.node.expr
+        if expr.is_number:
+            return Size(int(expr))
+        upper = bound_sympy(expr, self.ranges).upper
+        try:
+            bound = int(upper)  # torch's "no bound" (int_oo) is no integer
+        except (TypeError, ValueError, OverflowError, AttributeError):
+            bound = -1
+        if not 0 <= bound < 2**31:
+            raise XnnquantError(
+                f"{what} has a dynamic dim {expr} with no upper bound: ExecuTorch plans memory at the bound; "
+                "give its torch.export.Dim a max (Dim('seq', max=512))")
+        return Size(bound, expr)
+
+    def shape(self, val: Any, what: str) -> tuple[Size, ...]:
+        """The ``Size`` of every dim of ``val`` (a tensor or fake tensor)."""
+        shape = getattr(val, "shape", None)
+        if shape is None:
+            raise XnnquantError(f"{what} is not a tensor: got {type(val).__name__}")
+        return tuple(self.size(d, what) for d in shape)
 
     # ------------------------------------------------------------------ nodes
 

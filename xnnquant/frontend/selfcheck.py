@@ -144,8 +144,11 @@ def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], progr
 
 
 def _logical(env: dict[int, np.ndarray], a: Activation) -> np.ndarray:
-    """The interpreter's value of ``a`` in torch's dim order."""
-    return np.transpose(np.asarray(env[a.id]).reshape(a.dims), inverse(a.perm))
+    """The interpreter's value of ``a`` in torch's dim order (at the sizes it ran at)."""
+    value = np.asarray(env[a.id])
+    if value.ndim != a.rank:  # a static value computed flat (the reshaping kinds)
+        value = value.reshape(a.dims)
+    return np.transpose(value, inverse(a.perm))
 
 
 def _quantized_input(x: Any, reference: QuantizedReference) -> Any:
@@ -193,6 +196,8 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray],
             return x
         if reference is not None and value is reference.weight:
             return torch.from_numpy(np.ascontiguousarray(reference.dequantized))
+        if isinstance(value, torch.SymInt):  # a dynamic size: its value at the example inputs
+            return int(value.node.hint)
         return value
 
     return torch.fx.node.map_arg(node.args, operand), torch.fx.node.map_arg(node.kwargs, operand), activations

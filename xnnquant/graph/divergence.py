@@ -162,13 +162,14 @@ def first_divergence(graph: Graph, inputs: list[np.ndarray], sources: list[tuple
             got = np.asarray(observed[vid], np.float64)
             scale = max(float(np.max(np.abs(result), initial=0.0)), float(FLT_MIN))
             error = float(np.max(np.abs(got - result), initial=0.0)) / scale
+            exact = storage(graph.value(vid).datatype).quantized  # int8 codes: bit-exact or wrong
             checked += k == 0
             worst = max(worst, error)
-            if not error <= tolerance:  # NaN counts as diverged
+            if not (error == 0 if exact else error <= tolerance):  # NaN counts as diverged
                 handle = node.debug_handle
                 source = sources[handle - 1] if 0 < handle <= len(sources) else None
                 return Divergence(position, node.kind, vid, error, source), checked, worst
-            env[vid] = observed[vid].astype(np.float32)
+            env[vid] = observed[vid] if exact else observed[vid].astype(np.float32)  # codes stay codes
     return None, checked, worst
 
 

@@ -334,11 +334,11 @@ def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
 
 
 def pte_chunks(graph: Any, inputs: Sequence[SpecLike] | None = None,
-               outputs: Sequence[SpecLike] | None = None) -> Iterator[bytes | memoryview]:
+               outputs: Sequence[SpecLike] | None = None, dynamic: bool = False) -> Iterator[bytes | memoryview]:
     """The ``.pte`` of a ``Graph(scales_in_segment=True)``, piece by piece; the pieces
     joined are ``to_pte(graph.to_bytes())``, but the payload's constants are made and
-    passed on one value at a time (``writer.payload_chunks``).  ``inputs`` / ``outputs``:
-    as for ``to_pte``.
+    passed on one value at a time (``writer.payload_chunks``).  ``inputs`` / ``outputs`` /
+    ``dynamic``: as for ``to_pte``.
 
     The program is built by ExecuTorch for the payload's first part (header, flatbuffer,
     padding), which ends its last segment; the lengths that then differ are the segment's
@@ -358,7 +358,7 @@ def pte_chunks(graph: Any, inputs: Sequence[SpecLike] | None = None,
     found_in, found_out = external_specs(graph)
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
     out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
-    yield _grown_last_segment(_build_pte(head, in_specs, out_specs, None), len(head), rest)
+    yield _grown_last_segment(_build_pte(head, in_specs, out_specs, None, dynamic), len(head), rest)
     yield from chunks
 
 

@@ -93,6 +93,34 @@ def reads_later_outputs(node: Any) -> bool:
     return any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users)
 
 
+def static_shapes(node: Any) -> str | None:
+    """Why ``node`` cannot be lowered: a tensor it reads or gives has a dynamic dim (for
+    lowerings composed at the sizes seen at export: their reshapes, windows, constants and
+    index lists would not follow a size that changes)."""
+    import torch
+
+    vals = [getattr(a, "meta", {}).get("val") for a in node.all_input_nodes]
+    vals += torch.utils._pytree.tree_leaves(node.meta.get("val"))
+    for val in vals:
+        shape = getattr(val, "shape", None)
+        if shape is not None and not all(isinstance(d, int) for d in shape):
+            return (f"{op_name(node.target)} of a tensor with dynamic dims {tuple(shape)} is not supported: it is "
+                    "composed at the sizes seen at export; expected static shapes for it")
+    return None
+
+
+def all_of(*checks: Check) -> Check:
+    """One check that gives the first reason of ``checks``."""
+    def check(node: Any) -> str | None:
+        for c in checks:
+            reason = c(node)
+            if reason is not None:
+                return reason
+        return None
+
+    return check
+
+
 def load_lowerings() -> dict[Any, Registration]:
     """Import every op family module and return the registry they filled."""
     for family in FAMILIES:

@@ -20,6 +20,10 @@ torch gives 0 for a query row that masks every key; a constant mask with such ro
 there instead and multiplies those output rows by 0, so they are 0 too.  (A computed
 float mask with a row of -inf gives NaN there.)
 
+Dynamic sizes.  The nodes follow a dynamic batch, head count or length; a constant mask
+(boolean, causal or float) cannot follow a dynamic query or key length and is refused
+there (``LoweringContext.constant_like``), as are reshapes to two dynamic dims.
+
 Grouped-query attention (``enable_gqa``, key and value with ``Hkv`` heads, the query
 with ``Hq = G * Hkv``): query head h reads key head ``h // G``, so the query is read as
 ``[..., Hkv, G * L, E]`` (its heads are consecutive in memory) and key and value are
@@ -93,6 +97,12 @@ def _additive(ctx: LoweringContext, mask: Any, causal: bool, length: int, keys: 
     return additive, (~empty).astype(np.float32).reshape(empty.shape[-2:])
 
 
+def _as(a: Activation, exprs: tuple[Any, ...]) -> Activation:
+    """``a`` with the dynamic dims ``exprs`` (the compositions' intermediate values carry them,
+    so that a constant meeting a dynamic dim is refused, and reshapes follow them)."""
+    return Activation(a.id, a.shape, a.perm, tuple(exprs) if any(e is not None for e in exprs) else ())
+
+
 @lowers(aten.scaled_dot_product_attention.default, emits=SDPA_KINDS, check=sdpa_check)
 def scaled_dot_product_attention(ctx: LoweringContext, query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, *, scale: Any = None,
@@ -101,6 +111,8 @@ def scaled_dot_product_attention(ctx: LoweringContext, query: Any, key: Any, val
     q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
     length, width = q.shape[-2:]
     keys = k.shape[-2]
+    if q.is_dynamic(-1) or k.is_dynamic(-1) or v.is_dynamic(-1):
+        raise XnnquantError("scaled_dot_product_attention with a dynamic head size: expected a static head size")
     heads, kv_heads = (q.shape[-3], k.shape[-3]) if q.rank >= 3 and k.rank >= 3 else (1, 1)
     groups = 1
     if heads != kv_heads:
@@ -111,17 +123,21 @@ def scaled_dot_product_attention(ctx: LoweringContext, query: Any, key: Any, val
         groups = heads // kv_heads
     factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
     mask, keep = _additive(ctx, attn_mask, bool(is_causal), length, keys)
-    batch = q.shape[:-2]
+    batch, batch_exprs = q.shape[:-2], q.exprs[:-2]
+    rows = query_rows = q.exprs[-2]  # the query length (dynamic or None)
     if groups > 1:  # [..., Hq, L, E] read as [..., Hkv, G * L, E]
-        q = reshaped(ctx, q, batch[:-1] + (kv_heads, groups * length, width))
+        rows = None if rows is None else groups * rows
+        q = reshaped(ctx, q, batch[:-1] + (kv_heads, groups * length, width), batch_exprs[:-1] + (None, rows, None))
+    score_exprs = q.exprs[:-2] + (rows, k.exprs[-2])
     kt = Activation(k.id, k.shape[:-2] + (width, keys), k.perm[:-2] + (k.perm[-1], k.perm[-2]))
-    scores = binary(ctx, "multiply", product(ctx, q, kt), factor)
+    scores = _as(product(ctx, q, kt), score_exprs)
+    scores = _as(binary(ctx, "multiply", scores, factor), score_exprs)
     if mask is not None:
-        scores = _masked(ctx, scores, mask, batch, groups, length, keys)
-    probs = ctx.tensor(ctx.graph.softmax(ctx.canonical(scores)), scores.shape)
-    out = product(ctx, probs, v)
+        scores = _as(_masked(ctx, scores, mask, batch, groups, length, keys), score_exprs)
+    probs = _as(ctx.tensor(ctx.graph.softmax(ctx.canonical(scores)), scores.shape), score_exprs)
+    out = _as(product(ctx, probs, v), score_exprs[:-1] + (None,))
     if groups > 1:
-        out = reshaped(ctx, out, batch + (length, v.shape[-1]))
+        out = reshaped(ctx, out, batch + (length, v.shape[-1]), batch_exprs + (query_rows, None))
     if keep is not None:
         out = binary(ctx, "multiply", out, keep)
     return out
@@ -144,6 +160,9 @@ def _masked(ctx: LoweringContext, scores: Activation, mask: Any, batch: tuple[in
     if not isinstance(mask, Activation):  # a constant is laid out as the scores are: [..., Hkv or 1, G * L, S]
         arr = np.broadcast_to(np.asarray(mask).reshape(split), split[:h + 1] + (groups, length, keys))
         return binary(ctx, "add", scores, arr.reshape(split[:h + 1] + (groups * length, keys)))
+    if scores.dynamic or mask.dynamic:
+        raise XnnquantError("grouped-query attention with a computed mask and dynamic dims: the mask is read per "
+                            "group by reshapes laid out at the sizes seen at export; expected static shapes")
     mask = reshaped(ctx, mask, split)
     grouped = reshaped(ctx, scores, full[:h] + (kv_heads, groups, length, keys))
     return reshaped(ctx, binary(ctx, "add", grouped, mask), scores.shape)

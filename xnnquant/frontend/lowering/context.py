@@ -61,11 +61,17 @@ def inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Activation:
-    """A lowered activation: graph value ``id`` holding torch shape ``shape`` laid out by ``perm``."""
+    """A lowered activation: graph value ``id`` holding torch shape ``shape`` laid out by ``perm``.
+
+    ``sym``: per torch dim, the sympy expression of a dynamic size (None for a static one;
+    empty: all static); ``shape`` then holds its upper bound, the size the graph value is
+    declared with (``program.Size``).
+    """
 
     id: int
     shape: tuple[int, ...]
     perm: tuple[int, ...]
+    sym: tuple[Any, ...] = ()
 
     @property
     def rank(self) -> int:
@@ -75,6 +81,24 @@ class Activation:
     def dims(self) -> tuple[int, ...]:
         """The graph value's dims: ``shape`` permuted by ``perm``."""
         return tuple(self.shape[p] for p in self.perm)
+
+    @property
+    def exprs(self) -> tuple[Any, ...]:
+        """``sym`` with one entry per dim (None for static)."""
+        return self.sym if self.sym else (None,) * self.rank
+
+    @property
+    def physical_exprs(self) -> tuple[Any, ...]:
+        """``exprs`` in the graph value's dim order."""
+        exprs = self.exprs
+        return tuple(exprs[p] for p in self.perm)
+
+    def is_dynamic(self, dim: int) -> bool:
+        return self.exprs[dim % self.rank] is not None
+
+    @property
+    def dynamic(self) -> bool:
+        return any(e is not None for e in self.exprs)
 
     def physical(self, dim: int) -> int:
         """Where torch dim ``dim`` sits among the graph value's dims."""
@@ -174,13 +198,30 @@ class LoweringContext:
 
     # ----------------------------------------------------------------- values
 
-    def tensor(self, vid: int, shape: tuple[int, ...], perm: tuple[int, ...] | None = None) -> Activation:
-        """Wrap graph value ``vid`` as the torch shape ``shape`` (laid out by ``perm``)."""
+    def tensor(self, vid: int, shape: tuple[int, ...], perm: tuple[int, ...] | None = None,
+               sym: tuple[Any, ...] = ()) -> Activation:
+        """Wrap graph value ``vid`` as the torch shape ``shape`` (laid out by ``perm``; ``sym``:
+        its dynamic dims, see ``Activation``)."""
         perm = identity(len(shape)) if perm is None else perm
         dims = tuple(shape[p] for p in perm)
         got = tuple(self.graph.value(vid).dims)
         assert got == dims, (got, dims, shape, perm)
-        return Activation(vid, tuple(shape), perm)
+        return Activation(vid, tuple(shape), perm, tuple(sym) if any(e is not None for e in sym) else ())
+
+    def reshape(self, vid: int, dims: tuple[int, ...], exprs: tuple[Any, ...] = ()) -> int:
+        """Graph value ``vid`` read in its memory order as ``dims`` (XNNStaticReshape).
+
+        ``exprs``: per new dim, its dynamic size (None for static).  A dynamic dim is written
+        as inferred (XNNPACK resolves it from the element count on every call); XNNPACK
+        infers one dim at most, so a reshape to two dynamic dims is refused.
+        """
+        dynamic = [i for i, e in enumerate(exprs) if e is not None]
+        if len(dynamic) > 1:
+            raise XnnquantError(
+                f"a reshape to {tuple(e if e is not None else d for d, e in zip(dims, exprs))} has "
+                f"{len(dynamic)} dynamic dims: XNNPACK infers at most one dim of a reshape on each call "
+                "(export with fewer dynamic dims, e.g. a static batch)")
+        return self.graph.static_reshape(vid, tuple(-1 if i in dynamic else d for i, d in enumerate(dims)))
 
     def value(self, x: Any) -> Activation:
         """``x`` as an ``Activation``: activations as they are, constants placed in the graph."""
@@ -239,6 +280,10 @@ class LoweringContext:
         if arr.ndim > like.rank:
             raise XnnquantError(f"a constant of shape {arr.shape} does not broadcast into {like.shape}")
         full = arr.reshape((1,) * (like.rank - arr.ndim) + arr.shape)
+        for d, e in enumerate(like.exprs):
+            if e is not None and full.shape[d] != 1:
+                raise XnnquantError(f"a constant of shape {arr.shape} is combined with dim {d} of {like.shape}, "
+                                    f"which is dynamic ({e}): a constant cannot follow its size")
         if arr.size == 1:
             return self.constant(arr.reshape(1), key=x if not isinstance(x, (int, float)) else None)
         laid = np.ascontiguousarray(full.transpose(like.perm)) if like.perm != identity(like.rank) else full
@@ -254,8 +299,9 @@ class LoweringContext:
         if key not in self._layouts:
             order = tuple(x.perm.index(p) for p in perm)  # new dim i = old dim order[i]
             dims = tuple(x.shape[p] for p in perm)
-            if moves_only_ones(x.dims, order):
-                self._layouts[key] = self.graph.static_reshape(x.id, dims)
+            exprs = tuple(x.exprs[p] for p in perm)
+            if moves_only_ones(x.dims, order) and sum(e is not None for e in exprs) <= 1:
+                self._layouts[key] = self.reshape(x.id, dims, exprs)
             else:
                 self._layouts[key] = self.graph.static_transpose(x.id, order)
         return self._layouts[key]
@@ -265,7 +311,7 @@ class LoweringContext:
         return self.in_layout(x, identity(x.rank))
 
     def relaid(self, x: Activation, perm: tuple[int, ...]) -> Activation:
-        return Activation(self.in_layout(x, perm), x.shape, perm)
+        return Activation(self.in_layout(x, perm), x.shape, perm, x.sym)
 
     def dynamic(self, vid: int, num_nonbatch_dims: int) -> int:
         """``vid`` converted to qdint8 (per-row dynamic int8), one conversion per value."""
@@ -290,7 +336,7 @@ class LoweringContext:
         """A copy of ``vid`` (XNNCopy for 1.4.1; a same-shape reshape for XN01)."""
         if "XNNCopy" in self.graph.target.node_kinds:
             return self.graph.copy(vid)
-        return self.graph.static_reshape(vid, self.graph.value(vid).dims)
+        return self.graph.static_reshape(vid, self.graph.value(vid).dims)  # static: XN01 has no dynamic dims
 
     def fuse_clamp(self, x: Activation, low: float, high: float) -> Activation | None:
         """Clamp ``x`` by tightening its producer's output bounds, when that is exact.

@@ -105,7 +105,8 @@ def _one_d(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray, b: n
     out = _two_d(ctx, with_unit_dim(ctx, x, 2), weight, w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), b,
                  (1, one(stride)), (0, one(padding)), (1, one(dilation)), transposed, (0, one(output_padding)),
                  groups, reference=((0, 2, 1), 2))
-    return without_unit_dim(ctx, out, 2)
+    traced = ctx.program.shape(ctx.node.meta["val"], "the convolution's result")  # its dynamic dims
+    return without_unit_dim(ctx, out, 2, tuple(size.expr for size in traced))
 
 
 def _two_d(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray, b: np.ndarray | None,

@@ -81,7 +81,8 @@ def aligned(ctx: LoweringContext, a: Any, b: Any) -> tuple[int, int, tuple[int, 
     for t in (a, b):
         vid = ctx.canonical(t)
         if t.rank < len(shape):
-            vid = ctx.graph.static_reshape(vid, (1,) * (len(shape) - t.rank) + t.shape)
+            lead = len(shape) - t.rank
+            vid = ctx.reshape(vid, (1,) * lead + t.shape, (None,) * lead + t.exprs)
         ranked.append(vid)
     return ranked[0], ranked[1], shape, identity(len(shape))
 
@@ -104,8 +105,8 @@ def widened(ctx: LoweringContext, t: Activation, rank: int) -> Activation:
     if lead <= 0:
         return t
     perm = tuple(range(lead)) + tuple(p + lead for p in t.perm)
-    vid = ctx.graph.static_reshape(t.id, (1,) * lead + t.dims)
-    return ctx.tensor(vid, (1,) * lead + t.shape, perm)
+    vid = ctx.reshape(t.id, (1,) * lead + t.dims, (None,) * lead + t.physical_exprs)
+    return ctx.tensor(vid, (1,) * lead + t.shape, perm, (None,) * lead + t.exprs)
 
 
 def binary(ctx: LoweringContext, method: str, a: Any, b: Any) -> Activation:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...errors import XnnquantError
-from . import lowers, reads_later_outputs
+from . import all_of, lowers, reads_later_outputs, static_shapes
 from .context import Activation, LoweringContext, identity
 
 aten = torch.ops.aten
@@ -44,10 +44,14 @@ def layer_norm_value(ctx: LoweringContext, x: Activation, normalized_shape: Any,
     if count == 0 or x.shape[x.rank - count:] != dims:
         raise XnnquantError(f"layer_norm over {dims} does not match the input's trailing dims {x.shape}")
     n = math.prod(dims)
+    if any(x.is_dynamic(d) for d in range(x.rank - count, x.rank)):
+        raise XnnquantError(f"layer_norm over dynamic dims {x.exprs[x.rank - count:]}: its mean is a fixed 1/n filter; "
+                            "the normalized dims must be static")
     trailing = identity(x.rank)[x.rank - count:]
     if x.perm[x.rank - count:] != trailing:  # the normalized dims must be the value's last, in order
         x = ctx.relaid(x, identity(x.rank))
-    rows = g.static_reshape(x.id, x.dims[: x.rank - count] + (n,)) if count > 1 else x.id
+    lead = x.physical_exprs[: x.rank - count]
+    rows = ctx.reshape(x.id, x.dims[: x.rank - count] + (n,), lead + (None,)) if count > 1 else x.id
     average = ctx.constant(np.full((1, n), 1.0 / n, np.float32))
     mean = g.fully_connected(rows, average)
     centered = g.subtract(rows, mean)
@@ -61,7 +65,7 @@ def layer_norm_value(ctx: LoweringContext, x: Activation, normalized_shape: Any,
     if bias is not None:
         y = g.add(y, ctx.constant(ctx.constant_array(bias, "layer_norm bias").reshape(n), key=bias))
     if count > 1:
-        y = g.static_reshape(y, x.dims)
+        y = ctx.reshape(y, x.dims, x.physical_exprs)
     return ctx.tensor(y, x.shape, x.perm)
 
 
@@ -137,21 +141,21 @@ def group_norm_value(ctx: LoweringContext, x: Activation, groups: int, weight: A
 
 
 @lowers(aten.native_group_norm.default, emits=NORM_KINDS,
-        check=lambda node: statistics_unused(node, "native_group_norm"))
+        check=all_of(lambda node: statistics_unused(node, "native_group_norm"), static_shapes))
 def native_group_norm(ctx: LoweringContext, x: Any, weight: Any, bias: Any, batch: int, channels: int, hw: int,
                       group: int, eps: float) -> tuple[Activation, None, None]:
     """``aten::native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)``."""
     return group_norm_value(ctx, ctx.value(x), int(group), weight, bias, float(eps)), None, None
 
 
-@lowers(aten.group_norm.default, emits=NORM_KINDS)
+@lowers(aten.group_norm.default, emits=NORM_KINDS, check=static_shapes)
 def group_norm(ctx: LoweringContext, x: Any, num_groups: int, weight: Any = None, bias: Any = None,
                eps: float = 1e-5, cudnn_enabled: bool = True) -> Activation:
     """``aten::group_norm(input, num_groups, weight?, bias?, eps)``."""
     return group_norm_value(ctx, ctx.value(x), int(num_groups), weight, bias, float(eps))
 
 
-@lowers(aten.instance_norm.default, emits=NORM_KINDS)
+@lowers(aten.instance_norm.default, emits=NORM_KINDS, check=static_shapes)
 def instance_norm(ctx: LoweringContext, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                   use_input_stats: bool, momentum: float, eps: float, cudnn_enabled: bool = True) -> Activation:
     """``aten::instance_norm``: each (image, channel) normalized over its spatial dims with its own
@@ -167,7 +171,7 @@ def instance_norm(ctx: LoweringContext, x: Any, weight: Any, bias: Any, running_
 
 
 @lowers(aten._native_batch_norm_legit.no_stats, emits=NORM_KINDS,
-        check=lambda node: statistics_unused(node, "_native_batch_norm_legit"))
+        check=all_of(lambda node: statistics_unused(node, "_native_batch_norm_legit"), static_shapes))
 def batch_norm_input_statistics(ctx: LoweringContext, x: Any, weight: Any, bias: Any, training: bool,
                                 momentum: float, eps: float) -> tuple[Activation, None, None]:
     """``aten::_native_batch_norm_legit.no_stats``: batch norm with the input's own statistics

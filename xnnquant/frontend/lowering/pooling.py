@@ -50,6 +50,13 @@ def _spatial(x: Activation) -> tuple[int, int]:
     return x.shape[2], x.shape[3]
 
 
+def _static_spatial(x: Activation, what: str) -> None:
+    """Refuse ``what`` on dynamic H or W: it is computed from the sizes at export."""
+    if x.is_dynamic(2) or x.is_dynamic(3):
+        raise XnnquantError(f"{what} over dynamic H or W {x.exprs[2:]}: its padding or window is computed from the "
+                            "sizes at export, which then change")
+
+
 def _ceil_extra(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
     """Bottom / right padding that gives torch's ceil_mode output size with floor division."""
     span = dilation * (kernel - 1) + 1
@@ -82,6 +89,8 @@ def max_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (),
     h, w = _spatial(x)
     k = pair(kernel_size)
     s, p, d = pair(stride, k), pair(padding), pair(dilation)
+    if ceil_mode:
+        _static_spatial(x, "max_pool2d with ceil_mode")
     extra = (_ceil_extra(h, k[0], s[0], p[0], d[0]), _ceil_extra(w, k[1], s[1], p[1], d[1])) if ceil_mode else (0, 0)
     out = ctx.graph.max_pooling_2d(ctx.in_layout(x, NHWC), kernel=k, stride=s, dilation=d,
                                    padding=(p[0], p[1] + extra[1], p[0] + extra[0], p[1]))
@@ -98,6 +107,8 @@ def avg_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (),
     h, w = _spatial(x)
     k = pair(kernel_size)
     s, p = pair(stride, k), pair(padding)
+    if ceil_mode:
+        _static_spatial(x, "avg_pool2d with ceil_mode")
     e = (_ceil_extra(h, k[0], s[0], p[0], 1), _ceil_extra(w, k[1], s[1], p[1], 1)) if ceil_mode else (0, 0)
     g = ctx.graph
     xin = ctx.in_layout(x, NHWC)
@@ -134,11 +145,15 @@ def adaptive_avg_pool2d(ctx: LoweringContext, x: Any, output_size: Any) -> Activ
     oh, ow = pair(output_size)
     if (oh, ow) == (1, 1):
         return _nchw_result(ctx, ctx.graph.global_avg_pooling_2d(ctx.in_layout(x, NHWC)))
-    if (oh, ow) == (h, w):
+    if (oh, ow) == (h, w) and not x.dynamic:
         return x
+    _static_spatial(x, f"adaptive_avg_pool2d to {oh}x{ow}")
     if h % oh or w % ow:
         from .resize import separable
 
+        if x.dynamic:
+            raise XnnquantError(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} of a value with dynamic dims {x.sym}: "
+                                "windows of different sizes are a separable map laid out at the sizes seen at export")
         return separable(ctx, x, adaptive_windows(h, oh), adaptive_windows(w, ow))
     k = (h // oh, w // ow)
     return _nchw_result(ctx, ctx.graph.avg_pooling_2d(ctx.in_layout(x, NHWC), kernel=k, stride=k))
@@ -149,19 +164,28 @@ def mean_value(ctx: LoweringContext, x: Activation, dims: Any, keepdim: bool) ->
     g = ctx.graph
     reduced = sorted({int(d) % x.rank for d in (dims if dims else range(x.rank))})
     rest = [d for d in range(x.rank) if d not in reduced]
+    exprs = x.exprs
+    rest_exprs = tuple(exprs[d] for d in rest)
     kept_shape = tuple(1 if d in reduced else x.shape[d] for d in range(x.rank))
     out_shape = kept_shape if keepdim else tuple(x.shape[d] for d in rest)
     if x.rank == 4 and reduced == [2, 3]:
         pooled = g.global_avg_pooling_2d(ctx.in_layout(x, NHWC))  # [N, 1, 1, C]
         if keepdim:
             return ctx.tensor(pooled, kept_shape, NHWC)
-        return ctx.tensor(g.static_reshape(pooled, out_shape), out_shape)  # [N, 1, 1, C] -> [N, C]: same order
+        # [N, 1, 1, C] -> [N, C]: same order
+        return ctx.tensor(ctx.reshape(pooled, out_shape, rest_exprs), out_shape, sym=rest_exprs)
+    if any(exprs[d] is not None for d in reduced):
+        raise XnnquantError(f"mean over dynamic dims {tuple(exprs[d] for d in reduced)}: it is a fixed 1/n filter "
+                            "here; only a mean over H and W of a 4-D tensor (global pooling) follows dynamic sizes")
     n = math.prod(x.shape[d] for d in reduced)
     laid = ctx.in_layout(x, tuple(rest) + tuple(reduced))
-    rows = g.static_reshape(laid, tuple(x.shape[d] for d in rest) + (n,) if rest else (1, n))
+    rows = ctx.reshape(laid, tuple(x.shape[d] for d in rest) + (n,) if rest else (1, n),
+                       rest_exprs + (None,) if rest else ())
     average = ctx.constant(np.full((1, n), 1.0 / n, np.float32))
     means = g.fully_connected(rows, average)
-    return ctx.tensor(g.static_reshape(means, out_shape if out_shape else (1,)), out_shape if out_shape else (1,))
+    final = out_shape if out_shape else (1,)
+    kept = tuple(None if d in reduced else exprs[d] for d in range(x.rank)) if keepdim else rest_exprs
+    return ctx.tensor(ctx.reshape(means, final, kept if out_shape else ()), final, sym=kept if out_shape else ())
 
 
 @lowers(aten.mean.dim, emits=("XNNGlobalAvgPooling2d", "XNNFullyConnected", "XNNStaticTranspose",

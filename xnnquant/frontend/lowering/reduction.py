@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ...errors import XnnquantError
-from . import lowers, reads_later_outputs
+from . import all_of, lowers, reads_later_outputs, static_shapes
 from .context import Activation, LoweringContext
 
 aten = torch.ops.aten
@@ -105,7 +105,8 @@ def _dtype_ok(dtype: Any, op: str) -> None:
         raise XnnquantError(f"{op} with dtype={dtype} is not supported: expected float32")
 
 
-@lowers(aten.sum.dim_IntList, aten.sum.default, emits=("XNNFullyConnected",) + ROW_KINDS, check=not_scalar)
+@lowers(aten.sum.dim_IntList, aten.sum.default, emits=("XNNFullyConnected",) + ROW_KINDS,
+        check=all_of(not_scalar, static_shapes))
 def sum_(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Activation:
     """``aten::sum.dim_IntList(input, dim, keepdim, dtype)`` and ``sum.default`` (all dims)."""
     if isinstance(dim, torch.dtype):  # sum.default(input, dtype)
@@ -133,7 +134,7 @@ EXTREME_KINDS = ("XNNMaxPooling2d", "XNNNegate") + ROW_KINDS
 
 
 @lowers(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default, emits=EXTREME_KINDS,
-        check=not_scalar)
+        check=all_of(not_scalar, static_shapes))
 def amax(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Activation:
     """``aten::amax / amin(input, dim, keepdim)``, ``max / min(input)`` (all dims)."""
     lowest = ctx.node.target in (aten.amin.default, aten.min.default)
@@ -149,7 +150,7 @@ def values_only(node: Any) -> str | None:
 
 
 @lowers(aten.max.dim, aten.min.dim, emits=EXTREME_KINDS,
-        check=lambda node: values_only(node) or not_scalar(node))
+        check=all_of(values_only, not_scalar, static_shapes))
 def max_dim(ctx: LoweringContext, x: Any, dim: int, keepdim: bool = False) -> tuple[Activation, None]:
     """``aten::max.dim / min.dim(input, dim, keepdim) -> (values, indices)``: the values."""
     return _extreme(ctx, x, [dim], bool(keepdim), ctx.node.target is aten.min.dim), None
@@ -165,7 +166,7 @@ VAR_KINDS = ("XNNFullyConnected", "XNNSubtract", "XNNSquare", "XNNSquareRoot") +
 
 
 @lowers(aten.var.correction, aten.std.correction, aten.var.dim, aten.std.dim, emits=VAR_KINDS,
-        check=not_scalar)
+        check=all_of(not_scalar, static_shapes))
 def var(ctx: LoweringContext, x: Any, dim: Any = None, *args: Any, correction: Any = None,
         keepdim: bool = False) -> Activation:
     """``aten::var / std(input, dim, *, correction, keepdim)`` (and the ``unbiased`` forms):
@@ -192,7 +193,8 @@ def var(ctx: LoweringContext, x: Any, dim: Any = None, *args: Any, correction: A
 
 
 @lowers(aten._log_softmax.default, aten.log_softmax.int,
-        emits=("XNNMaxPooling2d", "XNNSubtract", "XNNExp", "XNNLog", "XNNFullyConnected") + ROW_KINDS)
+        emits=("XNNMaxPooling2d", "XNNSubtract", "XNNExp", "XNNLog", "XNNFullyConnected") + ROW_KINDS,
+        check=static_shapes)
 def log_softmax(ctx: LoweringContext, x: Any, dim: int, half_to_float: Any = None) -> Activation:
     """``log_softmax(x, dim) = xc - log(sum(exp(xc)))``, ``xc = x - max(x)`` (no overflow, and the
     largest entry's ``exp`` is 1, so the sum is >= 1 and its log never -inf)."""

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ...errors import XnnquantError
-from . import lowers
+from . import all_of, lowers, static_shapes
 from .context import NHWC, Activation, LoweringContext
 from .shape import GATHER_KINDS, gathered
 
@@ -105,7 +105,7 @@ def _nearest_check(node: Any) -> str | None:
 
 
 @lowers(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
-        aten._upsample_nearest_exact2d.default, emits=GATHER_KINDS, check=_nearest_check)
+        aten._upsample_nearest_exact2d.default, emits=GATHER_KINDS, check=all_of(_nearest_check, static_shapes))
 def upsample_nearest2d(ctx: LoweringContext, x: Any, *args: Any) -> Activation:
     """Nearest resize (module docstring): rows, then columns, in ``x``'s own layout."""
     x = ctx.value(x)
@@ -133,6 +133,9 @@ def _output_size(h: int, w: int, output_size: Any, factors: Any, op: str) -> tup
 
 def _linear_resize(ctx: LoweringContext, x: Activation, args: Sequence[Any]) -> Activation:
     """The node's resize as a separable linear map with torch's own weights (``separable``)."""
+    if x.dynamic:
+        raise XnnquantError(f"a resize by a separable map of a value with dynamic dims {x.sym}: its matrices and "
+                            "transposes are laid out at the sizes seen at export; expected static shapes")
     target = ctx.node.target
     h, w = x.shape[2], x.shape[3]
     oh, ow = ctx.node.meta["val"].shape[-2:]
@@ -162,6 +165,9 @@ def upsample_bilinear2d(ctx: LoweringContext, x: Any, output_size: Any, align_co
     a separable linear map otherwise."""
     x = ctx.value(x)
     h, w = _spatial(x, "bilinear upsampling")
+    if x.is_dynamic(2) or x.is_dynamic(3):
+        raise XnnquantError(f"bilinear upsampling of dynamic H or W {x.exprs[2:]}: XNNPACK resizes to the fixed size "
+                            "computed at export")
     factors = scales[0] if len(scales) == 1 else scales
     size = _output_size(h, w, output_size, factors, "upsample_bilinear2d")
     if size is None:
@@ -172,7 +178,7 @@ def upsample_bilinear2d(ctx: LoweringContext, x: Any, output_size: Any, align_co
 
 
 @lowers(aten._upsample_bilinear2d_aa.vec, aten._upsample_bilinear2d_aa.default,
-        emits=("XNNStaticResizeBilinear2D",) + SEPARABLE_KINDS)
+        emits=("XNNStaticResizeBilinear2D",) + SEPARABLE_KINDS, check=static_shapes)
 def upsample_bilinear2d_aa(ctx: LoweringContext, x: Any, output_size: Any, align_corners: bool,
                            *scales: Any) -> Activation:
     """Antialiased bilinear resize (module docstring)."""

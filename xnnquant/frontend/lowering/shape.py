@@ -13,6 +13,7 @@ mapped to the value's dim (``Activation.physical``), so an NHWC value stays NHWC
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -38,14 +39,16 @@ def _resolve(shape: Any, count: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def reshaped(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
-    """``x`` read in torch's element order as ``shape``."""
+def reshaped(ctx: LoweringContext, x: Any, shape: Any, exprs: tuple[Any, ...] = ()) -> Activation:
+    """``x`` read in torch's element order as ``shape`` (ints; -1 resolved); ``exprs``: the
+    new dims' dynamic sizes (``shape`` then holds their bounds; see ``LoweringContext.reshape``)."""
     x = ctx.value(x)
     count = 1
     for d in x.shape:
         count *= d
     new = _resolve(shape, count)
-    if new == x.shape:
+    exprs = tuple(exprs) if any(e is not None for e in exprs) else ()
+    if new == x.shape and exprs == x.sym:
         return x
     total = 1
     for d in new:
@@ -53,12 +56,15 @@ def reshaped(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
     if total != count:
         raise XnnquantError(f"cannot reshape {x.shape} to {new}")
     vid = x.id if moves_only_ones(x.shape, x.perm) else ctx.canonical(x)
-    return ctx.tensor(ctx.graph.static_reshape(vid, new), new)
+    return ctx.tensor(ctx.reshape(vid, new, exprs), new, sym=exprs)
 
 
 @lowers(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.view_copy.default, emits=RESHAPE_KINDS)
 def view(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
-    return reshaped(ctx, x, shape)
+    """``x.view(shape)``; a size may be a ``torch.SymInt`` (a dynamic dim, ``sym_size``)."""
+    sizes = [ctx.program.size(d, "a view's size") if not (isinstance(d, int) and d == -1) else None for d in shape]
+    return reshaped(ctx, x, tuple(-1 if s is None else s.bound for s in sizes),
+                    tuple(None if s is None else s.expr for s in sizes))
 
 
 @lowers(aten.flatten.using_ints, emits=RESHAPE_KINDS)
@@ -67,17 +73,20 @@ def flatten(ctx: LoweringContext, x: Any, start_dim: int = 0, end_dim: int = -1)
     if x.rank == 0:
         return reshaped(ctx, x, (1,))
     start, end = start_dim % x.rank, end_dim % x.rank
-    merged = 1
-    for d in x.shape[start:end + 1]:
-        merged *= d
-    return reshaped(ctx, x, x.shape[:start] + (merged,) + x.shape[end + 1:])
+    merged, merged_expr = 1, None
+    for d in range(start, end + 1):
+        merged *= x.shape[d]
+    if any(x.is_dynamic(d) for d in range(start, end + 1)):
+        merged_expr = math.prod(x.exprs[d] if x.is_dynamic(d) else x.shape[d] for d in range(start, end + 1))
+    return reshaped(ctx, x, x.shape[:start] + (merged,) + x.shape[end + 1:],
+                    x.exprs[:start] + (merged_expr,) + x.exprs[end + 1:])
 
 
 @lowers(aten.unsqueeze.default, aten.unsqueeze_copy.default, emits=RESHAPE_KINDS)
 def unsqueeze(ctx: LoweringContext, x: Any, dim: int) -> Activation:
     x = ctx.value(x)
     dim = dim % (x.rank + 1)
-    return reshaped(ctx, x, x.shape[:dim] + (1,) + x.shape[dim:])
+    return reshaped(ctx, x, x.shape[:dim] + (1,) + x.shape[dim:], x.exprs[:dim] + (None,) + x.exprs[dim:])
 
 
 @lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims,
@@ -85,8 +94,9 @@ def unsqueeze(ctx: LoweringContext, x: Any, dim: int) -> Activation:
 def squeeze(ctx: LoweringContext, x: Any, dim: Any = None) -> Activation:
     x = ctx.value(x)
     dims = range(x.rank) if dim is None else [dim] if isinstance(dim, int) else dim
-    drop = {d % x.rank for d in dims if x.shape[d % x.rank] == 1}
-    return reshaped(ctx, x, tuple(s for i, s in enumerate(x.shape) if i not in drop))
+    drop = {d % x.rank for d in dims if x.shape[d % x.rank] == 1 and not x.is_dynamic(d)}
+    keep = [i for i in range(x.rank) if i not in drop]
+    return reshaped(ctx, x, tuple(x.shape[i] for i in keep), tuple(x.exprs[i] for i in keep))
 
 
 @lowers(aten.permute.default, aten.permute_copy.default, emits=())
@@ -97,7 +107,8 @@ def permute(ctx: LoweringContext, x: Any, dims: Any) -> Activation:
     if sorted(order) != list(range(x.rank)):
         raise XnnquantError(f"permute dims must be a permutation of 0..{x.rank - 1}: got {tuple(dims)}")
     back = inverse(order)
-    return Activation(x.id, tuple(x.shape[d] for d in order), tuple(back[p] for p in x.perm))
+    return Activation(x.id, tuple(x.shape[d] for d in order), tuple(back[p] for p in x.perm),
+                      tuple(x.exprs[d] for d in order) if x.sym else ())
 
 
 @lowers(aten.transpose.int, aten.transpose_copy.int, emits=())
@@ -120,14 +131,29 @@ def expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> A
     """Broadcast ``x`` to ``size``: nothing when the shape is unchanged, else an XNNAdd of zeros."""
     x = ctx.value(x)
     lead = len(size) - x.rank
-    target = tuple(x.shape[i - lead] if int(d) == -1 else int(d) for i, d in enumerate(size))
-    if target == x.shape:
+    target = []
+    for i, d in enumerate(size):
+        own = x.exprs[i - lead] if i >= lead else None
+        symbolic = not isinstance(d, int)
+        kept = i >= lead and ((not symbolic and d == -1)
+                              or (symbolic and own is not None and ctx.program.size(d, "").expr == own))
+        if kept:
+            target.append(x.shape[i - lead])
+        elif not isinstance(d, int):
+            raise XnnquantError(f"expand to the dynamic size {ctx.program.size(d, '').expr} (dim {i}): XNNPACK "
+                                "broadcasts only inside element-wise nodes; expand only to static sizes")
+        else:
+            target.append(int(d))
+    if tuple(target) == x.shape:
         return x
+    if x.dynamic:
+        raise XnnquantError(f"expand of a tensor with dynamic dims {x.sym} to {tuple(target)}: the zeros it is "
+                            "added to would have the bound's size; broadcast in the element-wise op instead")
     from .elementwise import binary
 
     if lead:
         x = reshaped(ctx, x, (1,) * lead + x.shape)
-    return binary(ctx, "add", x, torch.zeros(target))
+    return binary(ctx, "add", x, torch.zeros(tuple(target)))
 
 
 def _range(size: int, start: Any, end: Any) -> tuple[int, int]:
@@ -138,7 +164,12 @@ def _range(size: int, start: Any, end: Any) -> tuple[int, int]:
 
 
 def sliced(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int) -> Activation:
-    """``x`` restricted to ``lo:hi`` along torch dim ``dim``, in ``x``'s layout."""
+    """``x`` restricted to ``lo:hi`` along torch dim ``dim``, in ``x``'s layout.
+
+    On a dynamic dim (bound B, size d at run time) ``lo`` and ``hi`` are non-negative and
+    ``hi = B`` means "to the end": XNNPACK keeps ``[min(lo, d), min(hi, d))`` of the dim on
+    each call, which is torch's ``lo:hi`` there.
+    """
     dim %= x.rank
     if (lo, hi) == (0, x.shape[dim]):
         return x
@@ -150,7 +181,31 @@ def sliced(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int) -> A
     p = x.physical(dim)
     offsets[p], sizes[p] = lo, hi - lo
     shape = tuple(hi - lo if i == dim else s for i, s in enumerate(x.shape))
-    return ctx.tensor(ctx.graph.static_slice(x.id, offsets, sizes), shape, x.perm)
+    exprs = x.exprs
+    if exprs[dim] is not None:
+        exprs = exprs[:dim] + ((exprs[dim] - lo) if hi == x.shape[dim] else None,) + exprs[dim + 1:]
+    return ctx.tensor(ctx.graph.static_slice(x.id, offsets, sizes), shape, x.perm, exprs)
+
+
+def _dynamic_bounds(ctx: LoweringContext, x: Activation, dim: int, start: Any, end: Any) -> tuple[int, int]:
+    """``start:end`` on dynamic dim ``dim`` of ``x`` as (lo, hi) of ``sliced`` (see there)."""
+    bound, expr = x.shape[dim], x.exprs[dim]
+
+    def position(v: Any, default: int) -> int:
+        if v is None:
+            return default
+        if not isinstance(v, int):
+            size = ctx.program.size(v, "a slice bound")
+            if size.expr == expr:
+                return bound  # the dim's own size: to the end
+            raise XnnquantError(f"a slice of dynamic dim {dim} ({expr}) ends at {size.expr}: XNNPACK slices "
+                                "only at fixed positions")
+        if v < 0:
+            raise XnnquantError(f"a slice of dynamic dim {dim} ({expr}) at {v}, from its end: XNNPACK slices only at "
+                                "positions from its start")
+        return min(v, bound)
+
+    return position(start, 0), position(end, bound)
 
 
 SLICE_KINDS = ("XNNStaticSlice", "XNNStaticConstantPad", "XNNStaticReshape")
@@ -160,9 +215,15 @@ SLICE_KINDS = ("XNNStaticSlice", "XNNStaticConstantPad", "XNNStaticReshape")
 def slice_(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Activation:
     """``x[lo:hi:step]`` along ``dim`` (``strided`` for steps above 1)."""
     x = ctx.value(x)
-    lo, hi = _range(x.shape[dim % x.rank], start, end)
     if step < 1:
         raise XnnquantError(f"slices with step {step} are not supported: expected a positive step")
+    if x.is_dynamic(dim):
+        if step != 1:
+            raise XnnquantError(f"a slice with step {step} of dynamic dim {dim % x.rank} ({x.exprs[dim % x.rank]}): "
+                                "its element count would change with the dim; expected step 1")
+        lo, hi = _dynamic_bounds(ctx, x, dim % x.rank, start, end)
+    else:
+        lo, hi = _range(x.shape[dim % x.rank], start, end)
     if step == 1 or hi - lo <= 1:
         return sliced(ctx, x, dim, lo, hi)
     return strided(ctx, x, dim % x.rank, lo, hi, int(step))
@@ -190,19 +251,24 @@ def strided(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int, ste
         post[p] = count * step - span
         vid = g.static_constant_pad(vid, [0] * x.rank, post, 0.0)
         dims[p] = count * step
-    rows = g.static_reshape(vid, dims[:p] + [count, step] + dims[p + 1:])
+    pe = list(part.physical_exprs)  # other dims may be dynamic: their reshapes follow them
+    rows = ctx.reshape(vid, tuple(dims[:p] + [count, step] + dims[p + 1:]), tuple(pe[:p] + [None, None] + pe[p + 1:]))
     column = g.static_slice(rows, [0] * (x.rank + 1), dims[:p] + [count, 1] + dims[p + 1:])
     shape = tuple(count if i == dim else s for i, s in enumerate(x.shape))
-    return ctx.tensor(g.static_reshape(column, dims[:p] + [count] + dims[p + 1:]), shape, x.perm)
+    out = ctx.reshape(column, tuple(dims[:p] + [count] + dims[p + 1:]), tuple(pe[:p] + [None] + pe[p + 1:]))
+    return ctx.tensor(out, shape, x.perm, part.exprs)
 
 
 @lowers(aten.select.int, aten.select_copy.int, emits=("XNNStaticSlice", "XNNStaticReshape", "XNNStaticTranspose"))
 def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
     x = ctx.value(x)
     dim %= x.rank
+    if x.is_dynamic(dim) and index < 0:
+        raise XnnquantError(f"select of index {index} on dynamic dim {dim} ({x.exprs[dim]}), from its end: "
+                            "XNNPACK slices only at positions from its start")
     index = index + x.shape[dim] if index < 0 else index
     one = sliced(ctx, x, dim, index, index + 1)
-    return reshaped(ctx, one, one.shape[:dim] + one.shape[dim + 1:])
+    return reshaped(ctx, one, one.shape[:dim] + one.shape[dim + 1:], one.exprs[:dim] + one.exprs[dim + 1:])
 
 
 @lowers(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default, aten.split_copy.Tensor,
@@ -210,6 +276,9 @@ def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
 def split(ctx: LoweringContext, x: Any, sizes: Any, dim: int = 0) -> tuple[Activation, ...]:
     x = ctx.value(x)
     total = x.shape[dim % x.rank]
+    if x.is_dynamic(dim):
+        raise XnnquantError(f"a split of dynamic dim {dim % x.rank} ({x.exprs[dim % x.rank]}): its parts' sizes "
+                            "would change with it; XNNPACK slices only at fixed positions")
     if isinstance(sizes, int):
         sizes = [min(sizes, total - i) for i in range(0, total, sizes)]
     parts, lo = [], 0
@@ -253,6 +322,9 @@ def constant_pad_nd(ctx: LoweringContext, x: Any, pad: Any, value: float = 0.0) 
     for i in range(len(pad) // 2):
         d = x.rank - 1 - i
         before, after = pad[2 * i], pad[2 * i + 1]
+        if x.is_dynamic(d) and min(before, after) < 0:
+            raise XnnquantError(f"constant_pad_nd {pad} crops dynamic dim {d} ({x.exprs[d]}): XNNPACK slices only at "
+                                "fixed positions from a dim's start; expected non-negative padding there")
         if shape[d] + before + after <= 0:
             raise XnnquantError(f"constant_pad_nd {pad} leaves dim {d} (size {shape[d]}) empty: XNNPACK cannot hold "
                                 "a value of size 0")
@@ -277,7 +349,7 @@ def unbind(ctx: LoweringContext, x: Any, dim: int = 0) -> tuple[Activation, ...]
 def with_unit_dim(ctx: LoweringContext, x: Activation, dim: int) -> Activation:
     """``x`` with a size-1 torch dim inserted at ``dim``, its elements kept in memory order: the
     new dim goes into the value just before the torch dim that follows it (last if none),
-    so one XNNStaticReshape does it whatever ``x``'s layout::
+    so one XNNStaticReshape does it whatever ``x``'s layout (dynamic dims follow)::
 
         [N, C, L] laid out [N, L, C], dim 2  ->  [N, C, 1, L] laid out [N, 1, L, C] (NHWC)
     """
@@ -285,15 +357,20 @@ def with_unit_dim(ctx: LoweringContext, x: Activation, dim: int) -> Activation:
     at = moved.index(dim + 1) if dim < x.rank else len(moved)
     perm = tuple(moved[:at] + [dim] + moved[at:])
     shape = x.shape[:dim] + (1,) + x.shape[dim:]
-    return ctx.tensor(ctx.graph.static_reshape(x.id, tuple(shape[p] for p in perm)), shape, perm)
+    exprs = x.exprs[:dim] + (None,) + x.exprs[dim:]
+    vid = ctx.reshape(x.id, tuple(shape[p] for p in perm), tuple(exprs[p] for p in perm))
+    return ctx.tensor(vid, shape, perm, exprs)
 
 
-def without_unit_dim(ctx: LoweringContext, x: Activation, dim: int) -> Activation:
-    """``x`` with its size-1 torch dim ``dim`` removed, the rest of its layout kept (one reshape)."""
+def without_unit_dim(ctx: LoweringContext, x: Activation, dim: int, exprs: tuple[Any, ...] = ()) -> Activation:
+    """``x`` with its size-1 torch dim ``dim`` removed, the rest of its layout kept (one reshape);
+    ``exprs``: the result's dynamic dims (torch's order; default ``x``'s own)."""
     assert x.shape[dim] == 1, (x.shape, dim)
     perm = tuple(p - 1 if p > dim else p for p in x.perm if p != dim)
     shape = x.shape[:dim] + x.shape[dim + 1:]
-    return ctx.tensor(ctx.graph.static_reshape(x.id, tuple(shape[p] for p in perm)), shape, perm)
+    exprs = tuple(exprs) if exprs else x.exprs[:dim] + x.exprs[dim + 1:]
+    vid = ctx.reshape(x.id, tuple(shape[p] for p in perm), tuple(exprs[p] for p in perm))
+    return ctx.tensor(vid, shape, perm, exprs)
 
 
 GATHER_KINDS = ("XNNStaticSlice", "XNNStaticReshape", "XNNStaticConstantPad", "XNNConcatenate2",
@@ -308,6 +385,9 @@ def gathered(ctx: LoweringContext, x: Activation, dim: int, sources: list[int]) 
     count = len(sources)
     if sources == list(range(size)):
         return x
+    if x.dynamic:
+        raise XnnquantError(f"a static gather (nearest resize, flip) of a value with dynamic dims {x.sym}: it is "
+                            "composed at the sizes seen at export; expected static shapes")
     if count % size == 0 and sources == [i // (count // size) for i in range(count)]:
         return _repeated(ctx, x, dim, count // size)
     if count > 1:
@@ -363,6 +443,9 @@ def repeat(ctx: LoweringContext, x: Any, repeats: Any) -> Activation:
     counts = [int(r) for r in repeats]
     if len(counts) < x.rank or min(counts, default=1) < 1:
         raise XnnquantError(f"repeat {counts} of a value of shape {x.shape}: expected at least {x.rank} counts >= 1")
+    if x.dynamic:
+        raise XnnquantError(f"repeat of a value with dynamic dims {x.sym}: it is composed at the sizes seen at export; "
+                            "expected static shapes")
     lead = len(counts) - x.rank
     if lead:
         x = reshaped(ctx, x, (1,) * lead + x.shape)

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import UnsupportedConfigError, XnnquantError
+from ...errors import SelfCheckError, UnsupportedConfigError, XnnquantError
 from ...graph import Graph, Target
-from ..exported import TensorIO
-from ..program import AtenProgram
+from ..exported import DynamicDim, TensorIO
+from ..program import AtenProgram, Size
 from ..report import ReportRow
 from . import LOWERINGS, load_lowerings, op_name
 from .context import NHWC, Activation, LoweringContext, QuantizedReference, WeightOptions, identity
@@ -127,7 +127,8 @@ class _Walk:
     def _input(self, node: Any) -> Activation:
         val = node.meta.get("val")
         name = self.ctx.program.input_names.get(node.name, node.name)
-        shape = _static_shape(val, f"input {name!r}")
+        sizes = self.ctx.program.shape(val, f"input {name!r}")
+        shape = tuple(s.bound for s in sizes)
         dtype = str(getattr(val, "dtype", "")).removeprefix("torch.")
         if dtype != "float32":
             raise XnnquantError(
@@ -138,13 +139,18 @@ class _Walk:
                                 "size 0; expected every dim >= 1")
         order = declared_dim_order(val)
         vid = self.ctx.graph.input(tuple(shape[d] for d in order))
-        self.inputs.append(TensorIO(name, shape, "float32", order))
-        return Activation(vid, shape, order)
+        dynamic = _dynamic_dims(self.ctx.program, sizes)
+        self.inputs.append(TensorIO(name, shape, "float32", order, dynamic))
+        return Activation(vid, shape, order, tuple(s.expr for s in sizes) if dynamic else ())
 
     # ------------------------------------------------------------------- calls
 
     def _call(self, node: Any) -> None:
         ctx = self.ctx
+        val = node.meta.get("val")
+        if isinstance(val, (int, float, bool)) or type(val).__name__ in ("SymInt", "SymFloat", "SymBool"):
+            self.env[node] = val  # shape arithmetic (sym_size, ...): the traced value, read by shape arguments
+            return
         args, kwargs = _map(node.args, self.env), _map(node.kwargs, self.env)
         if node.target is operator.getitem:
             self.env[node] = args[0][args[1]] if args[0] is not None else None
@@ -172,10 +178,34 @@ class _Walk:
             assert emitted.kind in registration.emits, (op_name(node.target), emitted.kind)
             for vid in emitted.outputs:
                 ctx.producer[vid] = emitted
+        try:
+            result = self._annotated(node, result)
+        except XnnquantError as exc:
+            self.refuse(node, str(exc))
+            result = self._stand_in(node)
         for t in _leaves(result):
             if isinstance(t, Activation):
                 ctx.aliases.setdefault(t.id, []).append(node)
         self.env[node] = result
+
+    def _annotated(self, node: Any, result: Any) -> Any:
+        """``result`` with each activation's dynamic dims as torch traced them (``node.meta["val"]``),
+        after checking that its shape is the one torch traced (at the bounds)."""
+        vals = node.meta.get("val")
+        if not isinstance(result, tuple):
+            result, vals = (result,), (vals,)
+        out = []
+        for k, (item, val) in enumerate(zip(result, vals if isinstance(vals, (tuple, list)) else (vals,))):
+            if isinstance(item, Activation) and hasattr(val, "shape"):
+                sizes = self.ctx.program.shape(val, f"output {k}")
+                bounds = tuple(s.bound for s in sizes)
+                if bounds != item.shape:
+                    raise SelfCheckError(f"the lowering computed shape {item.shape}, torch traced {bounds} (at the "
+                                         "bounds of its dynamic dims): a fault of the lowering; please report it")
+                item = Activation(item.id, item.shape, item.perm, tuple(s.expr for s in sizes)
+                                  if any(s.expr is not None for s in sizes) else ())
+            out.append(item)
+        return out[0] if len(out) == 1 and not isinstance(node.meta.get("val"), (tuple, list)) else tuple(out)
 
     def _stamp(self, node: Any, start: int) -> None:
         """Give the nodes emitted since ``start`` the debug handle of ATen node ``node``."""
@@ -192,10 +222,13 @@ class _Walk:
         def make(val: Any) -> Any:
             if isinstance(val, (tuple, list)):
                 return tuple(make(v) for v in val)
-            shape = getattr(val, "shape", None)
-            if shape is None or not all(isinstance(d, int) for d in shape):
+            if getattr(val, "shape", None) is None:
                 return None
-            dims = tuple(int(d) for d in shape) or (1,)  # a 0-d value stands as [1], as the graph holds it
+            try:
+                dims = tuple(s.bound for s in self.ctx.program.shape(val, "a stand-in"))
+            except XnnquantError:  # an unbounded size: refused where it arose
+                return None
+            dims = dims or (1,)  # a 0-d value stands as [1], as the graph holds it
             return Activation(self.ctx.graph.tensor(dims), dims, identity(len(dims)))
         return make(node.meta.get("val"))
 
@@ -218,7 +251,9 @@ class _Walk:
                 vid = ctx.copy(vid)  # an external value is input or output once; copy it
             used.add(vid)
             ctx.graph.output(vid)
-            self.outputs.append(TensorIO(f"output {i}", value.shape, "float32", order))
+            sizes = ctx.program.shape(item.meta.get("val"), f"output {i}")
+            self.outputs.append(TensorIO(f"output {i}", value.shape, "float32", order,
+                                         _dynamic_dims(ctx.program, sizes)))
 
 
 def declared_dim_order(val: Any) -> tuple[int, ...]:
@@ -234,18 +269,25 @@ def declared_dim_order(val: Any) -> tuple[int, ...]:
     return found if found == NHWC else order
 
 
-def _static_shape(val: Any, what: str) -> tuple[int, ...]:
-    shape = getattr(val, "shape", None)
-    if shape is None:
-        raise XnnquantError(f"{what} is not a tensor: got {type(val).__name__}")
-    dims = []
-    for d in shape:
-        if not isinstance(d, int):
-            raise XnnquantError(
-                f"{what} has a dynamic dimension {d} (shape {tuple(shape)}): XNNPACK payloads written by "
-                "xnnquant have static shapes; export with static example inputs (no dynamic_shapes)")
-        dims.append(int(d))
-    return tuple(dims)
+def _dynamic_dims(program: AtenProgram, sizes: tuple[Size, ...]) -> tuple[DynamicDim | None, ...]:
+    """Per dim, its ``DynamicDim`` (name and range) when it is dynamic, else None; () when none is."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    if all(s.expr is None for s in sizes):
+        return ()
+    out: list[DynamicDim | None] = []
+    for s in sizes:
+        if s.expr is None:
+            out.append(None)
+            continue
+        lower = bound_sympy(s.expr, program.ranges).lower
+        name = program.dim_names.get(str(s.expr), str(s.expr))
+        try:
+            low = max(1, int(lower))  # a size of 0 crashes the runtime
+        except (TypeError, ValueError, OverflowError, AttributeError):
+            low = 1
+        out.append(DynamicDim(name, low, s.bound))
+    return tuple(out)
 
 
 def _map(value: Any, env: dict[Any, Any]) -> Any:

@@ -1,0 +1,134 @@
+"""``xq.export(..., dynamic_shapes=...)``: one program for every size in a dim's range.
+
+A transformer block exported once with a dynamic sequence length runs, on the real
+runtime, at lengths from 1 to the bound, and gives what the module gives at each length.
+Bound: float32 programs of a few hundred products per output; XNNPACK's sums run in
+another order than torch's, which moves the result by a few float32 ulps of the sums, far
+below ``1e-5`` of the output's largest magnitude (a wrong shape or an unwritten row is off
+by the output's size).  A fixed-shape export at the same length runs the same kernels on
+the same data: the two agree to the same bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from export_models import TransformerBlock
+
+import xnnquant as xq
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.xnnpack
+Dim = torch.export.Dim
+
+BOUND = 1e-5  # relative to the largest output magnitude (see the module docstring)
+
+
+def _relative(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def block() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return TransformerBlock().eval()
+
+
+def _x(length: int) -> torch.Tensor:
+    return torch.randn(1, length, 64, generator=torch.Generator().manual_seed(length))
+
+
+@pytest.mark.parametrize("weights", ["fp32", "qb4w:32"])
+def test_one_program_runs_at_every_length(block: torch.nn.Module, weights: str) -> None:
+    exported = xq.export(block, (_x(10),), weights=weights, dynamic_shapes=({1: Dim("seq", max=48)},),
+                         progress=False)
+    (spec,) = exported.inputs
+    assert spec.shape == (1, 48, 64) and str(spec.dynamic[1]) == "seq in [1, 48]" and exported.dynamic
+    assert exported.self_check.nodes > 10
+    for length in (1, 7, 10, 48):
+        x = _x(length)
+        (got,) = exported.run(x)
+        assert got.shape == (1, length, 64)
+        if weights == "fp32":
+            with torch.no_grad():
+                assert _relative(got, block(x).numpy()) < BOUND
+        fixed = xq.export(block, (x,), weights=weights, progress=False, check=False)
+        assert _relative(got, fixed.run(x)[0]) < BOUND
+
+
+def test_the_program_takes_other_lengths_on_executorch(block: torch.nn.Module) -> None:
+    from executorch.runtime import Runtime
+
+    exported = xq.export(block, (_x(10),), weights="fp32", dynamic_shapes=({1: Dim("seq", max=48)},),
+                         progress=False)
+    program = Runtime.get().load_program(exported.to_pte())
+    method = program.load_method("forward")
+    for length in (3, 48):
+        x = _x(length)
+        (got,) = method.execute([x])
+        with torch.no_grad():
+            assert _relative(got.numpy(), block(x).numpy()) < BOUND
+
+
+def test_outside_the_bounds_is_refused_by_name(block: torch.nn.Module) -> None:
+    exported = xq.export(block, (_x(10),), weights="fp32",
+                         dynamic_shapes=({1: Dim("seq", min=2, max=48)},), progress=False)
+    with pytest.raises(xq.XnnquantError, match=r"^inputs\[0\] \('x'\) has size 49 in dim 1: the program takes seq in "
+                                               r"\[2, 48\] there \(its memory is planned at 48\); expected shape "
+                                               r"\(1, seq<=48, 64\)$"):
+        exported.run(_x(49))
+    with pytest.raises(xq.XnnquantError, match=r"has size 1 in dim 1: the program takes seq in \[2, 48\]"):
+        exported.run(_x(1))
+    with pytest.raises(xq.XnnquantError, match=r"dim 2 is fixed at 64"):
+        exported.run(torch.randn(1, 5, 32))
+
+
+def test_a_dim_without_a_max_is_refused(block: torch.nn.Module) -> None:
+    with pytest.raises(xq.XnnquantError, match=r"has a dynamic dim s\d+ with no upper bound: ExecuTorch plans memory "
+                                               r"at the bound; give its torch.export.Dim a max"):
+        xq.export(block, (_x(10),), weights="fp32", dynamic_shapes=({1: Dim("seq")},), progress=False)
+
+
+def test_a_spec_torch_rejects_is_reported_with_torch_reason() -> None:
+    class Tail(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[:, 1:] * 2
+
+    with pytest.raises(xq.XnnquantError, match=r"^torch.export.export failed on Tail with these dynamic_shapes: "
+                                               r"UserError: Constraints violated \(seq\)!"):
+        xq.export(Tail().eval(), (torch.randn(1, 9),), weights="fp32",
+                  dynamic_shapes=({1: Dim("seq", max=100)},), progress=False)
+
+
+class TwoDynamic(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        return (x.view(b, t, 4, d // 4) * 2).view(b, t, d)
+
+
+class FromTheEnd(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, -2:] + 1
+
+
+class MeanOverTime(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+@pytest.mark.parametrize(("module", "reason"), [
+    (TwoDynamic(), r"a reshape to \(s\d+, s\d+, 4, 8\) has 2 dynamic dims: XNNPACK infers at most one dim"),
+    (FromTheEnd(), r"a slice of dynamic dim 1 \(s\d+\) at -2, from its end"),
+    (MeanOverTime(), r"mean over dynamic dims \(s\d+,\): it is a fixed 1/n filter here"),
+], ids=["reshape-two-dynamic", "slice-from-end", "mean-over-dynamic"])
+def test_what_xnnpack_cannot_resize_is_refused_naming_the_dim(module: torch.nn.Module, reason: str) -> None:
+    seq = Dim("seq", min=3, max=16)  # x[:, -2:] makes torch guard seq > 2
+    dims = {0: Dim("batch", max=4), 1: seq} if isinstance(module, TwoDynamic) else {1: seq}
+    with pytest.raises(xq.UnsupportedConfigError, match=reason):
+        xq.export(module.eval(), (torch.randn(2, 5, 32),), weights="fp32", dynamic_shapes=(dims,), progress=False)
+
+
+def test_check_takes_dynamic_shapes_too() -> None:
+    report = xq.check(MeanOverTime().eval(), (torch.randn(2, 5, 32),), weights="fp32",
+                      dynamic_shapes=({1: Dim("seq", max=16)},))
+    assert not report.ok and "mean over dynamic dims" in report.refused[0]
