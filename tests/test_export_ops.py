@@ -67,7 +67,8 @@ def test_every_registered_op_has_interpreter_handlers_for_what_it_emits() -> Non
     for op, registration in registry.items():
         assert registration.emits <= set(HANDLERS), (op, registration.emits - set(HANDLERS))
     families = {r.family for r in registry.values()}
-    assert families == {"linear", "conv", "pooling", "elementwise", "activations", "normalization", "shape"}
+    assert families == {"linear", "conv", "pooling", "elementwise", "activations", "normalization", "shape", "reduction",
+                        "attention", "resize"}
 
 
 def test_a_second_registration_is_refused() -> None:

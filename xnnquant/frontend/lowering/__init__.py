@@ -1,13 +1,14 @@
 """Lowerings: ATen overload -> function emitting XNNPACK nodes, one table for every op family.
 
 Each op family module (``linear``, ``conv``, ``pooling``, ``elementwise``, ``activations``,
-``normalization``, ``shape``) registers its lowerings with ``@lowers``, keyed by the op
-objects themselves (``torch.ops.aten.linear.default``, not strings), naming the node kinds
-the lowering may emit (a test checks the reference interpreter has a handler for each)
-and, optionally, a ``check``: ``check(node) -> reason or None`` says from the ATen node
-alone (its arguments and the shapes and dtypes torch.export recorded) whether the
-lowering can take it, so ``xq.check`` and the partitioner can ask without building
-anything.  A second registration of the same op is refused.
+``normalization``, ``shape``, ``reduction``, ``attention``, ``resize``) registers its
+lowerings with ``@lowers``, keyed by the op objects themselves
+(``torch.ops.aten.linear.default``, not strings), naming the node kinds the lowering may
+emit (a test checks the reference interpreter has a handler for each) and, optionally, a
+``check``: ``check(node) -> reason or None`` says from the ATen node alone (its arguments
+and the shapes and dtypes torch.export recorded) whether the lowering can take it, so
+``xq.check`` and the partitioner can ask without building anything.  A second
+registration of the same op is refused.
 
 A lowering is called as ``fn(ctx, *args, **kwargs)``: ``ctx`` is the ``LoweringContext``
 (the only surface a lowering sees), and the arguments are the ATen node's, with every
@@ -29,7 +30,8 @@ Lowering = Callable[..., Any]
 Check = Callable[[Any], "str | None"]
 
 #: The op family modules; importing them fills ``LOWERINGS``.
-FAMILIES = ("linear", "conv", "pooling", "elementwise", "activations", "normalization", "shape")
+FAMILIES = ("linear", "conv", "pooling", "elementwise", "activations", "normalization", "shape", "reduction",
+            "attention", "resize")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,43 @@ def lowers(*ops: Any, emits: Iterable[str], check: Check | None = None) -> Calla
         return fn
 
     return register
+
+
+def reads_later_outputs(node: Any) -> bool:
+    """True when a result of ``node`` other than its first is read (a ``getitem`` of index > 0
+    with users, or any other kind of user): what lowerings that compute only the first
+    result (values without indices, a norm without its statistics) refuse in their check."""
+    import operator
+
+    return any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users)
+
+
+def static_shapes(node: Any) -> str | None:
+    """Why ``node`` cannot be lowered: a tensor it reads or gives has a dynamic dim (for
+    lowerings composed at the sizes seen at export: their reshapes, windows, constants and
+    index lists would not follow a size that changes)."""
+    import torch
+
+    vals = [getattr(a, "meta", {}).get("val") for a in node.all_input_nodes]
+    vals += torch.utils._pytree.tree_leaves(node.meta.get("val"))
+    for val in vals:
+        shape = getattr(val, "shape", None)
+        if shape is not None and not all(isinstance(d, int) for d in shape):
+            return (f"{op_name(node.target)} of a tensor with dynamic dims {tuple(shape)} is not supported: it is "
+                    "composed at the sizes seen at export; expected static shapes for it")
+    return None
+
+
+def all_of(*checks: Check) -> Check:
+    """One check that gives the first reason of ``checks``."""
+    def check(node: Any) -> str | None:
+        for c in checks:
+            reason = c(node)
+            if reason is not None:
+                return reason
+        return None
+
+    return check
 
 
 def load_lowerings() -> dict[Any, Registration]:

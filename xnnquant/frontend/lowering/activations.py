@@ -19,6 +19,10 @@ gelu (exact), xn01  relu(x) - |x| q(x), q = erfc(|x|/sqrt 2) / 2 by Abramowitz &
                     times exp(-x^2/2), the exponential as XNNELU(-x^2/2) + 1):
                     20 element-wise nodes
 gelu (exact), 1.4.1 XNNGelu                                                      1e-6 abs
+log1p (1.4.1)       log(1 + x) - ((1 + x) - 1 - x) / (1 + x)  (``log1p_value``)   1.2e-7 abs
+softplus (1.4.1)    (relu(bx) + log1p(exp(-|bx|))) / b, threshold >= 15, the      see tests
+                    log1p as 2 atanh(e / (2 + e)) by a polynomial (``log1p_unit``)
+mish (1.4.1)        x tanh(softplus(x))                                          see tests
 ==================  ===========================================================  ==========
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...errors import XnnquantError
@@ -193,3 +198,104 @@ def _gelu_erf(ctx: LoweringContext, x: Activation) -> int:
     exp_minus_1 = g.elu(g.multiply(g.square(x.id), c(-0.5)), 1.0)  # exp(-x^2 / 2) - 1, argument <= 0
     q = g.add(g.multiply(poly, exp_minus_1), poly)  # poly * exp(-x^2 / 2)
     return g.subtract(g.clamp(x.id, 0.0, math.inf), g.multiply(a, q))
+
+
+def _needs(ctx: LoweringContext, op: str, *kinds: str) -> None:
+    for kind in kinds:
+        if kind not in ctx.graph.target.node_kinds:
+            raise XnnquantError(f"{op} needs {kind} (target '1.4.1')")
+
+
+def log1p_value(ctx: LoweringContext, x: int) -> int:
+    """``log1p(x) = log(u) - ((u - 1) - x) / u`` with ``u = 1 + x`` rounded: the second term
+    corrects the rounding of ``u`` to first order (``u - 1`` is exact for u in [1/2, 2]), and
+    ``x`` too small to change ``u`` gives ``x`` itself.  The error is XNNPACK's log's: near
+    1 it is accurate to about an ulp of 1 (1.2e-7 absolute), not of its result, so for
+    1e-7 < |x| < 1e-3 the result is right to 1.2e-7 absolute only.  (x = -1 gives NaN where
+    torch gives -inf.)"""
+    g = ctx.graph
+    one = ctx.constant(np.ones(1, np.float32))
+    u = g.add(x, one)
+    return g.subtract(g.log(u), g.divide(g.subtract(g.subtract(u, one), x), u))
+
+
+LOG1P_KINDS = ("XNNAdd", "XNNLog", "XNNSubtract", "XNNDiv")
+
+
+@lowers(aten.log1p.default, emits=LOG1P_KINDS)
+def log1p(ctx: LoweringContext, x: Any) -> Activation:
+    """``aten::log1p`` (``log1p_value``)."""
+    _needs(ctx, "log1p", "XNNLog")
+    x = ctx.value(x)
+    return ctx.tensor(log1p_value(ctx, x.id), x.shape, x.perm)
+
+
+#: the smallest ``beta * threshold`` for which softplus's ``y + log1p(exp(-y))`` rounds to ``y``
+#: for every float32 ``y`` above it (exp(-15) = 3.1e-7 < half an ulp of 15, 4.8e-7), so that
+#: torch's switch to the identity above the threshold needs no select
+SOFTPLUS_LEAST_THRESHOLD = 15.0
+
+
+def softplus_check(node: Any) -> str | None:
+    args = list(node.args) + [None] * 3
+    beta = args[1] if args[1] is not None else node.kwargs.get("beta", 1.0)
+    threshold = args[2] if args[2] is not None else node.kwargs.get("threshold", 20.0)
+    if float(threshold) < SOFTPLUS_LEAST_THRESHOLD:
+        return (f"softplus with threshold={threshold} (beta={beta}) is not supported: torch switches to the identity "
+                f"where softplus still differs from it, which needs a select; expected threshold >= "
+                f"{SOFTPLUS_LEAST_THRESHOLD:g}")
+    return None
+
+
+#: ``atanh(z) / z`` as a polynomial in ``w = z^2`` on [0, 1/9] (z <= 1/3), times 2: a least-squares
+#: fit on 400 Chebyshev nodes, within 4.0e-9 relative of it (checked on 200,001 points)
+ATANH_OVER_Z = tuple(2 * c for c in (1.0000000039388746, 0.3333315796753935, 0.20012426861776536,
+                                     0.139807094166033, 0.1408732863544537))
+
+
+def log1p_unit(ctx: LoweringContext, e: int) -> int:
+    """``log1p(e)`` for ``e`` in [0, 1], accurate relative to its result (XNNPACK's log is not,
+    near 1): ``log1p(e) = 2 atanh(z)``, ``z = e / (2 + e)`` in [0, 1/3], the atanh as
+    ``z P(z^2)`` with ``P = ATANH_OVER_Z`` by Horner's rule (a few float32 roundings)."""
+    g = ctx.graph
+
+    def c(v: float) -> int:
+        return ctx.constant(np.array([v], np.float32))
+
+    z = g.divide(e, g.add(e, c(2.0)))
+    w = g.square(z)
+    poly = g.add(g.multiply(w, c(ATANH_OVER_Z[4])), c(ATANH_OVER_Z[3]))
+    for k in (2, 1, 0):
+        poly = g.add(g.multiply(poly, w), c(ATANH_OVER_Z[k]))
+    return g.multiply(z, poly)
+
+
+def softplus_value(ctx: LoweringContext, x: int, beta: float) -> int:
+    """``(relu(y) + log1p(exp(-|y|))) / beta`` with ``y = beta x``: no overflow, and equal to
+    torch's ``log1p(exp(y)) / beta`` (below its threshold) and ``x`` (above it); the
+    ``log1p`` of a value in (0, 1] by ``log1p_unit``, so that a tiny softplus (y << 0) keeps
+    its relative precision."""
+    g = ctx.graph
+    y = x if beta == 1 else g.multiply(x, ctx.constant(np.array([beta], np.float32)))
+    out = g.add(g.clamp(y, 0.0, math.inf), log1p_unit(ctx, g.exp(g.negate(g.abs(y)))))
+    return out if beta == 1 else g.divide(out, ctx.constant(np.array([beta], np.float32)))
+
+
+SOFTPLUS_KINDS = ("XNNMultiply", "XNNClamp", "XNNAbs", "XNNNegate", "XNNExp", "XNNDiv", "XNNAdd", "XNNSquare")
+
+
+@lowers(aten.softplus.default, emits=SOFTPLUS_KINDS, check=softplus_check)
+def softplus(ctx: LoweringContext, x: Any, beta: float = 1.0, threshold: float = 20.0) -> Activation:
+    """``aten::softplus(input, beta, threshold)`` (``softplus_value``)."""
+    _needs(ctx, "softplus", "XNNExp")
+    x = ctx.value(x)
+    return ctx.tensor(softplus_value(ctx, x.id, float(beta)), x.shape, x.perm)
+
+
+@lowers(aten.mish.default, emits=SOFTPLUS_KINDS + ("XNNTanh",))
+def mish(ctx: LoweringContext, x: Any) -> Activation:
+    """``mish(x) = x tanh(softplus(x))`` (softplus with beta 1, threshold 20, as torch's)."""
+    _needs(ctx, "mish", "XNNExp", "XNNTanh")
+    x = ctx.value(x)
+    g = ctx.graph
+    return ctx.tensor(g.multiply(x.id, g.tanh(softplus_value(ctx, x.id, 1.0))), x.shape, x.perm)

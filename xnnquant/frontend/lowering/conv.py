@@ -9,6 +9,9 @@ transpose only where the producer was not NHWC already) and the output stays NHW
     depthwise          torch [OC, 1, KH, KW]    --(1, 2, 3, 0)--> [1, KH, KW, OC]
     transposed         torch [IC, OC/g, KH, KW] --per group (1, 2, 3, 0)--> [OC, KH, KW, IC/g]
 
+A 1-D convolution (3-D input) is a 2-D one of height 1 (``_one_d``): a unit dim inserted in
+the input, the filter, the stride, padding and dilation, and dropped from the result.
+
 torch's symmetric ``padding=(ph, pw)`` is XNNPACK's (top, right, bottom, left) =
 (ph, pw, ph, pw).  A 1x1 convolution (stride 1, no padding, one group) is lowered as a
 fully connected layer over each pixel's channels (``_pointwise``).
@@ -71,34 +74,67 @@ def conv2d(ctx: LoweringContext, x: Any, weight: Any, bias: Any = None, stride: 
 @lowers(aten.convolution.default, emits=CONV_KINDS)
 def convolution(ctx: LoweringContext, x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
                 transposed: bool, output_padding: Any, groups: int) -> Activation:
-    """``aten::convolution``: 2-D only (4-D input), constant filter."""
+    """``aten::convolution``: 2-D (4-D input) or 1-D (3-D input, see ``_one_d``), constant filter."""
     x = ctx.value(x)
-    if x.rank != 4:
-        raise XnnquantError(f"only 2-D convolutions are supported: got an input of shape {x.shape}")
+    if x.rank not in (3, 4):
+        raise XnnquantError(f"only 1-D and 2-D convolutions are supported: got an input of shape {x.shape}")
     if isinstance(weight, Activation) or (bias is not None and isinstance(bias, Activation)):
         raise XnnquantError("convolution with a computed filter or bias is not supported: expected constants")
     w = ctx.constant_array(weight, "convolution weight")
     b = None if bias is None else ctx.constant_array(bias, "convolution bias")
-    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
+    if x.rank == 3:
+        return _one_d(ctx, x, weight, w, b, stride, padding, dilation, bool(transposed), output_padding, int(groups))
+    return _two_d(ctx, x, weight, w, b, pair(stride), pair(padding), pair(dilation), bool(transposed),
+                  pair(output_padding), int(groups))
+
+
+def _one_d(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray, b: np.ndarray | None, stride: Any,
+           padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Activation:
+    """A 1-D convolution as a 2-D one of height 1: a unit dim inserted before the length
+    (``shape.with_unit_dim``: an NLC value becomes NHWC by a reshape alone) and in the filter::
+
+        x [N, C, L] -> [N, C, 1, L]      w [OC, IC/g, K] -> [OC, IC/g, 1, K]
+        stride s, padding p, dilation d, output_padding o -> (1, s), (0, p), (1, d), (0, o)
+        y [N, OC, 1, L'] -> [N, OC, L']  (laid out NLC, as the 2-D result is NHWC)
+    """
+    from .shape import with_unit_dim, without_unit_dim
+
+    def one(v: Any) -> int:
+        return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
+
+    out = _two_d(ctx, with_unit_dim(ctx, x, 2), weight, w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), b,
+                 (1, one(stride)), (0, one(padding)), (1, one(dilation)), transposed, (0, one(output_padding)),
+                 groups, reference=((0, 2, 1), 2))
+    traced = ctx.program.shape(ctx.node.meta["val"], "the convolution's result")  # its dynamic dims
+    return without_unit_dim(ctx, out, 2, tuple(size.expr for size in traced))
+
+
+def _two_d(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray, b: np.ndarray | None,
+           stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], transposed: bool,
+           output_padding: tuple[int, int], groups: int,
+           reference: tuple[tuple[int, ...], int] = (NHWC, 3)) -> Activation:
+    """The 2-D convolution of NCHW ``x`` by the ``[OC, IC/g, KH, KW]`` filter ``w`` (the values of
+    the torch argument ``weight``).  ``reference``: the ATen node's input layout and non-batch
+    dims as the graph quantizes it per image (for the self-check's reference)."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     g = ctx.graph
     path = ctx.weight_path(weight)
-    groups = int(groups)
     if transposed:
-        return _transposed(ctx, x, weight, w, b, path, (sh, sw), (ph, pw), (dh, dw), pair(output_padding), groups)
+        return _transposed(ctx, x, weight, w, b, path, (sh, sw), (ph, pw), (dh, dw), output_padding, groups)
     oc, channels = w.shape[0], x.shape[1]
     if w.shape[2:] == (1, 1) and (sh, sw, ph, pw, groups) == (1, 1, 0, 0, 1):
-        return _pointwise(ctx, x, weight, w, b, path)
+        return _pointwise(ctx, x, weight, w, b, path, reference[0])
     depthwise = groups == channels and channels > 1 and w.shape[1] == 1
     layer = Layer(LayerKind.DEPTHWISE if depthwise else LayerKind.CONV)
     if depthwise:  # [OC, 1, KH, KW] -> [1, KH, KW, OC]
         wid, scheme = ctx.weight(weight, layer, path=path, values=w, layout=lambda a: a.transpose(1, 2, 3, 0), axis=3)
     else:  # [OC, IC/g, KH, KW] -> [OC, KH, KW, IC/g]
         wid, scheme = ctx.weight(weight, layer, path=path, values=w, layout=lambda a: a.transpose(0, 2, 3, 1))
-    bid = None if b is None else ctx.constant(b, key=bias)
+    bid = None if b is None else ctx.constant(b, key=b)
     xin = ctx.in_layout(x, NHWC)
     if scheme.is_quantized:
         xin = ctx.dynamic(xin, num_nonbatch_dims=3)
-        ctx.note_quantized(weight, input_layout=NHWC, nonbatch_dims=3)
+        ctx.note_quantized(weight, input_layout=reference[0], nonbatch_dims=reference[1])
     if depthwise:
         out = g.depthwise_conv2d(xin, wid, bid, padding=(ph, pw, ph, pw), stride=(sh, sw), dilation=(dh, dw))
     else:
@@ -108,7 +144,7 @@ def convolution(ctx: LoweringContext, x: Any, weight: Any, bias: Any, stride: An
 
 
 def _pointwise(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray, b: np.ndarray | None,
-               path: str) -> Activation:
+               path: str, input_layout: tuple[int, ...] = NHWC) -> Activation:
     """A 1x1 convolution (stride 1, no padding, one group) is a fully connected layer over the
     channels of each pixel of the NHWC value, so it takes every scheme a linear takes, its
     input quantized per pixel::
@@ -120,7 +156,7 @@ def _pointwise(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray, 
     flat = w.reshape(w.shape[0], w.shape[1])
     nhwc = ctx.relaid(x, NHWC)
     as_rows = Activation(nhwc.id, nhwc.dims, (0, 1, 2, 3))  # the NHWC value read as [N, H, W, C] rows
-    out = dense(ctx, as_rows, weight, b, values=flat, path=path, input_layout=NHWC)
+    out = dense(ctx, as_rows, weight, b, values=flat, path=path, input_layout=input_layout)
     n, h, wd, oc = out.shape
     return ctx.tensor(out.id, (n, oc, h, wd), NHWC)
 

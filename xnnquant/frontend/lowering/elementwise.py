@@ -68,9 +68,11 @@ def aligned(ctx: LoweringContext, a: Any, b: Any) -> tuple[int, int, tuple[int, 
     except RuntimeError:
         raise XnnquantError(f"shapes do not broadcast: got {_shape(a)} and {_shape(b)}") from None
     if not isinstance(b, Activation):
-        return a.id, ctx.constant_like(b, _widened(ctx, a, len(shape))), shape, _out_perm(a, len(shape))
+        wide = widened(ctx, a, len(shape))
+        return wide.id, ctx.constant_like(b, wide), shape, wide.perm
     if not isinstance(a, Activation):
-        return ctx.constant_like(a, _widened(ctx, b, len(shape))), b.id, shape, _out_perm(b, len(shape))
+        wide = widened(ctx, b, len(shape))
+        return ctx.constant_like(a, wide), wide.id, shape, wide.perm
     if a.rank == b.rank:
         big, small = (a, b) if _numel(a) >= _numel(b) else (b, a)
         ids = {id(big): big.id, id(small): ctx.in_layout(small, big.perm)}
@@ -91,17 +93,20 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(getattr(x, "shape", ()))
 
 
-def _out_perm(t: Activation, rank: int) -> tuple[int, ...]:
-    return t.perm if t.rank == rank else identity(rank)
+def widened(ctx: LoweringContext, t: Activation, rank: int) -> Activation:
+    """``t`` with leading size-1 dims up to ``rank`` (a constant of higher rank broadcasts it up).
 
+    The new dims go first in the value too, so its elements keep their memory order and
+    one XNNStaticReshape does it, whatever ``t``'s layout::
 
-def _widened(ctx: LoweringContext, t: Activation, rank: int) -> Activation:
-    """``t`` itself when it has the output's rank, else a canonical copy with leading ones
-    (a constant of higher rank than the activation broadcasts it up)."""
-    if t.rank == rank:
+        t [N, C, H, W] laid out NHWC [N, H, W, C]  ->  [1, N, C, H, W] laid out [1, N, H, W, C]
+    """
+    lead = rank - t.rank
+    if lead <= 0:
         return t
-    raise XnnquantError(f"a constant of rank {rank} broadcasts up an activation of shape {t.shape}: "
-                        "expand the activation explicitly")
+    perm = tuple(range(lead)) + tuple(p + lead for p in t.perm)
+    vid = ctx.reshape(t.id, (1,) * lead + t.dims, (None,) * lead + t.physical_exprs)
+    return ctx.tensor(vid, (1,) * lead + t.shape, perm, (None,) * lead + t.exprs)
 
 
 def binary(ctx: LoweringContext, method: str, a: Any, b: Any) -> Activation:

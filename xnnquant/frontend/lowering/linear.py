@@ -108,20 +108,37 @@ def linear(ctx: LoweringContext, x: Any, weight: Any, bias: Any = None) -> Activ
     return dense(ctx, x, weight, bias)
 
 
-def _alpha_beta(beta: Any, alpha: Any) -> None:
-    if beta != 1 or alpha != 1:
-        raise XnnquantError(f"addmm with beta={beta}, alpha={alpha} is not supported: expected 1 and 1")
-
-
 @lowers(aten.addmm.default, emits=DENSE_KINDS + PRODUCT_KINDS)
 def addmm(ctx: LoweringContext, bias: Any, x: Any, w: Any, beta: Any = 1, alpha: Any = 1) -> Activation:
-    """``aten::addmm(bias, x [M, K], w [K, N])``: a linear whose weight was transposed."""
-    _alpha_beta(beta, alpha)
+    """``aten::addmm(bias, x [M, K], w [K, N], beta, alpha) = beta * bias + alpha * (x @ w)``: a
+    linear whose weight was transposed.  A constant bias that broadcasts as ``[N]`` (``[N]``,
+    ``[1, N]``) is the node's bias when ``alpha`` is 1 (scaled by ``beta``); otherwise the
+    product is multiplied by ``alpha`` and the scaled bias added after it (``beta == 0``
+    ignores the bias, as torch does)."""
     if not isinstance(x, Activation):
         raise XnnquantError("addmm with a constant left operand is not supported")
-    if isinstance(w, Activation):
-        return _plus_bias(ctx, product(ctx, x, w), bias)
-    return dense(ctx, x, w, bias, transposed=True)
+    from .elementwise import binary
+
+    beta, alpha = float(beta), float(alpha)
+    n = int(w.shape[-1])
+    folded = None
+    if bias is not None and beta != 0 and not isinstance(bias, Activation) and alpha == 1:
+        b = ctx.constant_array(bias, "the bias of addmm")
+        if b.size == n and b.shape in ((n,), (1, n)):
+            folded = torch.from_numpy(np.ascontiguousarray(b.reshape(n) * np.float32(beta)))
+            bias = None
+    y = product(ctx, x, w) if isinstance(w, Activation) else dense(ctx, x, w, folded, transposed=True)
+    if isinstance(w, Activation) and folded is not None:
+        y = binary(ctx, "add", y, folded)
+    if alpha != 1:
+        y = binary(ctx, "multiply", y, alpha)
+    if bias is not None and beta != 0:
+        if isinstance(bias, Activation):
+            term = bias if beta == 1 else binary(ctx, "multiply", bias, beta)
+        else:
+            term = ctx.constant_array(bias, "the bias of addmm") * np.float32(beta)
+        y = binary(ctx, "add", y, term)
+    return y
 
 
 @lowers(aten.mm.default, emits=DENSE_KINDS + PRODUCT_KINDS)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...errors import XnnquantError
-from . import lowers
+from . import all_of, lowers, reads_later_outputs, static_shapes
 from .context import Activation, LoweringContext, identity
 
 aten = torch.ops.aten
@@ -81,3 +81,104 @@ def native_layer_norm(ctx: LoweringContext, x: Any, normalized_shape: Any, weigh
                       eps: float) -> tuple[Activation, None, None]:
     """``aten::native_layer_norm``: the normalized output (its mean and rstd outputs are refused if used)."""
     return layer_norm_value(ctx, ctx.value(x), normalized_shape, weight, bias, float(eps)), None, None
+
+
+NORM_KINDS = ("XNNFullyConnected", "XNNSubtract", "XNNSquare", "XNNReciprocalSquareRoot", "XNNMultiply",
+              "XNNSquareRoot", "XNNDiv", "XNNAdd", "XNNStaticReshape", "XNNStaticTranspose")
+
+
+def normalized(ctx: LoweringContext, x: Activation, reduced: list[int], eps: float) -> Activation:
+    """``(x - mean) / sqrt(var + eps)`` with mean and (biased) variance over the torch dims
+    ``reduced``, computed as in ``layer_norm_value`` on ``x`` read as rows ``[*kept, n]``
+    (``reduction.as_rows``); the result is laid out kept dims first, reduced dims last."""
+    from .reduction import as_rows
+
+    rows, kept, n = as_rows(ctx, x, reduced)
+    order = tuple(d for d in range(x.rank) if d not in reduced) + tuple(reduced)
+    flat = ctx.tensor(rows, kept + (n,) if kept else (1, n))
+    y = layer_norm_value(ctx, flat, (n,), None, None, eps)
+    dims = tuple(x.shape[d] for d in order)
+    return ctx.tensor(ctx.graph.static_reshape(y.id, dims), x.shape, order)
+
+
+def per_channel(ctx: LoweringContext, y: Activation, weight: Any, bias: Any, what: str) -> Activation:
+    """``y * weight + bias`` with ``weight`` / ``bias`` ``[C]`` (or None) along torch dim 1."""
+    from .elementwise import binary
+
+    channels = (y.shape[1],) + (1,) * (y.rank - 2)
+    for param, method in ((weight, "multiply"), (bias, "add")):
+        if param is None:
+            continue
+        if isinstance(param, Activation):
+            raise XnnquantError(f"{what} with a computed weight or bias is not supported: expected constants")
+        arr = ctx.constant_array(param, f"{what} parameter")
+        if arr.size != y.shape[1]:
+            raise XnnquantError(f"{what} parameter of shape {arr.shape} does not match {y.shape[1]} channels")
+        y = binary(ctx, method, y, arr.reshape(channels))
+    return y
+
+
+def statistics_unused(node: Any, op: str) -> str | None:
+    """Why ``node`` cannot be lowered: it returns (out, statistics...) and a statistic is read."""
+    if reads_later_outputs(node):
+        return f"the statistics outputs of {op} are used: only its normalized output is computed"
+    return None
+
+
+def group_norm_value(ctx: LoweringContext, x: Activation, groups: int, weight: Any, bias: Any,
+                     eps: float) -> Activation:
+    """Group norm: ``x [N, C, *S]`` read as ``[N, G, C/G * prod(S)]`` (torch's order), each row
+    normalized, read back and scaled per channel."""
+    from .shape import reshaped
+
+    if x.rank < 2 or groups < 1 or x.shape[1] % groups:
+        raise XnnquantError(f"group_norm with {groups} groups of an input of shape {x.shape}: expected a channel "
+                            "dim (dim 1) that the groups divide")
+    n = math.prod(x.shape[1:]) // groups
+    rows = reshaped(ctx, x, (x.shape[0], groups, n))
+    y = layer_norm_value(ctx, rows, (n,), None, None, eps)
+    return per_channel(ctx, reshaped(ctx, y, x.shape), weight, bias, "group_norm")
+
+
+@lowers(aten.native_group_norm.default, emits=NORM_KINDS,
+        check=all_of(lambda node: statistics_unused(node, "native_group_norm"), static_shapes))
+def native_group_norm(ctx: LoweringContext, x: Any, weight: Any, bias: Any, batch: int, channels: int, hw: int,
+                      group: int, eps: float) -> tuple[Activation, None, None]:
+    """``aten::native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)``."""
+    return group_norm_value(ctx, ctx.value(x), int(group), weight, bias, float(eps)), None, None
+
+
+@lowers(aten.group_norm.default, emits=NORM_KINDS, check=static_shapes)
+def group_norm(ctx: LoweringContext, x: Any, num_groups: int, weight: Any = None, bias: Any = None,
+               eps: float = 1e-5, cudnn_enabled: bool = True) -> Activation:
+    """``aten::group_norm(input, num_groups, weight?, bias?, eps)``."""
+    return group_norm_value(ctx, ctx.value(x), int(num_groups), weight, bias, float(eps))
+
+
+@lowers(aten.instance_norm.default, emits=NORM_KINDS, check=static_shapes)
+def instance_norm(ctx: LoweringContext, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                  use_input_stats: bool, momentum: float, eps: float, cudnn_enabled: bool = True) -> Activation:
+    """``aten::instance_norm``: each (image, channel) normalized over its spatial dims with its own
+    statistics (``use_input_stats``), or per channel with the running ones (an affine map)."""
+    x = ctx.value(x)
+    if x.rank < 3:
+        raise XnnquantError(f"instance_norm needs (N, C, *spatial): got an input of shape {x.shape}")
+    if not use_input_stats:
+        from .conv import batch_norm
+
+        return batch_norm(ctx, x, weight, bias, running_mean, running_var, momentum, eps)[0]
+    return per_channel(ctx, normalized(ctx, x, list(range(2, x.rank)), float(eps)), weight, bias, "instance_norm")
+
+
+@lowers(aten._native_batch_norm_legit.no_stats, emits=NORM_KINDS,
+        check=all_of(lambda node: statistics_unused(node, "_native_batch_norm_legit"), static_shapes))
+def batch_norm_input_statistics(ctx: LoweringContext, x: Any, weight: Any, bias: Any, training: bool,
+                                momentum: float, eps: float) -> tuple[Activation, None, None]:
+    """``aten::_native_batch_norm_legit.no_stats``: batch norm with the input's own statistics
+    (what torch.export makes of instance norm: the input viewed as ``[1, N*C, *S]``), each
+    channel (dim 1) normalized over every other dim."""
+    x = ctx.value(x)
+    if x.rank < 2:
+        raise XnnquantError(f"batch norm needs a channel dim: got an input of shape {x.shape}")
+    reduced = [0] + list(range(2, x.rank))
+    return per_channel(ctx, normalized(ctx, x, reduced, float(eps)), weight, bias, "batch_norm"), None, None

@@ -4,13 +4,27 @@ over any dims as a fully connected node with a ``1/n`` filter.
 Poolings read NHWC (``LoweringContext.in_layout``) and leave NHWC (``perm = NHWC``), like
 convolutions.  Where torch and XNNPACK differ:
 
-* ``avg_pool2d`` counts padded zeros in the divisor by default (``count_include_pad``),
-  XNNPACK never does: the padding is then an explicit XNNStaticConstantPad of zeros
-  before an unpadded pooling;
-* ``ceil_mode`` for max pooling becomes extra bottom / right padding, which max pooling
-  never selects (XNNPACK pads with -inf); average pooling with ``ceil_mode`` is refused;
+* ``ceil_mode`` adds bottom / right padding that gives torch's output size with floor
+  division (torch: the last window must start inside the input or its left padding).
+  Max pooling never selects padding (XNNPACK pads with -inf).
+* The divisor of ``avg_pool2d``.  torch divides each window's sum by, for a window
+  ``[h0, h0 + k)`` in padded coordinates (likewise W)::
+
+      count_include_pad:   (min(h0 + k, H + pad) - h0) * ...   padding cells counted, cells
+                                                                past the padding (ceil_mode) not
+      otherwise:           (min(h0 + k, H) - max(h0, 0)) * ...  input cells only
+      divisor_override d:  d
+
+  XNNPACK's average pooling divides by the number of input cells in the window, never
+  counting its padding.  So: without ``count_include_pad``, the pooling's own padding
+  (plus the ceil extra) gives torch's divisor; with it, the torch padding is an explicit
+  XNNStaticConstantPad of zeros (now counted) and only the ceil extra is the pooling's
+  padding (not counted); with ``divisor_override``, a depthwise convolution with a
+  ``1/d`` filter sums the window (zero padding adds nothing).
 * ``mean`` over H and W of a 4-D tensor is XNNGlobalAvgPooling2d (squeeze-and-excitation);
   over other dims it moves them last and multiplies by a ``[1, n]`` filter of ``1/n``.
+* ``adaptive_avg_pool2d`` to a size that does not divide the input has windows of
+  different sizes: a separable linear map (two fully connected nodes).
 """
 
 from __future__ import annotations
@@ -22,8 +36,9 @@ import numpy as np
 import torch
 
 from ...errors import XnnquantError
-from . import lowers
+from . import lowers, reads_later_outputs
 from .context import NHWC, Activation, LoweringContext, pair
+from .reduction import not_scalar
 
 aten = torch.ops.aten
 
@@ -56,8 +71,17 @@ def _nchw_result(ctx: LoweringContext, vid: int) -> Activation:
     return ctx.tensor(vid, (n, c, h, w), NHWC)
 
 
+def max_pool_check(node: Any) -> str | None:
+    """``max_pool2d_with_indices`` whose indices are read is refused."""
+    if node.target is aten.max_pool2d_with_indices.default and reads_later_outputs(node):
+        return ("the indices of max_pool2d_with_indices are used: XNNPACK's max pooling gives the values only (its "
+                "argmax pooling gives window-relative indices, and only for non-overlapping windows); a mixed program "
+                "runs this op outside XNNPACK")
+    return None
+
+
 @lowers(aten.max_pool2d.default, aten.max_pool2d_with_indices.default,
-        emits=("XNNMaxPooling2d", "XNNStaticTranspose", "XNNStaticReshape"))
+        emits=("XNNMaxPooling2d", "XNNStaticTranspose", "XNNStaticReshape"), check=max_pool_check)
 def max_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False) -> Any:
     """``aten::max_pool2d`` (and ``_with_indices``, whose indices are refused if used)."""
@@ -74,31 +98,48 @@ def max_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (),
     return (result, None) if ctx.node.target is aten.max_pool2d_with_indices.default else result
 
 
-@lowers(aten.avg_pool2d.default, emits=("XNNAvgPooling2d", "XNNStaticConstantPad", "XNNStaticTranspose",
-                                        "XNNStaticReshape"))
+@lowers(aten.avg_pool2d.default, emits=("XNNAvgPooling2d", "XNNDepthwiseConv2d", "XNNStaticConstantPad",
+                                        "XNNStaticTranspose", "XNNStaticReshape"))
 def avg_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0,
                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Activation:
-    """``aten::avg_pool2d`` (see the module docstring for padding)."""
+    """``aten::avg_pool2d`` (see the module docstring for the divisors)."""
     x = ctx.value(x)
-    _spatial(x)
-    if ceil_mode or divisor_override is not None:
-        raise XnnquantError(f"avg_pool2d with ceil_mode={ceil_mode}, divisor_override={divisor_override} is not "
-                            "supported: expected False and None")
+    h, w = _spatial(x)
     k = pair(kernel_size)
     s, p = pair(stride, k), pair(padding)
+    if ceil_mode:
+        _static_spatial(x, "avg_pool2d with ceil_mode")
+    e = (_ceil_extra(h, k[0], s[0], p[0], 1), _ceil_extra(w, k[1], s[1], p[1], 1)) if ceil_mode else (0, 0)
     g = ctx.graph
     xin = ctx.in_layout(x, NHWC)
-    pads = (p[0], p[1], p[0], p[1])
+    if divisor_override:
+        channels = x.shape[1]
+        ones = ctx.constant(np.full((1, k[0], k[1], channels), 1.0 / float(divisor_override), np.float32))
+        out = g.depthwise_conv2d(xin, ones, None, padding=(p[0], p[1] + e[1], p[0] + e[0], p[1]), stride=s)
+        return _nchw_result(ctx, out)
+    pads = (p[0], p[1] + e[1], p[0] + e[0], p[1])
     if count_include_pad and any(p):
         xin = g.static_constant_pad(xin, (0, p[0], p[1], 0), (0, p[0], p[1], 0), 0.0)
-        pads = (0, 0, 0, 0)
+        pads = (0, e[1], e[0], 0)
     return _nchw_result(ctx, g.avg_pooling_2d(xin, kernel=k, stride=s, padding=pads))
 
 
+def adaptive_windows(size: int, out: int) -> np.ndarray:
+    """torch's adaptive average pooling of ``size`` to ``out`` as an ``[out, size]`` matrix: row i
+    averages ``[floor(i * size / out), ceil((i + 1) * size / out))``."""
+    a = np.zeros((out, size))
+    for i in range(out):
+        lo, hi = (i * size) // out, -(-((i + 1) * size) // out)
+        a[i, lo:hi] = 1.0 / (hi - lo)
+    return a
+
+
 @lowers(aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default,
-        emits=("XNNGlobalAvgPooling2d", "XNNAvgPooling2d", "XNNStaticTranspose", "XNNStaticReshape"))
+        emits=("XNNGlobalAvgPooling2d", "XNNAvgPooling2d", "XNNFullyConnected", "XNNStaticTranspose",
+               "XNNStaticReshape"))
 def adaptive_avg_pool2d(ctx: LoweringContext, x: Any, output_size: Any) -> Activation:
-    """To 1x1: XNNGlobalAvgPooling2d; to a size dividing the input: an average pooling."""
+    """To 1x1: XNNGlobalAvgPooling2d; to a size dividing the input: an average pooling; else
+    a separable linear map (``resize.separable``) with torch's windows (``adaptive_windows``)."""
     x = ctx.value(x)
     h, w = _spatial(x)
     oh, ow = pair(output_size)
@@ -108,8 +149,12 @@ def adaptive_avg_pool2d(ctx: LoweringContext, x: Any, output_size: Any) -> Activ
         return x
     _static_spatial(x, f"adaptive_avg_pool2d to {oh}x{ow}")
     if h % oh or w % ow:
-        raise XnnquantError(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow}: supported when the output "
-                            "divides the input (equal windows)")
+        from .resize import separable
+
+        if x.dynamic:
+            raise XnnquantError(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} of a value with dynamic dims {x.sym}: "
+                                "windows of different sizes are a separable map laid out at the sizes seen at export")
+        return separable(ctx, x, adaptive_windows(h, oh), adaptive_windows(w, ow))
     k = (h // oh, w // ow)
     return _nchw_result(ctx, ctx.graph.avg_pooling_2d(ctx.in_layout(x, NHWC), kernel=k, stride=k))
 
@@ -144,7 +189,7 @@ def mean_value(ctx: LoweringContext, x: Activation, dims: Any, keepdim: bool) ->
 
 
 @lowers(aten.mean.dim, emits=("XNNGlobalAvgPooling2d", "XNNFullyConnected", "XNNStaticTranspose",
-                              "XNNStaticReshape"))
+                              "XNNStaticReshape"), check=not_scalar)
 def mean(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Activation:
     """``aten::mean.dim(input, dim, keepdim)``."""
     if dtype is not None and dtype != torch.float32:

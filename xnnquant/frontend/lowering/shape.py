@@ -1,4 +1,4 @@
-"""Shape and data-movement ops: reshapes, permutes, slices, concatenation, padding, resizing.
+"""Shape and data-movement ops: reshapes, permutes, slices, concatenation, padding.
 
 ``permute`` / ``transpose`` emit nothing: they change the ``Activation``'s ``perm`` (see
 lowering.py), and a transpose is emitted later only where a consumer needs another
@@ -6,7 +6,8 @@ layout.  A reshape reads the value in torch's order: when the layout only moves 
 dims (an NHWC ``[N, 1, 1, C]`` read as ``[N, C]``), the value's memory order already is
 torch's and one XNNStaticReshape does it; otherwise an XNNStaticTranspose comes first.
 
-Slicing, concatenation and padding work in the value's own layout: the torch dim is
+Static gathers (an index list known at export: nearest resizes, flips) are slices and
+concatenations (``gathered``).  Slicing, concatenation and padding work in the value's own layout: the torch dim is
 mapped to the value's dim (``Activation.physical``), so an NHWC value stays NHWC.
 """
 
@@ -19,7 +20,7 @@ import torch
 
 from ...errors import XnnquantError
 from . import lowers
-from .context import NHWC, Activation, LoweringContext, inverse, moves_only_ones
+from .context import Activation, LoweringContext, inverse, moves_only_ones
 
 aten = torch.ops.aten
 
@@ -58,7 +59,7 @@ def reshaped(ctx: LoweringContext, x: Any, shape: Any, exprs: tuple[Any, ...] = 
     return ctx.tensor(ctx.reshape(vid, new, exprs), new, sym=exprs)
 
 
-@lowers(aten.view.default, aten.reshape.default, aten._unsafe_view.default, emits=RESHAPE_KINDS)
+@lowers(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.view_copy.default, emits=RESHAPE_KINDS)
 def view(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
     """``x.view(shape)``; a size may be a ``torch.SymInt`` (a dynamic dim, ``sym_size``)."""
     sizes = [ctx.program.size(d, "a view's size") if not (isinstance(d, int) and d == -1) else None for d in shape]
@@ -81,14 +82,15 @@ def flatten(ctx: LoweringContext, x: Any, start_dim: int = 0, end_dim: int = -1)
                     x.exprs[:start] + (merged_expr,) + x.exprs[end + 1:])
 
 
-@lowers(aten.unsqueeze.default, emits=RESHAPE_KINDS)
+@lowers(aten.unsqueeze.default, aten.unsqueeze_copy.default, emits=RESHAPE_KINDS)
 def unsqueeze(ctx: LoweringContext, x: Any, dim: int) -> Activation:
     x = ctx.value(x)
     dim = dim % (x.rank + 1)
     return reshaped(ctx, x, x.shape[:dim] + (1,) + x.shape[dim:], x.exprs[:dim] + (None,) + x.exprs[dim:])
 
 
-@lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, emits=RESHAPE_KINDS)
+@lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims,
+        aten.squeeze_copy.default, emits=RESHAPE_KINDS)
 def squeeze(ctx: LoweringContext, x: Any, dim: Any = None) -> Activation:
     x = ctx.value(x)
     dims = range(x.rank) if dim is None else [dim] if isinstance(dim, int) else dim
@@ -97,7 +99,7 @@ def squeeze(ctx: LoweringContext, x: Any, dim: Any = None) -> Activation:
     return reshaped(ctx, x, tuple(x.shape[i] for i in keep), tuple(x.exprs[i] for i in keep))
 
 
-@lowers(aten.permute.default, emits=())
+@lowers(aten.permute.default, aten.permute_copy.default, emits=())
 def permute(ctx: LoweringContext, x: Any, dims: Any) -> Activation:
     """No node: the result is the same value with torch dims reordered (``perm`` updated)."""
     x = ctx.value(x)
@@ -109,7 +111,7 @@ def permute(ctx: LoweringContext, x: Any, dims: Any) -> Activation:
                       tuple(x.exprs[d] for d in order) if x.sym else ())
 
 
-@lowers(aten.transpose.int, emits=())
+@lowers(aten.transpose.int, aten.transpose_copy.int, emits=())
 def transpose(ctx: LoweringContext, x: Any, dim0: int, dim1: int) -> Activation:
     x = ctx.value(x)
     order = list(range(x.rank))
@@ -118,13 +120,13 @@ def transpose(ctx: LoweringContext, x: Any, dim0: int, dim1: int) -> Activation:
     return permute(ctx, x, order)
 
 
-@lowers(aten.t.default, emits=())
+@lowers(aten.t.default, aten.t_copy.default, emits=())
 def t(ctx: LoweringContext, x: Any) -> Activation:
     x = ctx.value(x)
     return x if x.rank < 2 else permute(ctx, x, (1, 0))
 
 
-@lowers(aten.expand.default, emits=("XNNAdd", "XNNStaticReshape", "XNNStaticTranspose"))
+@lowers(aten.expand.default, aten.expand_copy.default, emits=("XNNAdd", "XNNStaticReshape", "XNNStaticTranspose"))
 def expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> Activation:
     """Broadcast ``x`` to ``size``: nothing when the shape is unchanged, else an XNNAdd of zeros."""
     x = ctx.value(x)
@@ -171,8 +173,9 @@ def sliced(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int) -> A
     dim %= x.rank
     if (lo, hi) == (0, x.shape[dim]):
         return x
-    if hi <= lo:
-        raise XnnquantError(f"an empty slice {lo}:{hi} of dim {dim} (size {x.shape[dim]}) is not supported")
+    if hi <= lo or 0 in x.shape:
+        raise XnnquantError(f"an empty slice {lo}:{hi} of dim {dim} of a value of shape {x.shape} is not supported: "
+                            "XNNPACK cannot hold a value of size 0")
     offsets = [0] * x.rank
     sizes = list(x.dims)
     p = x.physical(dim)
@@ -205,19 +208,58 @@ def _dynamic_bounds(ctx: LoweringContext, x: Activation, dim: int, start: Any, e
     return position(start, 0), position(end, bound)
 
 
-@lowers(aten.slice.Tensor, emits=("XNNStaticSlice",))
+SLICE_KINDS = ("XNNStaticSlice", "XNNStaticConstantPad", "XNNStaticReshape")
+
+
+@lowers(aten.slice.Tensor, aten.slice_copy.Tensor, emits=SLICE_KINDS)
 def slice_(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Activation:
+    """``x[lo:hi:step]`` along ``dim`` (``strided`` for steps above 1)."""
     x = ctx.value(x)
-    if step != 1:
-        raise XnnquantError(f"slices with step {step} are not supported: expected step 1")
+    if step < 1:
+        raise XnnquantError(f"slices with step {step} are not supported: expected a positive step")
     if x.is_dynamic(dim):
+        if step != 1:
+            raise XnnquantError(f"a slice with step {step} of dynamic dim {dim % x.rank} ({x.exprs[dim % x.rank]}): "
+                                "its element count would change with the dim; expected step 1")
         lo, hi = _dynamic_bounds(ctx, x, dim % x.rank, start, end)
     else:
         lo, hi = _range(x.shape[dim % x.rank], start, end)
-    return sliced(ctx, x, dim, lo, hi)
+    if step == 1 or hi - lo <= 1:
+        return sliced(ctx, x, dim, lo, hi)
+    return strided(ctx, x, dim % x.rank, lo, hi, int(step))
 
 
-@lowers(aten.select.int, emits=("XNNStaticSlice", "XNNStaticReshape", "XNNStaticTranspose"))
+def strided(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int, step: int) -> Activation:
+    """Every ``step``-th element of ``lo:hi`` along torch dim ``dim``: the ``count`` elements'
+    span read as ``count`` rows of ``step`` (padded at the end when the last row runs past
+    the dim; the padding is never selected), of which the first column is kept::
+
+        [.., S, ..] -slice lo:lo+span, pad to count*step-> [.., count*step, ..]
+            -reshape-> [.., count, step, ..] -slice column 0-> [.., count, 1, ..] -reshape-> [.., count, ..]
+    """
+    if x.rank >= 6:
+        raise XnnquantError(f"a strided slice of a {x.rank}-D value is not supported: expected at most 5 dims "
+                            "(XNNPACK's 6-D limit, one dim is added)")
+    count = -(-(hi - lo) // step)
+    span = min(x.shape[dim], lo + count * step) - lo
+    part = sliced(ctx, x, dim, lo, lo + span)
+    g = ctx.graph
+    p = x.physical(dim)
+    vid, dims = part.id, list(part.dims)
+    if span < count * step:
+        post = [0] * x.rank
+        post[p] = count * step - span
+        vid = g.static_constant_pad(vid, [0] * x.rank, post, 0.0)
+        dims[p] = count * step
+    pe = list(part.physical_exprs)  # other dims may be dynamic: their reshapes follow them
+    rows = ctx.reshape(vid, tuple(dims[:p] + [count, step] + dims[p + 1:]), tuple(pe[:p] + [None, None] + pe[p + 1:]))
+    column = g.static_slice(rows, [0] * (x.rank + 1), dims[:p] + [count, 1] + dims[p + 1:])
+    shape = tuple(count if i == dim else s for i, s in enumerate(x.shape))
+    out = ctx.reshape(column, tuple(dims[:p] + [count] + dims[p + 1:]), tuple(pe[:p] + [None] + pe[p + 1:]))
+    return ctx.tensor(out, shape, x.perm, part.exprs)
+
+
+@lowers(aten.select.int, aten.select_copy.int, emits=("XNNStaticSlice", "XNNStaticReshape", "XNNStaticTranspose"))
 def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
     x = ctx.value(x)
     dim %= x.rank
@@ -229,7 +271,8 @@ def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
     return reshaped(ctx, one, one.shape[:dim] + one.shape[dim + 1:], one.exprs[:dim] + one.exprs[dim + 1:])
 
 
-@lowers(aten.split_with_sizes.default, aten.split.Tensor, emits=("XNNStaticSlice",))
+@lowers(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default, aten.split_copy.Tensor,
+        emits=("XNNStaticSlice",))
 def split(ctx: LoweringContext, x: Any, sizes: Any, dim: int = 0) -> tuple[Activation, ...]:
     x = ctx.value(x)
     total = x.shape[dim % x.rank]
@@ -267,50 +310,146 @@ def cat(ctx: LoweringContext, tensors: Any, dim: int = 0) -> Activation:
     return ctx.tensor(ids[0], tuple(shape), first.perm)
 
 
-@lowers(aten.constant_pad_nd.default, emits=("XNNStaticConstantPad",))
+@lowers(aten.constant_pad_nd.default, emits=("XNNStaticConstantPad", "XNNStaticSlice"))
 def constant_pad_nd(ctx: LoweringContext, x: Any, pad: Any, value: float = 0.0) -> Activation:
-    """``F.pad(x, pad, value=...)``: ``pad`` lists (before, after) from the last dim backwards."""
+    """``F.pad(x, pad, value=...)``: ``pad`` lists (before, after) from the last dim backwards; a
+    negative amount removes that many elements (an XNNStaticSlice before the padding)."""
     x = ctx.value(x)
     pad = [int(p) for p in pad]
-    if len(pad) % 2 or len(pad) // 2 > x.rank or min(pad, default=0) < 0:
-        raise XnnquantError(f"constant_pad_nd needs non-negative (before, after) pairs: got {pad}")
+    if len(pad) % 2 or len(pad) // 2 > x.rank:
+        raise XnnquantError(f"constant_pad_nd needs (before, after) pairs for at most {x.rank} dims: got {pad}")
+    shape = list(x.shape)
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if x.is_dynamic(d) and min(before, after) < 0:
+            raise XnnquantError(f"constant_pad_nd {pad} crops dynamic dim {d} ({x.exprs[d]}): XNNPACK slices only at "
+                                "fixed positions from a dim's start; expected non-negative padding there")
+        if shape[d] + before + after <= 0:
+            raise XnnquantError(f"constant_pad_nd {pad} leaves dim {d} (size {shape[d]}) empty: XNNPACK cannot hold "
+                                "a value of size 0")
+        x = sliced(ctx, x, d, max(0, -before), shape[d] - max(0, -after))
+        shape[d] += before + after
     pre, post = [0] * x.rank, [0] * x.rank
     for i in range(len(pad) // 2):
         p = x.physical(x.rank - 1 - i)
-        pre[p], post[p] = pad[2 * i], pad[2 * i + 1]
-    shape = list(x.shape)
-    for i in range(len(pad) // 2):
-        shape[x.rank - 1 - i] += pad[2 * i] + pad[2 * i + 1]
+        pre[p], post[p] = max(0, pad[2 * i]), max(0, pad[2 * i + 1])
+    if not any(pre) and not any(post):
+        return x
     return ctx.tensor(ctx.graph.static_constant_pad(x.id, pre, post, float(value)), tuple(shape), x.perm)
 
 
-@lowers(aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default,
-        emits=("XNNStaticResizeBilinear2D", "XNNStaticTranspose", "XNNStaticReshape"))
-def upsample_bilinear2d(ctx: LoweringContext, x: Any, output_size: Any, align_corners: bool,
-                        *scales: Any) -> Activation:
-    """Bilinear resize (NHWC), to ``output_size`` or ``floor(size * scale)``.
-
-    With scale factors, torch maps coordinates by the given scale while XNNPACK maps by
-    the size ratio; they agree when ``size * scale`` is a whole number, and anything else
-    is refused.
-    """
+@lowers(aten.unbind.int, aten.unbind_copy.int, emits=("XNNStaticSlice", "XNNStaticReshape", "XNNStaticTranspose"))
+def unbind(ctx: LoweringContext, x: Any, dim: int = 0) -> tuple[Activation, ...]:
+    """Each index along ``dim``, that dim removed (``select``)."""
     x = ctx.value(x)
-    if x.rank != 4:
-        raise XnnquantError(f"bilinear upsampling needs a 4-D input: got {x.shape}")
-    h, w = x.shape[2], x.shape[3]
-    factors = scales[0] if len(scales) == 1 else scales
-    if x.is_dynamic(2) or x.is_dynamic(3):
-        raise XnnquantError(f"bilinear upsampling of dynamic H or W {x.exprs[2:]}: XNNPACK resizes to the fixed size "
-                            "computed at export")
-    if output_size:
-        oh, ow = (int(d) for d in output_size)
-    else:
-        if not factors or any(f is None for f in factors):
-            raise XnnquantError("upsample_bilinear2d needs output_size or scale factors")
-        fh, fw = (float(f) for f in factors)
-        if (h * fh) % 1 or (w * fw) % 1:
-            raise XnnquantError(f"scale factors {fh}, {fw} do not give whole sizes from {h}x{w}: pass a size")
-        oh, ow = int(h * fh), int(w * fw)
-    out = ctx.graph.static_resize_bilinear_2d(ctx.in_layout(x, NHWC), oh, ow, align_corners=bool(align_corners))
-    return ctx.tensor(out, (x.shape[0], x.shape[1], oh, ow), NHWC)
+    return tuple(select(ctx, x, dim, i) for i in range(x.shape[dim % x.rank]))
 
+
+def with_unit_dim(ctx: LoweringContext, x: Activation, dim: int) -> Activation:
+    """``x`` with a size-1 torch dim inserted at ``dim``, its elements kept in memory order: the
+    new dim goes into the value just before the torch dim that follows it (last if none),
+    so one XNNStaticReshape does it whatever ``x``'s layout (dynamic dims follow)::
+
+        [N, C, L] laid out [N, L, C], dim 2  ->  [N, C, 1, L] laid out [N, 1, L, C] (NHWC)
+    """
+    moved = [p + 1 if p >= dim else p for p in x.perm]
+    at = moved.index(dim + 1) if dim < x.rank else len(moved)
+    perm = tuple(moved[:at] + [dim] + moved[at:])
+    shape = x.shape[:dim] + (1,) + x.shape[dim:]
+    exprs = x.exprs[:dim] + (None,) + x.exprs[dim:]
+    vid = ctx.reshape(x.id, tuple(shape[p] for p in perm), tuple(exprs[p] for p in perm))
+    return ctx.tensor(vid, shape, perm, exprs)
+
+
+def without_unit_dim(ctx: LoweringContext, x: Activation, dim: int, exprs: tuple[Any, ...] = ()) -> Activation:
+    """``x`` with its size-1 torch dim ``dim`` removed, the rest of its layout kept (one reshape);
+    ``exprs``: the result's dynamic dims (torch's order; default ``x``'s own)."""
+    assert x.shape[dim] == 1, (x.shape, dim)
+    perm = tuple(p - 1 if p > dim else p for p in x.perm if p != dim)
+    shape = x.shape[:dim] + x.shape[dim + 1:]
+    exprs = tuple(exprs) if exprs else x.exprs[:dim] + x.exprs[dim + 1:]
+    vid = ctx.reshape(x.id, tuple(shape[p] for p in perm), tuple(exprs[p] for p in perm))
+    return ctx.tensor(vid, shape, perm, exprs)
+
+
+GATHER_KINDS = ("XNNStaticSlice", "XNNStaticReshape", "XNNStaticConstantPad", "XNNConcatenate2",
+                "XNNConcatenate3", "XNNConcatenate4", "XNNConcatenate5", "XNNStaticTranspose")
+
+
+def gathered(ctx: LoweringContext, x: Activation, dim: int, sources: list[int]) -> Activation:
+    """``x`` indexed along torch dim ``dim`` by the static ``sources``, by data movement only: an
+    element repeated in place (``_repeated``), a strided slice, or slices of the runs of
+    consecutive sources, concatenated (nearest resizes, flips)."""
+    size = x.shape[dim]
+    count = len(sources)
+    if sources == list(range(size)):
+        return x
+    if x.dynamic:
+        raise XnnquantError(f"a static gather (nearest resize, flip) of a value with dynamic dims {x.sym}: it is "
+                            "composed at the sizes seen at export; expected static shapes")
+    if count % size == 0 and sources == [i // (count // size) for i in range(count)]:
+        return _repeated(ctx, x, dim, count // size)
+    if count > 1:
+        step = sources[1] - sources[0]
+        if step > 1 and sources == list(range(sources[0], sources[0] + step * count, step)):
+            return strided(ctx, x, dim, sources[0], sources[-1] + 1, step)
+    pieces: list[Activation] = []
+    start = 0
+    for i in range(1, count + 1):  # maximal runs of consecutive sources become one slice each
+        if i == count or sources[i] != sources[i - 1] + 1:
+            pieces.append(sliced(ctx, x, dim, sources[start], sources[i - 1] + 1))
+            start = i
+    return _concatenated(ctx, pieces, dim)
+
+
+def _repeated(ctx: LoweringContext, x: Activation, dim: int, times: int) -> Activation:
+    """Every element of torch dim ``dim`` repeated ``times`` times in place (module docstring)."""
+    g = ctx.graph
+    p = x.physical(dim)
+    dims = list(x.dims)
+    unit = g.static_reshape(x.id, dims[:p + 1] + [1] + dims[p + 1:])
+    copies = [unit] * times
+    most = 5 if "XNNConcatenate5" in g.target.node_kinds else 4
+    while len(copies) > 1:  # whole groups of ``most`` copies, then what is left
+        done = [g.concatenate(copies[i:i + most], p + 1) if len(copies[i:i + most]) > 1 else copies[i]
+                for i in range(0, len(copies), most)]
+        copies = done
+    merged = dims[:p] + [dims[p] * times] + dims[p + 1:]
+    shape = tuple(s * times if i == dim else s for i, s in enumerate(x.shape))
+    return ctx.tensor(g.static_reshape(copies[0], merged), shape, x.perm)
+
+
+def _concatenated(ctx: LoweringContext, parts: list[Activation], dim: int) -> Activation:
+    return parts[0] if len(parts) == 1 else cat(ctx, parts, dim)
+
+
+@lowers(aten.flip.default, emits=GATHER_KINDS)
+def flip(ctx: LoweringContext, x: Any, dims: Any) -> Activation:
+    """``x`` reversed along each of ``dims``: one slice per element, concatenated (``gathered``)."""
+    x = ctx.value(x)
+    for d in dims:
+        d = int(d) % x.rank
+        x = gathered(ctx, x, d, list(range(x.shape[d] - 1, -1, -1)))
+    return x
+
+
+@lowers(aten.repeat.default, emits=("XNNConcatenate2", "XNNConcatenate3", "XNNConcatenate4", "XNNConcatenate5",
+                                    "XNNStaticReshape", "XNNStaticTranspose"))
+def repeat(ctx: LoweringContext, x: Any, repeats: Any) -> Activation:
+    """``x.repeat(*repeats)``: ``x`` tiled, each dim by a concatenation of copies (leading
+    repeats beyond ``x``'s rank add dims first)."""
+    x = ctx.value(x)
+    counts = [int(r) for r in repeats]
+    if len(counts) < x.rank or min(counts, default=1) < 1:
+        raise XnnquantError(f"repeat {counts} of a value of shape {x.shape}: expected at least {x.rank} counts >= 1")
+    if x.dynamic:
+        raise XnnquantError(f"repeat of a value with dynamic dims {x.sym}: it is composed at the sizes seen at export; "
+                            "expected static shapes")
+    lead = len(counts) - x.rank
+    if lead:
+        x = reshaped(ctx, x, (1,) * lead + x.shape)
+    for d, r in enumerate(counts):
+        if r > 1:
+            x = cat(ctx, [x] * r, d)
+    return x
