@@ -85,10 +85,23 @@ def test_bad_files_name_the_tensor_and_leave_no_output(weights_file: Path, tmp_p
         path = rewrite(weights_file, change, tmp_path / f"{label}.safetensors")
         with pytest.raises(xq.XnnquantError, match=message):
             stream(path)
-    nan = np.full((64, 64), np.nan, np.float32)
-    exported = stream(rewrite(weights_file, {q: nan}, tmp_path / "nan.safetensors"))
-    with pytest.raises(xq.XnnquantError, match=rf"nan.safetensors: tensor '{q}': w must be finite: got nan"):
-        exported.save(tmp_path / "out.pte")
+    nan = np.zeros((64, 64), np.float32)
+    nan[1, 2] = np.nan
+    for weights in ("qb4w:32", "fp32"):  # quantized or not, the file and the tensor are named when it is read
+        exported = stream(rewrite(weights_file, {q: nan}, tmp_path / "nan.safetensors"), weights)
+        with pytest.raises(xq.XnnquantError) as info:
+            exported.save(tmp_path / "out.pte")
+        assert str(info.value) == (
+            f"{tmp_path / 'nan.safetensors'}: tensor '{q}' is not finite (NaN or inf, 1 value(s), first nan at flat "
+            "index 66): a program computed from it would be too; expected finite values")
+    inf_norm = np.ones(64, np.float32)
+    inf_norm[5] = np.inf
+    with pytest.raises(xq.XnnquantError) as info:  # a constant read while lowering: refused then, by name
+        stream(rewrite(weights_file, {"norm.weight": inf_norm}, tmp_path / "inf.safetensors"))
+    assert str(info.value).startswith("export refused 1 node(s) or layer(s):\n  - aten.mul.Tensor (node ")
+    assert str(info.value).endswith(
+        f", module norm): {tmp_path / 'inf.safetensors'}: tensor 'norm.weight' is not finite (NaN or inf, 1 value(s), "
+        "first inf at flat index 5): a program computed from it would be too; expected finite values")
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(weights_file.read_bytes()[:-100])
     with pytest.raises(xq.XnnquantError, match=r"tensor '.*': its data ends at byte \d+ of the data section, "
@@ -105,7 +118,7 @@ def test_bad_files_name_the_tensor_and_leave_no_output(weights_file: Path, tmp_p
     with pytest.raises(xq.XnnquantError, match=rf"not a valid safetensors file \(.*\): tensor '{q}' ends at byte "
                                                r"\d+, tensor '.*' begins at byte \d+ of the data section \(an overlap\)"):
         stream(corrupt)
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".safetensors"] * 7  # no output, no temporary
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".safetensors"] * 8  # no output, no temporary
 
 
 def test_streaming_needs_target_141_and_no_calibration(weights_file: Path) -> None:

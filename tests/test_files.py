@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from xnnquant.errors import OutputFileError, XnnquantError
 from xnnquant.files import write_atomic
 
 
@@ -43,9 +45,24 @@ def test_a_failing_producer_leaves_the_old_file(tmp_path: Path) -> None:
     assert path.read_bytes() == b"old" and list(tmp_path.iterdir()) == [path]
 
 
-def test_a_missing_directory_is_an_os_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        write_atomic(tmp_path / "no" / "such" / "dir.bin", b"x")
+def test_a_missing_directory_is_an_os_error_naming_the_path_given(tmp_path: Path) -> None:
+    """An ``OutputFileError`` (an ``XnnquantError`` and an ``OSError``) names the path given and the
+    system's reason, never the hidden temporary file the bytes go to first."""
+    target = tmp_path / "no" / "such" / "dir.bin"
+    with pytest.raises(OutputFileError) as info:
+        write_atomic(target, b"x")
+    assert isinstance(info.value, OSError) and isinstance(info.value, XnnquantError)
+    assert str(info.value) == (f"cannot write {str(target)!r}: No such file or directory (its directory "
+                               f"{str(target.parent)!r} does not exist)")
+    with pytest.raises(OutputFileError, match=rf"^cannot write {re.escape(repr(str(tmp_path)))}: Is a directory$"):
+        write_atomic(tmp_path, b"x")
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(OutputFileError, match=r"is not a directory\)$"):
+        write_atomic(tmp_path / "file" / "x.pte", b"x")
+    for bad in (None, 3, b"x.pte", ""):
+        with pytest.raises(XnnquantError, match=r"^path must be a file path \(a non-empty str or os.PathLike\): got "):
+            write_atomic(bad, b"x")  # type: ignore[arg-type]
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_a_failing_write_stops_the_producer_and_leaves_the_old_file(tmp_path: Path) -> None:

@@ -137,8 +137,14 @@ def test_concatenate5_reads_its_fifth_input() -> None:
     data = bytearray(g.to_bytes())
     node = fb.XNNGraph.GetRootAs(bytes(data[32:]), 0).Xnodes(0)
     data[32 + node._tab.Pos + node._tab.Offset(4)] = 38  # same table, now "Concatenate5"
-    five = load(bytes(data))  # input5_id absent: it reads as the default 0, as the runtime would
+    # input5_id absent: it reads as the default 0, as the runtime would; the output, declared
+    # [1, 8] for four inputs, is refused by validation (five compute [1, 10])
+    with pytest.raises(XnnquantError, match=r"^node 0 \(XNNConcatenate5\): output value 4 is declared with dims "
+                                            r"\[1, 8\], but the node computes \[1, 10\] from its inputs' dims "):
+        load(bytes(data))
+    five = load(bytes(data), validate=False)
     assert five.nodes[0].kind == "XNNConcatenate5" and five.nodes[0].inputs == (*ins, 0)
+    five.value(five.outputs[0]).dims = (1, 10)
     assert five.target == "1.4.1" and load(five.to_bytes()) == five  # written back with 1.4.1's schema
 
 
@@ -148,7 +154,7 @@ def test_load_from_path_and_bad_sources(tmp_path: Path) -> None:
     assert load(path) == load(str(path)) == load(bytearray(path.read_bytes())) == g
     with pytest.raises(XnnquantError, match="cannot read payload file"):
         load(tmp_path / "missing.xnn")
-    with pytest.raises(XnnquantError, match="load\\(\\) takes payload bytes or a path: got int"):
+    with pytest.raises(XnnquantError, match=r"^load\(\) takes payload bytes or a path: got 3$"):
         load(3)  # type: ignore[arg-type]
 
 

@@ -43,9 +43,9 @@ def test_parsing() -> None:
     assert as_pair(3, "kernel") == (3, 3) and as_pair((2, 5), "kernel") == (2, 5)
     assert as_padding(1) == (1, 1, 1, 1) and as_padding((1, 2)) == (1, 2, 1, 2)
     assert as_padding((1, 2, 3, 4)) == (1, 2, 3, 4)
-    with pytest.raises(XnnquantError, match=r"stride must be an int or a pair \(h, w\): got \(1, 2, 3\)"):
+    with pytest.raises(XnnquantError, match=r"^stride must be an int or a pair \(h, w\): got \(1, 2, 3\)$"):
         as_pair((1, 2, 3), "stride")
-    with pytest.raises(XnnquantError, match="padding must be an int"):
+    with pytest.raises(XnnquantError, match=r"^padding\[1\] is out of range: got -1, expected >= 0$"):
         as_padding((1, -1, 0, 0))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .arguments import is_plain_int, shown
 from .errors import XnnquantError
 
 
@@ -111,11 +112,19 @@ XNN_C_DATATYPE: dict[str, int] = {
 
 def storage(datatype: Datatype | int) -> StorageFacts:
     """Storage facts of ``datatype``; ``XnnquantError`` for invalid or unknown values."""
-    try:
-        return STORAGE[Datatype(datatype)]
-    except (ValueError, KeyError):
-        valid = ", ".join(f"{d.name}={d.value}" for d in STORAGE)
-        raise XnnquantError(f"unknown datatype: got {datatype!r}, expected one of {valid}") from None
+    if isinstance(datatype, Datatype) and datatype in STORAGE:
+        return STORAGE[datatype]
+    if is_plain_int(datatype) and int(datatype) in {d.value for d in STORAGE}:
+        return STORAGE[Datatype(int(datatype))]
+    valid = ", ".join(f"{d.name}={d.value}" for d in STORAGE)
+    given = repr(datatype) if is_plain_int(datatype) else shown(datatype)
+    raise XnnquantError(f"unknown datatype: got {given}, expected one of {valid}")
+
+
+def datatype_of(value: Datatype | int) -> Datatype:
+    """``value`` (a ``Datatype``, or its wire value as an int) as a valid ``Datatype``."""
+    storage(value)
+    return Datatype(int(value))
 
 
 def to_xnn_c(datatype: Datatype | int) -> int:

@@ -26,6 +26,11 @@ class PayloadError(XnnquantError):
     """Malformed or inconsistent XNNGraph payload bytes."""
 
 
+class ProgramError(XnnquantError):
+    """Malformed, truncated or unsupported ExecuTorch program (``.pte``) or data file (``.ptd``)
+    (``xnnquant.pte``)."""
+
+
 class RuntimeCrashError(XnnquantError):
     """The real runtime died (a signal such as SIGSEGV) while running a payload in an
     isolated process; ``signal_number`` is the signal (``None`` for a plain exit) and
@@ -39,6 +44,11 @@ class RuntimeCrashError(XnnquantError):
 
 class RuntimeTimeoutError(RuntimeCrashError):
     """The isolated runtime did not finish within the time allowed and was stopped."""
+
+
+class OutputFileError(XnnquantError, OSError):
+    """A file could not be written (a missing directory, no permission, a full disk): the
+    message names the path given and the system's reason.  Also an ``OSError``."""
 
 
 class MissingExtraError(XnnquantError, ImportError):

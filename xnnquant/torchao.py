@@ -81,6 +81,7 @@ from typing import Any
 
 import numpy as np
 
+from . import arguments
 from .constants import XNN_MIN_BLOCKSIZE
 from .errors import XnnquantError, missing_extra
 from .schemes import quantize_blockwise, quantize_per_channel
@@ -122,8 +123,9 @@ class WeightScheme:
             if text == "qc4w":
                 return cls(4, None)
             head, _, tail = text.partition(":")
-            if head == "qb4w" and tail.isdigit() and int(tail) > 0 and int(tail) % XNN_MIN_BLOCKSIZE == 0:
-                return cls(4, int(tail))
+            group = int(tail) if tail.isascii() and tail.isdigit() else 0
+            if head == "qb4w" and group > 0 and group % XNN_MIN_BLOCKSIZE == 0:
+                return cls(4, group)
         raise XnnquantError(
             f"unknown weights scheme: got {text!r}, expected one of {', '.join(WEIGHT_SCHEMES)} "
             f"(group size a positive multiple of {XNN_MIN_BLOCKSIZE}, e.g. 'qb4w:32')"
@@ -180,10 +182,16 @@ class XnnquantConfig(AOBaseConfig):
 
     def __post_init__(self) -> None:
         WeightScheme.parse(self.weights)
-        if self.method not in METHODS:
-            raise XnnquantError(f"unknown method: got {self.method!r}, expected one of {', '.join(METHODS)}")
-        if self.activations not in ACTIVATIONS:
-            raise XnnquantError(f"unknown activations: got {self.activations!r}, expected 'int8_dynamic' or None")
+        if not isinstance(self.method, str) or self.method not in METHODS:
+            raise XnnquantError(f"unknown method: got {arguments.shown(self.method)}, expected one of "
+                                f"{', '.join(METHODS)}")
+        if not (self.activations is None or (isinstance(self.activations, str) and self.activations in ACTIVATIONS)):
+            raise XnnquantError(f"unknown activations: got {arguments.shown(self.activations)}, expected "
+                                "'int8_dynamic' or None")
+        if self.calibration is not None and not isinstance(self.calibration, Mapping):
+            raise XnnquantError(f"calibration must map layer names (or modules) to calibrations: got "
+                                f"{arguments.shown(self.calibration)}, expected {{layer name: Calibration or "
+                                "(tokens, in_features) array} (see calibrate)")
         aware = self.method in ACTIVATION_AWARE_METHODS
         if aware and not self.calibration:
             raise XnnquantError(f"method {self.method!r} needs calibration: got none, expected calibration="
@@ -191,9 +199,6 @@ class XnnquantConfig(AOBaseConfig):
         if not aware and self.calibration is not None:
             raise XnnquantError(f"method {self.method!r} does not use calibration: got a calibration mapping, "
                                 f"expected one of the activation-aware methods {', '.join(ACTIVATION_AWARE_METHODS)}")
-        if self.calibration is not None and not isinstance(self.calibration, Mapping):
-            raise XnnquantError(f"calibration must map layer names (or modules) to calibrations: got "
-                                f"{type(self.calibration).__name__}")
         if self.activations is None:
             warnings.warn(
                 "activations=None: ExecuTorch 1.4.1's XnnpackPartitioner drops the scales of weight-only int-x "
@@ -266,6 +271,10 @@ def _quantize_module(module: Any, config: XnnquantConfig, *, parameter_name: str
     weight = getattr(module, parameter_name, None)
     if not isinstance(weight, torch.Tensor):
         raise XnnquantError(f"layer {_describe(module, fqn)} has no tensor {parameter_name!r} to quantize")
+    if type(weight) not in (torch.Tensor, torch.nn.Parameter) or not weight.dtype.is_floating_point:
+        raise XnnquantError(f"layer {_describe(module, fqn)} is quantized already: its {parameter_name} is a "
+                            f"{type(weight).__name__} of {weight.dtype}, expected a float tensor (apply quantize_ to "
+                            "the float model, once)")
     why = config.scheme.refusal(tuple(weight.shape))
     if why is not None:
         raise XnnquantError(
@@ -284,12 +293,24 @@ def _quantize_module(module: Any, config: XnnquantConfig, *, parameter_name: str
     return module
 
 
-def _accumulate_into(calibration: Calibration) -> Any:
-    """A forward pre-hook adding a linear's input rows to ``calibration`` (it returns None:
-    a hook's return value would replace the input)."""
+def _accumulate_into(calibration: Calibration, name: str) -> Any:
+    """A forward pre-hook adding the input rows of linear ``name`` to ``calibration`` (it
+    returns None: a hook's return value would replace the input)."""
     def hook(_module: Any, args: tuple[Any, ...]) -> None:
-        calibration.add(args[0].detach())
+        try:
+            calibration.add(args[0].detach())
+        except XnnquantError as exc:
+            raise XnnquantError(f"the input of layer {name!r}: {exc}") from None
     return hook
+
+
+def _chosen(filter_fn: Any, module: Any, name: str) -> bool:
+    """``filter_fn(module, name)``, which must give True or False."""
+    try:
+        chosen = filter_fn(module, name)
+    except Exception as exc:  # the caller's function: say where its error came from
+        raise XnnquantError(f"filter_fn(module, {name!r}) failed: {type(exc).__name__}: {exc}") from None
+    return arguments.flag(chosen, f"filter_fn(module, {name!r})")
 
 
 def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = True,
@@ -303,17 +324,36 @@ def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = T
     ``activations="int8_dynamic"``.  ``filter_fn(module, name)``: which linears (default:
     all).  Every row a linear sees counts, padding tokens included.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise XnnquantError(f"model must be a torch.nn.Module: got {arguments.shown(model)}")
+    if isinstance(batches, (str, bytes, torch.Tensor, np.ndarray, Mapping)) or not isinstance(batches, Iterable):
+        raise XnnquantError(f"batches must be an iterable of batches (each a tensor or a tuple of the model's "
+                            f"positional inputs): got {arguments.shown(batches)}")
+    runtime_quantized = arguments.flag(runtime_quantized, "runtime_quantized")
+    if filter_fn is not None and not callable(filter_fn):
+        raise XnnquantError(f"filter_fn must be a callable (module, name) -> bool, or None: got "
+                            f"{arguments.shown(filter_fn)}")
     calibrations: dict[str, Calibration] = {}
     hooks = []
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and (filter_fn is None or filter_fn(module, name)):
+        if isinstance(module, torch.nn.Linear) and (filter_fn is None or _chosen(filter_fn, module, name)):
             calibration = Calibration(module.in_features, runtime_quantized=runtime_quantized)
             calibrations[name] = calibration
-            hooks.append(module.register_forward_pre_hook(_accumulate_into(calibration)))
+            hooks.append(module.register_forward_pre_hook(_accumulate_into(calibration, name)))
     try:
         with torch.no_grad():
-            for batch in batches:
-                model(*batch) if isinstance(batch, tuple) else model(batch)
+            for i, batch in enumerate(batches):
+                inputs = batch if isinstance(batch, tuple) else (batch,)
+                if not all(isinstance(x, torch.Tensor) for x in inputs):
+                    raise XnnquantError(f"calibration batch {i} must be a tensor or a tuple of tensors: got "
+                                        f"{', '.join(arguments.shown(x) for x in inputs) or 'an empty tuple'}")
+                try:
+                    model(*inputs)
+                except XnnquantError as exc:  # a linear's input that a Calibration refuses
+                    raise XnnquantError(f"calibration batch {i}: {exc}") from None
+                except Exception as exc:  # the model's own error on a batch that does not fit it
+                    raise XnnquantError(f"calibration batch {i} ({', '.join(arguments.shown(x) for x in inputs)}) "
+                                        f"does not run through the model: {type(exc).__name__}: {exc}") from None
     finally:
         for hook in hooks:
             hook.remove()

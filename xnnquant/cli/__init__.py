@@ -32,6 +32,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 
+from ..arguments import MAX_SECONDS
 from ..errors import XnnquantError
 from ..graph.divergence import TOLERANCE
 
@@ -150,6 +151,7 @@ def _inspect(args: argparse.Namespace) -> None:
         print(json.dumps(program_record(program, args.file), indent=2) if args.json
               else describe_program(program, args.file))
         return
+    _no_data_files(args)
     from ..graph import load
 
     graph = load(args.file, validate=not args.no_validate)
@@ -164,6 +166,9 @@ def _verify(args: argparse.Namespace) -> None:
 
     from ..pte import is_pte
 
+    if args.no_isolate and args.timeout is not None:
+        raise XnnquantError(f"--timeout limits the isolated runtime: got --timeout {args.timeout:g} with --no-isolate "
+                            "(drop one of them)")
     try:
         if is_pte(args.file):
             from ..pte.run import verify_pte
@@ -173,6 +178,7 @@ def _verify(args: argparse.Namespace) -> None:
         else:
             from ..graph.divergence import check_payload
 
+            _no_data_files(args)
             errors, text = check_payload(Path(args.file).read_bytes(), seed=args.seed, isolate=not args.no_isolate,
                                          timeout=args.timeout)
     finally:
@@ -186,6 +192,35 @@ def _verify(args: argparse.Namespace) -> None:
     print(f"{'OK' if ok else 'MISMATCH'}: worst relative error {worst:.3g} (tolerance {args.tolerance:g})")
     if not ok:
         raise SystemExit(1)
+
+
+def _no_data_files(args: argparse.Namespace) -> None:
+    """``--data`` goes with a ``.pte``: a payload has no data files to read."""
+    if args.data:
+        raise XnnquantError(f"--data goes with an ExecuTorch program (.pte): {args.file!r} is not one (its bytes 4..7 "
+                            "are not b'ET12'), and an XNNGraph payload has no data files")
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a number of seconds > 0 (``arguments.seconds``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and at most {MAX_SECONDS:g}, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """``--seed``: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def _tolerance(text: str) -> float:
@@ -248,12 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="run a payload or a .pte on the real XNNPACK and its payloads on the "
                                            "reference interpreter")
     verify.add_argument("file", help="payload file or ExecuTorch .pte")
-    verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    verify.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (an integer >= 0)")
     verify.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
                         help=f"largest relative error accepted (default {TOLERANCE:g})")
     verify.add_argument("--no-isolate", action="store_true",
                         help="run the payload in this process (a runtime crash then ends xnnquant)")
-    verify.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    verify.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="stop the isolated runtime after this long (default 300)")
     verify.set_defaults(func=_verify)
     for command in (report, export, minilm, inspect, verify):
@@ -299,14 +334,20 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     args.terminal = os.fdopen(os.dup(2), "w", encoding="utf-8", errors="replace")  # for progress bars
     try:
-        with _held_back(args.verbose) as held:
+        with _held_back(args.verbose):
             args.func(args)
     except (XnnquantError, OSError) as exc:
         print(f"xnnquant: error: {exc}", file=sys.stderr)
         return 2
-    except BaseException:
-        sys.stderr.write("".join(held))  # an unexpected failure: show everything
-        raise
+    except KeyboardInterrupt:
+        print("xnnquant: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a fault of xnnquant, not of the input: one line, unless asked for more
+        if args.verbose:  # nothing was held back: the traceback follows what the libraries logged
+            raise
+        print(f"xnnquant: unexpected error (a fault of xnnquant; --verbose shows the traceback and what the "
+              f"libraries logged): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
     finally:
         args.terminal.close()
     return 0

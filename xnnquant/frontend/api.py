@@ -134,6 +134,9 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
     torch = _torch()
     with stage("export", timings):
         if isinstance(module, torch.export.ExportedProgram):
+            if example_inputs is not None:
+                raise XnnquantError("example_inputs= goes with a torch.nn.Module: a saved program (ExportedProgram) "
+                                    "carries its own example inputs; pass none")
             if options.calibration is not None:
                 raise XnnquantError("calibration= needs the torch.nn.Module itself (not a saved program) to run it")
             program, eager = module, None
@@ -267,7 +270,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     timings: dict[str, float] = {}
     eager, traced = _traced(module, example_inputs, options, timings)
     if weight_file is not None and eager is not None:
-        _check_streamed(eager)
+        _check_streamed(eager, weight_file.path)
     statistics = _statistics(eager, options, timings)
     from .lowering.context import WeightOptions
     from .lowering.walk import Lowered, lower
@@ -419,14 +422,14 @@ class _PassOptions:
         self.portable: dict[str, str] = {}
 
 
-def _check_streamed(module: Any) -> None:
+def _check_streamed(module: Any, path: str) -> None:
     """A streaming export's module holds no data of its own: every parameter is on ``meta``."""
     for name, tensor in (*module.named_parameters(), *module.named_buffers()):
         if tensor.device.type != "meta":
             raise XnnquantError(
-                f"state_dict= reads the module's tensors from the file, but {name!r} holds data of its own (on "
-                f"{tensor.device.type}): build the module on the meta device (with torch.device('meta'): ...), or "
-                "export it without state_dict=")
+                f"state_dict= (xnnquant export --weights-from) reads the module's tensors from {path!r}, but {name!r} "
+                f"holds data of its own (on {tensor.device.type}): build the module on the meta device (with "
+                "torch.device('meta'): ...), or export it without state_dict=")
 
 
 def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", fallback: Any = "auto",

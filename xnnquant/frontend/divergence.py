@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import arguments
 from ..arrays import to_numpy
 from ..errors import XnnquantError
 from ..graph import Graph
@@ -85,6 +86,23 @@ def _graph_and_sources(subject: Any) -> tuple[Graph, list[tuple[str, str, str]]]
     raise XnnquantError(f"verify takes an Exported, a Graph, payload bytes or a path: got {type(subject).__name__}")
 
 
+def _module_outputs(module: Any, given: list[np.ndarray], count: int) -> list[np.ndarray]:
+    """``module(*given)`` as float32 arrays, ``count`` of them; ``XnnquantError`` when the module
+    fails on the inputs or returns anything else."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in given])
+    except Exception as exc:  # the module's own error: say it came from the module
+        raise XnnquantError(f"module(*inputs) failed: {type(exc).__name__}: {exc}") from None
+    flat = out if isinstance(out, (tuple, list)) else (out,)
+    if len(flat) != count or not all(isinstance(o, torch.Tensor) for o in flat):
+        raise XnnquantError(f"module(*inputs) must return {count} tensor(s), one per graph output: got "
+                            f"{', '.join(arguments.shown(o) for o in flat) or 'nothing'}")
+    return [np.asarray(o.detach().float().numpy(), np.float32) for o in flat]
+
+
 def verify(subject: Any, inputs: Sequence[Any], module: Any = None, *, tolerance: float = TOLERANCE) -> VerifyReport:
     """Check ``subject`` (an ``Exported``, a ``Graph``, payload bytes or a path) on ``inputs``.
 
@@ -96,6 +114,10 @@ def verify(subject: Any, inputs: Sequence[Any], module: Any = None, *, tolerance
     from ..graph import interpret, run
     from .exported import Exported
 
+    tolerance = arguments.number(tolerance, "tolerance", low=0.0)
+    if module is not None and not callable(module):
+        raise XnnquantError(f"module must be the float torch.nn.Module to compare with (called as module(*inputs)), "
+                            f"or None: got {arguments.shown(module)}")
     graph, sources = _graph_and_sources(subject)
     if isinstance(inputs, (np.ndarray, str, bytes)) or not isinstance(inputs, Sequence):
         raise XnnquantError(f"verify takes a list of inputs, one per graph input: got {type(inputs).__name__}")
@@ -112,12 +134,7 @@ def verify(subject: Any, inputs: Sequence[Any], module: Any = None, *, tolerance
         results = {k: [r if spec.contiguous else np.transpose(r, np.argsort(spec.dim_order))
                        for r, spec in zip(v, layouts.outputs)] for k, v in results.items()}
     if module is not None:
-        import torch
-
-        with torch.no_grad():
-            out = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in given])
-        flat = out if isinstance(out, (tuple, list)) else (out,)
-        results["module"] = [np.asarray(o.detach().numpy(), np.float32) for o in flat]
+        results["module"] = _module_outputs(module, given, len(results["interpreter"]))
     comparisons = _compare("runtime-interpreter", results["runtime"], results["interpreter"])
     if module is not None:
         comparisons += _compare("runtime-module", results["runtime"], results["module"])

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import arguments
 from ..errors import XnnquantError
 from ..files import write_atomic
 from ..graph import Graph, Target
@@ -167,7 +168,8 @@ class Exported:
         constant at a time (``graph.pte_chunks``, ``Graph.save``): the same bytes, and a
         streaming export's weights are read and quantized only now.
         """
-        suffix = Path(path).suffix.lower()
+        path = arguments.path(path)
+        suffix = path.suffix.lower()
         if suffix not in SUFFIXES:
             raise XnnquantError(f"cannot tell what to write from the suffix of {os.fspath(path)!r}: expected "
                                 + " or ".join(f"{s} ({what})" for s, what in SUFFIXES.items()))
@@ -186,8 +188,13 @@ class Exported:
         return write_atomic(path, self.to_pte() if suffix == ".pte" else self.to_bytes())
 
     def source(self, node_index: int) -> tuple[str, str, str] | None:
-        """(ATen op, ATen node, module path) that graph node ``node_index`` was lowered from."""
-        handle = self.graph.nodes[node_index].debug_handle
+        """(ATen op, ATen node, module path) that graph node ``node_index`` was lowered from
+        (None for a node that stands for no ATen node); ``node_index`` in ``[0, len(graph.nodes))``."""
+        count = len(self.graph.nodes)
+        if not arguments.is_plain_int(node_index) or not 0 <= node_index < count:
+            raise XnnquantError(f"node_index must be the index of a graph node, an integer from 0 to {count - 1}: got "
+                                f"{arguments.shown(node_index)}")
+        handle = self.graph.nodes[int(node_index)].debug_handle
         return self.sources[handle - 1] if 0 < handle <= len(self.sources) else None
 
     def run(self, *inputs: Any) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import arguments
 from ..errors import XnnquantError
 from ..graph import Target
 from ..schemes.checks import ACTIVATION_AWARE_METHODS, check_method
@@ -47,8 +48,8 @@ class ExportOptions:
             raise XnnquantError(f"method must be a string: got {type(method).__name__} {method!r}")
         chosen = check_method(method)
         chosen_target = Target.parse(target)
-        if activations not in ACTIVATIONS:
-            raise XnnquantError(f"unknown activations: got {activations!r}, expected one of "
+        if not isinstance(activations, str) or activations not in ACTIVATIONS:
+            raise XnnquantError(f"unknown activations: got {arguments.shown(activations)}, expected one of "
                                 f"{', '.join(map(repr, ACTIVATIONS))}")
         for name, flag in (("check", check), ("progress", progress), ("strict", strict)):
             if not isinstance(flag, bool):

@@ -115,9 +115,20 @@ class WeightFile:
         return info
 
     def array(self, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
-        """Tensor ``name`` read now, as float32 (a copy)."""
+        """Tensor ``name`` read now, as float32 (a copy), checked finite (``finite``)."""
         self.check(name, shape, what)
-        return self.file.read(name).astype(np.float32, copy=False)
+        return self.finite(name, self.file.read(name).astype(np.float32, copy=False))
+
+    def finite(self, name: str, values: np.ndarray) -> np.ndarray:
+        """``values`` of tensor ``name``, or ``XnnquantError`` naming the file, the tensor and the
+        first non-finite value (what an export of the module with its weights in memory refuses)."""
+        bad = ~np.isfinite(values)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise XnnquantError(f"{self.path}: tensor {name!r} is not finite (NaN or inf, {int(bad.sum())} value(s), "
+                                f"first {values.ravel()[first]} at flat index {first}): a program computed from it "
+                                "would be too; expected finite values")
+        return values
 
     def weight(self, name: str, shape: tuple[int, ...], path: str, scheme: WeightScheme, method: str, note: str,
                layout: Layout | None, axis: int, rows: list[ReportRow]) -> Deferred:
@@ -138,7 +149,7 @@ class WeightFile:
 
         def make() -> QuantizedTensor | np.ndarray:
             self.read_ahead(position)  # the disk reads the next weights while this one is quantized
-            weight = self.file.read(name).astype(np.float32, copy=False)
+            weight = self.finite(name, self.file.read(name).astype(np.float32, copy=False))
             if layout is not None:
                 weight = np.ascontiguousarray(layout(weight))
             try:

@@ -15,7 +15,6 @@ takes these keyword-only arguments (passed through ``**kw``):
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from .. import arguments
 from ..arrays import ArrayInput, is_int, to_numpy
 from ..constants import (
     XNN_FLAG_ALIGN_CORNERS,
@@ -33,7 +33,7 @@ from ..constants import (
     XNN_VALUE_FLAG_EXTERNAL_INPUT,
     XNN_VALUE_FLAG_EXTERNAL_OUTPUT,
 )
-from ..datatypes import Datatype, ScaleKind, storage
+from ..datatypes import Datatype, ScaleKind, datatype_of, storage
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..files import write_atomic
 from ..rounding import check_bf16_exact
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 DEFAULT_DEBUG_HANDLE = 0
+#: The largest value of the schema's u32 fields (dims, flags, debug handles).
+U32_MAX = 2**32 - 1
 
 
 class NodeOptions(TypedDict, total=False):
@@ -79,13 +81,14 @@ _BUILT_DEFAULTS: dict[str, Any] = {"version": "0", "named_keys": [], "missing_na
                                    "identifier": "XN01"}
 
 
-def _f32(x: float) -> float:
-    """``x`` rounded to float32 (what the schema stores); -0.0 becomes 0.0.
+def _f32(x: float, name: str = "value") -> float:
+    """``x`` (a real number, ``arguments.number``; NaN too, which validation refuses where the
+    runtime does) rounded to float32 (what the schema stores); -0.0 becomes 0.0.
 
     Flatbuffers omits a field equal to its default (0.0 == -0.0), so a stored -0.0
     would read back as 0.0 anyway.
     """
-    return float(np.float32(x)) + 0.0
+    return float(np.float32(arguments.number(x, name, nan=True))) + 0.0
 
 
 class Graph:
@@ -108,6 +111,8 @@ class Graph:
     def __init__(self, *, write_scale_bf16: bool = True, target: Target | str = Target.XN01,
                  scales_in_segment: bool = False) -> None:
         self.target = Target.parse(target)
+        write_scale_bf16 = arguments.flag(write_scale_bf16, "write_scale_bf16")
+        scales_in_segment = arguments.flag(scales_in_segment, "scales_in_segment")
         if scales_in_segment and not self.target.uses_later_kinds:
             raise UnsupportedConfigError(
                 "scales_in_segment writes per-channel and blockwise scales as constant data "
@@ -172,24 +177,23 @@ class Graph:
 
     def value(self, value_id: int) -> Value:
         """The value with this id (O(1)); ``XnnquantError`` when there is none."""
-        if is_int(value_id) and 0 <= value_id < len(self.values):
-            v = self.values[int(value_id)]
-            if v.id == value_id:
-                return v
-        try:
-            return self._lookup()[0][value_id]
-        except (KeyError, TypeError):  # TypeError: an unhashable id
-            raise XnnquantError(f"no value with id {value_id!r}: the graph has {len(self.values)} values") from None
+        if is_int(value_id):
+            if 0 <= value_id < len(self.values):
+                v = self.values[int(value_id)]
+                if v.id == value_id:
+                    return v
+            found = self._lookup()[0].get(int(value_id))
+            if found is not None:
+                return found
+        given = repr(value_id) if is_int(value_id) else arguments.shown(value_id)
+        raise XnnquantError(f"no value with id {given}: the graph has {len(self.values)} values (ids are integers)")
 
     def _add_value(self, datatype: Datatype, dims: Sequence[int], *, quant: QuantParams | None = None,
                    constant: ConstantData | None = None, external_id: int | None = None, flags: int = 0) -> int:
-        given = dims
-        try:
-            dims = tuple(operator.index(d) for d in dims)
-        except TypeError:
-            raise XnnquantError(f"dims must be a sequence of integers: got {given!r}") from None
-        if any(d < 0 or d >= 2**32 for d in dims):  # the schema stores dims as u32
-            raise XnnquantError(f"dims must be integers in [0, 2**32): got {dims}")
+        dims = arguments.integers(dims, "dims", high=U32_MAX)  # the schema stores dims as u32
+        if any(d < 1 for d in dims):
+            raise XnnquantError(f"dims must be integers >= 1: got {dims} (XNNPACK cannot run a value of size 0, and "
+                                "ExecuTorch 1.4.1's runtime aborts the process on one)")
         by_id, externs = self._lookup()
         vid = len(self.values)
         if vid in by_id:  # a loaded graph whose ids are not indices
@@ -337,6 +341,11 @@ class Graph:
             raise XnnquantError(
                 f"{kind}: unknown keyword argument(s) {', '.join(sorted(unknown))}: node methods take "
                 "flags, output, output_min, output_max and debug_handle besides their own parameters")
+        flags = arguments.integer(flags, f"{kind}: flags", low=0, high=U32_MAX)
+        handle = DEFAULT_DEBUG_HANDLE if debug_handle is None else arguments.integer(
+            debug_handle, f"{kind}: debug_handle", low=0, high=U32_MAX)
+        bounds = [None if b is None else _f32(b, f"{kind}: {name}")
+                  for b, name in ((output_min, "output_min"), (output_max, "output_max"))]
         for i in inputs:
             self.value(i)
         if output is not None:
@@ -348,14 +357,11 @@ class Graph:
             outs: tuple[int, ...] = (output,)
         else:
             outs = tuple(self._add_value(dt, d, quant=q) for d, (dt, q) in zip(out_dims, out_types))
-        if (output_min is None) != (output_max is None):
-            output_min = -np.inf if output_min is None else output_min
-            output_max = np.inf if output_max is None else output_max
-        self.nodes.append(Node(
-            kind, tuple(int(i) for i in inputs), outs, dict(params or {}), int(flags),
-            DEFAULT_DEBUG_HANDLE if debug_handle is None else int(debug_handle),
-            None if output_min is None else _f32(output_min), None if output_max is None else _f32(output_max),
-        ))
+        low, high = bounds
+        if (low is None) != (high is None):
+            low = -np.inf if low is None else low
+            high = np.inf if high is None else high
+        self.nodes.append(Node(kind, tuple(int(i) for i in inputs), outs, dict(params or {}), flags, handle, low, high))
         return outs
 
     def _like(self, x: int) -> tuple[Datatype, QuantParams | None]:
@@ -402,6 +408,7 @@ class Graph:
         ``transpose_b``: ``b`` is ``[..., N, K]`` and the product is ``a @ b^T``
         (XNN_FLAG_TRANSPOSE_B).
         """
+        transpose_b = arguments.flag(transpose_b, "transpose_b")
         bd = self.value(b).dims
         if transpose_b and len(bd) >= 2:
             bd = bd[:-2] + (bd[-1], bd[-2])
@@ -412,6 +419,7 @@ class Graph:
     def fully_connected(self, x: int, w: int, bias: int | None = None, *, transpose_weights: bool = False,
                         **kw: Unpack[NodeOptions]) -> int:
         """``x [..., K] @ w.T + bias``; ``w`` is ``[N, K]`` (``[K, N]`` with transpose_weights)."""
+        transpose_weights = arguments.flag(transpose_weights, "transpose_weights")
         dims = shapes.fully_connected(self.value(x).dims, self.value(w).dims, transpose_weights)
         inputs = (x, w) if bias is None else (x, w, bias)
         kw["flags"] = kw.get("flags", 0) | (XNN_FLAG_TRANSPOSE_WEIGHTS if transpose_weights else 0)
@@ -419,6 +427,7 @@ class Graph:
 
     def _conv(self, kind: str, x: int, w: int, bias: int | None, padding: PaddingSpec, stride: PairSpec,
               dilation: PairSpec, groups: int, kw: NodeOptions) -> int:
+        groups = arguments.integer(groups, f"{kind}: groups", low=1)
         xd, wd = self.value(x).dims, self.value(w).dims
         if len(wd) != 4:
             raise XnnquantError(f"{kind}: filter must be 4-D: got dims {wd}")
@@ -529,14 +538,15 @@ class Graph:
         """``clip(x, min_value, max_value)``; the bounds are stored in ``output_min_max``."""
         if "output_min" in kw or "output_max" in kw:
             raise XnnquantError("clamp takes its bounds as min_value and max_value, not output_min / output_max")
-        kw["output_min"], kw["output_max"] = min_value, max_value
+        kw["output_min"] = _f32(min_value, "clamp: min_value")
+        kw["output_max"] = _f32(max_value, "clamp: max_value")
         return self._unary("XNNClamp", x, **kw)
 
     def leaky_relu(self, x: int, negative_slope: float, **kw: Unpack[NodeOptions]) -> int:
-        return self._unary("XNNLeakyReLU", x, {"negative_slope": _f32(negative_slope)}, **kw)
+        return self._unary("XNNLeakyReLU", x, {"negative_slope": _f32(negative_slope, "negative_slope")}, **kw)
 
     def elu(self, x: int, alpha: float = 1.0, **kw: Unpack[NodeOptions]) -> int:
-        return self._unary("XNNELU", x, {"alpha": _f32(alpha)}, **kw)
+        return self._unary("XNNELU", x, {"alpha": _f32(alpha, "alpha")}, **kw)
 
     # ---------------------------------------------- ExecuTorch 1.4.1 node kinds
 
@@ -582,6 +592,7 @@ class Graph:
         - top - bottom`` (likewise OW): each input pixel spreads its taps over the output,
         and ``padding`` crops the result.
         """
+        groups = arguments.integer(groups, "XNNConvTranspose2d: groups", low=1)
         xd, wd = self.value(x).dims, self.value(w).dims
         adj = shapes.as_pair(adjustment, "adjustment")
         if len(wd) != 4:
@@ -610,17 +621,23 @@ class Graph:
         dims.  qint8 / quint8: static, needs ``scale`` and ``zero_point``.  fp32 / fp16:
         dequantize or cast.
         """
-        datatype = Datatype(datatype)
+        datatype = datatype_of(datatype)
         dims = self.value(x).dims
         quant: QuantParams | None = None
+        num_nonbatch_dims = arguments.integer(num_nonbatch_dims, "num_nonbatch_dims")
+        static = datatype in (Datatype.qint8, Datatype.quint8)
+        if not static and (scale is not None or zero_point is not None):
+            raise XnnquantError(f"convert to {datatype.name} takes no scale= or zero_point= (they go with qint8 and "
+                                f"quint8): got scale={arguments.shown(scale)}, "
+                                f"zero_point={arguments.shown(zero_point)}")
         if datatype is Datatype.qdint8:
             if not 0 <= num_nonbatch_dims <= len(dims):
                 raise XnnquantError(f"num_nonbatch_dims must be in [0, {len(dims)}]: got {num_nonbatch_dims}")
-            quant = PerTokenDynamicQuant(int(num_nonbatch_dims))
+            quant = PerTokenDynamicQuant(num_nonbatch_dims)
         elif datatype in (Datatype.qint8, Datatype.quint8):
             if scale is None or zero_point is None:
                 raise XnnquantError(f"convert to {datatype.name} needs scale= and zero_point=")
-            quant = PerTensorQuant(_f32(scale), int(zero_point))
+            quant = PerTensorQuant(_f32(scale, "convert: scale"), arguments.integer(zero_point, "convert: zero_point"))
         elif datatype not in (Datatype.fp32, Datatype.fp16):
             raise UnsupportedConfigError(
                 f"convert target must be fp32, fp16, qint8, quint8 or qdint8: got {datatype.name}"
@@ -635,49 +652,55 @@ class Graph:
         than its dims (a dynamic sequence length).  The output value's dims resolve it
         against ``x``'s dims.
         """
+        new_shape = arguments.integers(new_shape, "XNNStaticReshape: new_shape", low=-1, high=U32_MAX)
         dims = shapes.reshape(self.value(x).dims, new_shape)
         return self._node("XNNStaticReshape", (x,), [dims], [self._like(x)],
                           {"num_dims": len(dims), "new_shape": shapes.stored_new_shape(new_shape)}, **kw)[0]
 
     def static_transpose(self, x: int, perm: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
-        perm = tuple(int(p) for p in perm)
+        perm = arguments.integers(perm, "XNNStaticTranspose: perm")
         dims = shapes.transpose(self.value(x).dims, perm)
         return self._node("XNNStaticTranspose", (x,), [dims], [self._like(x)],
                           {"num_dims": len(perm), "perm": perm}, **kw)[0]
 
     def static_slice(self, x: int, offsets: Sequence[int], sizes: Sequence[int], **kw: Unpack[NodeOptions]) -> int:
-        offsets, sizes = tuple(int(o) for o in offsets), tuple(int(s) for s in sizes)
+        offsets = arguments.integers(offsets, "XNNStaticSlice: offsets")
+        sizes = arguments.integers(sizes, "XNNStaticSlice: sizes")
         dims = shapes.slice_(self.value(x).dims, offsets, sizes)
         return self._node("XNNStaticSlice", (x,), [dims], [self._like(x)],
                           {"num_dims": len(dims), "offsets": offsets, "sizes": sizes}, **kw)[0]
 
     def static_constant_pad(self, x: int, pre_paddings: Sequence[int], post_paddings: Sequence[int],
                             padding_value: float = 0.0, **kw: Unpack[NodeOptions]) -> int:
-        pre, post = tuple(int(p) for p in pre_paddings), tuple(int(p) for p in post_paddings)
+        pre = arguments.integers(pre_paddings, "XNNStaticConstantPad: pre_paddings")
+        post = arguments.integers(post_paddings, "XNNStaticConstantPad: post_paddings")
+        value = _f32(padding_value, "XNNStaticConstantPad: padding_value")
         dims = shapes.pad(self.value(x).dims, pre, post)
         return self._node("XNNStaticConstantPad", (x,), [dims], [self._like(x)],
-                          {"pre_paddings": pre, "post_paddings": post, "padding_value": _f32(padding_value)}, **kw)[0]
+                          {"pre_paddings": pre, "post_paddings": post, "padding_value": value}, **kw)[0]
 
     def static_resize_bilinear_2d(self, x: int, new_height: int, new_width: int, *, align_corners: bool = False,
                                   **kw: Unpack[NodeOptions]) -> int:
         """Bilinear resize of NHWC ``[N, H, W, C]`` -> ``[N, new_height, new_width, C]``."""
         n, _, _, c = shapes.nhwc("XNNStaticResizeBilinear2D", self.value(x).dims)
-        if new_height < 1 or new_width < 1:
-            raise XnnquantError(f"new_height and new_width must be >= 1: got {new_height}, {new_width}")
+        new_height = arguments.integer(new_height, "new_height", low=1, high=U32_MAX)
+        new_width = arguments.integer(new_width, "new_width", low=1, high=U32_MAX)
+        align_corners = arguments.flag(align_corners, "align_corners")
         kw.setdefault("flags", XNN_FLAG_ALIGN_CORNERS if align_corners else 0)
         return self._node("XNNStaticResizeBilinear2D", (x,), [(n, new_height, new_width, c)], [self._like(x)],
-                          {"new_height": int(new_height), "new_width": int(new_width)}, **kw)[0]
+                          {"new_height": new_height, "new_width": new_width}, **kw)[0]
 
     def concatenate(self, inputs: Sequence[int], axis: int, **kw: Unpack[NodeOptions]) -> int:
         """Concatenate 2, 3 or 4 values along ``axis`` (5 with ``target="1.4.1"``)."""
-        inputs = tuple(inputs)
+        inputs = arguments.integers(inputs, "concatenate: inputs")
+        axis = arguments.integer(axis, "concatenate: axis")
         most = 5 if "XNNConcatenate5" in self.target.node_kinds else 4
         if not 2 <= len(inputs) <= most:
             raise UnsupportedConfigError(
                 f"target {self.target} concatenates 2 to {most} values in one node: got {len(inputs)}")
         kind = f"XNNConcatenate{len(inputs)}"
-        dims = shapes.concatenate(kind, [self.value(i).dims for i in inputs], int(axis))
-        return self._node(kind, inputs, [dims], [self._like(inputs[0])], {"axis": int(axis)}, **kw)[0]
+        dims = shapes.concatenate(kind, [self.value(i).dims for i in inputs], axis)
+        return self._node(kind, inputs, [dims], [self._like(inputs[0])], {"axis": axis}, **kw)[0]
 
     def scaled_dot_product_attention(self, query: int, key: int, value: int, scale: int, mask: int,
                                      **kw: Unpack[NodeOptions]) -> int:
@@ -716,6 +739,7 @@ class Graph:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``to_bytes()`` to ``path`` atomically (``files.write_atomic``); with
         ``scales_in_segment``, one constant at a time (``writer.payload_chunks``)."""
+        path = arguments.path(path)
         if self.scales_in_segment:
             from .writer import payload_chunks
 

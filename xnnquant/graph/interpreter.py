@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import arguments
 from ..arrays import ArrayInput, to_numpy
 from ..compute.special import gelu
 from ..constants import (
@@ -459,6 +460,8 @@ def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[
     """
     if not isinstance(graph, Graph):
         graph = load(graph, named_data=named_data)
+    elif named_data is not None:
+        raise XnnquantError("named_data= goes with payload bytes or a path: a Graph has its constants already")
     env = interpret_values(graph, inputs)
     index_values = {node.outputs[1] for node in graph.nodes
                     if node.kind == "XNNArgMaxPooling2d" and len(node.outputs) > 1}
@@ -473,8 +476,8 @@ def interpret(graph: Graph | bytes | bytearray | memoryview | str | os.PathLike[
 def interpret_values(graph: Graph, inputs: Sequence[ArrayInput]) -> dict[int, np.ndarray]:
     """Every value of ``graph`` as ``interpret`` computes it, by value id: the real numbers each
     holds (constants dequantized, inputs as ``interpret`` takes them)."""
-    if isinstance(inputs, np.ndarray) or len(inputs) != len(graph.inputs):
-        got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"
+    if not isinstance(inputs, (list, tuple)) or len(inputs) != len(graph.inputs):
+        got = f"{len(inputs)} arrays" if isinstance(inputs, (list, tuple)) else arguments.shown(inputs)
         raise XnnquantError(f"interpret needs one array per external input, in a list: got {got}, "
                             f"expected {len(graph.inputs)}")
     env: dict[int, np.ndarray] = {}

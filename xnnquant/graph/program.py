@@ -39,10 +39,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
+from .. import arguments
 from ..arrays import ArrayInput, to_numpy
 from ..constants import XNNPACK_BACKEND_ID
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
+from .reader import checked_named_data
 from .shapes import within
 
 if TYPE_CHECKING:
@@ -104,16 +106,17 @@ def _payload_bytes(payload: PayloadLike) -> bytes:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload)
     if isinstance(payload, (str, os.PathLike)):
+        path = arguments.path(payload, "payload")
         try:
-            with open(payload, "rb") as f:
+            with open(path, "rb") as f:
                 return f.read()
         except OSError as exc:
-            raise PayloadError(f"cannot read payload file {os.fspath(payload)!r}: {exc}") from None
-    if hasattr(payload, "to_bytes"):
-        return bytes(payload.to_bytes())
-    raise XnnquantError(
-        f"payload must be bytes, a path or a Graph: got {type(payload).__name__}"
-    )
+            raise PayloadError(f"cannot read payload file {os.fspath(path)!r}: {exc}") from None
+    if not isinstance(payload, (int, float, complex, np.number)) and callable(getattr(payload, "to_bytes", None)):
+        data = payload.to_bytes()  # a Graph or an Exported
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            return bytes(data)
+    raise XnnquantError(f"payload must be bytes, a path or a Graph: got {arguments.shown(payload)}")
 
 
 def _load_checked(payload: bytes, named_data: Mapping[str, bytes] | None, validate: bool) -> Any:
@@ -168,7 +171,7 @@ def _value_spec(value: Value, role: str) -> TensorSpec:
 def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
     """User-given ``(shape, dtype)`` pairs, dtype a numpy dtype or a ``Datatype``."""
     specs = []
-    for i, item in enumerate(given):
+    for i, item in enumerate(arguments.items(given, f"{role}s", "(shape, dtype) pairs")):
         try:
             shape, dtype, *rest = item
             shape = tuple(int(d) for d in shape)
@@ -232,6 +235,8 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     element count of each input against its planned capacity).  ``False``: ``STATIC``
     tensors, which refuse any other shape.
     """
+    validate, dynamic = arguments.flag(validate, "validate"), arguments.flag(dynamic, "dynamic")
+    named_data = checked_named_data(named_data)
     data = _payload_bytes(payload)
     found_in, found_out = external_specs(_load_checked(data, named_data, validate))
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
@@ -422,8 +427,8 @@ def _log_summary(log: str) -> str:
 
 
 def _check_inputs(inputs: Sequence[ArrayInput], specs: list[TensorSpec]) -> list[np.ndarray]:
-    if isinstance(inputs, np.ndarray) or len(inputs) != len(specs):
-        got = "one array" if isinstance(inputs, np.ndarray) else f"{len(inputs)} arrays"
+    if not isinstance(inputs, (list, tuple)) or len(inputs) != len(specs):
+        got = f"{len(inputs)} arrays" if isinstance(inputs, (list, tuple)) else arguments.shown(inputs)
         raise XnnquantError(
             f"run needs one array per external input, in a list: got {got}, expected {len(specs)} "
             f"({', '.join(f'{s.shape} {s.dtype}' for s in specs)})"
@@ -470,6 +475,12 @@ def run(payload: PayloadLike, inputs: Sequence[ArrayInput], *,
     runtime's own log lines in the message.  Loaded programs are cached by the payload's
     bytes (and named data), so running the same payload again costs only the execution.
     """
+    validate, isolate = arguments.flag(validate, "validate"), arguments.flag(isolate, "isolate")
+    timeout = arguments.seconds(timeout)
+    if timeout is not None and not isolate:
+        raise XnnquantError(f"timeout= limits the isolated runtime: got timeout={timeout:g} with isolate=False "
+                            "(pass isolate=True to stop a call that runs too long)")
+    named_data = checked_named_data(named_data)
     data = _payload_bytes(payload)
     if not isolate:
         return _run_in_process(data, inputs, named_data, validate)

@@ -29,6 +29,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
+from .. import arguments
 from ..constants import XNN_INVALID_VALUE_ID
 from ..datatypes import Datatype
 from ..errors import PayloadError, XnnquantError
@@ -72,6 +73,8 @@ def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
     place under a live mapping gives undefined data (replacing it, as ``save`` does, is
     safe).
     """
+    validate = arguments.flag(validate, "validate")
+    named_data = checked_named_data(named_data)
     if isinstance(source, (str, os.PathLike)):
         data = map_file(source)
     elif isinstance(source, (bytes, bytearray, memoryview)):
@@ -79,7 +82,7 @@ def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
         if not data.readonly:  # a writable view would let a caller change the graph's constants
             data = memoryview(bytes(data))
     else:
-        raise XnnquantError(f"load() takes payload bytes or a path: got {type(source).__name__}")
+        raise XnnquantError(f"load() takes payload bytes or a path: got {arguments.shown(source)}")
     try:
         graph = _Reader(data, named_data).graph()
         if validate:
@@ -91,8 +94,27 @@ def load(source: bytes | bytearray | memoryview | str | os.PathLike[str],
     return graph
 
 
+def checked_named_data(named_data: Any) -> dict[str, Any] | None:
+    """``named_data=`` as a dict of str keys to bytes-like blobs (None stays None)."""
+    if named_data is None:
+        return None
+    if not isinstance(named_data, Mapping):
+        raise XnnquantError(f"named_data must map str keys to bytes: got {arguments.shown(named_data)}")
+    for key, blob in named_data.items():
+        try:
+            memoryview(blob)
+            ok = isinstance(key, str)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise XnnquantError(f"named_data must map str keys to bytes: got {arguments.shown(key)} -> "
+                                f"{arguments.shown(blob)}")
+    return dict(named_data)
+
+
 def map_file(path: str | os.PathLike[str]) -> memoryview:
     """The bytes of file ``path`` as a read-only ``memoryview`` of a memory mapping."""
+    path = arguments.path(path)
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:

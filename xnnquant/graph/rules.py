@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..arguments import flag
 from ..arrays import first_not_positive_normal
 from ..constants import (
     MAX_NUM_EXTERNS,
@@ -38,7 +39,7 @@ from .model import (
     PerTokenDynamicQuant,
     Value,
 )
-from .shapes import INFERRED_DIM
+from .shapes import INFERRED_DIM, node_output_dims
 from .targets import Target
 
 if TYPE_CHECKING:
@@ -122,6 +123,9 @@ def check_value(v: Value) -> None:
         raise _fail(what, "datatype is invalid (0)")
     if len(v.dims) > XNN_MAX_TENSOR_DIMS:
         raise _fail(what, f"too many dims: got {len(v.dims)}, expected at most {XNN_MAX_TENSOR_DIMS}")
+    if 0 in v.dims:
+        raise _fail(what, f"dims {list(v.dims)} hold a 0: XNNPACK cannot run a value of size 0 (ExecuTorch 1.4.1's "
+                          "runtime aborts the process on one); expected every dim >= 1")
     if v.flags & ~(XNN_VALUE_FLAG_EXTERNAL_INPUT | XNN_VALUE_FLAG_EXTERNAL_OUTPUT):
         raise _fail(what, f"unsupported flag bits: got flags 0x{v.flags:x}, expected a subset of 0x3")
     facts = storage(v.datatype)
@@ -332,6 +336,25 @@ def _node_rules(what: str, n: Node, vals: dict[int, Value]) -> None:
                               "(xnn_status_invalid_parameter)")
 
 
+def _check_output_dims(what: str, n: Node, vals: dict[int, Value]) -> None:
+    """Each output's declared dims are what the node computes from its inputs' declared dims
+    (``shapes.node_output_dims``, XNNPACK's reshape step): the program plans every external
+    tensor at its declared dims, so a disagreement fails at run time, or worse."""
+    given = [tuple(vals[i].dims) for i in n.inputs]
+    try:
+        computed = node_output_dims(n, given)
+    except UnsupportedConfigError:  # a kind without a shape rule: nothing to compare with
+        return
+    except (KeyError, TypeError, IndexError):  # params the reader left out: malformed, refused as such
+        raise _fail(what, f"its parameters do not give output dims (got params {n.params})") from None
+    except XnnquantError as exc:
+        raise _fail(what, f"its inputs do not fit together: {exc}") from None
+    for vid, dims in zip(n.outputs, computed):
+        if tuple(vals[vid].dims) != tuple(dims):
+            raise _fail(what, f"output value {vid} is declared with dims {list(vals[vid].dims)}, but the node computes "
+                              f"{list(dims)} from its inputs' dims {[list(d) for d in given]}")
+
+
 def _is_qint8(v: Value) -> bool:
     return v.datatype is D.qint8 and isinstance(v.quant, PerTensorQuant)
 
@@ -430,6 +453,7 @@ def check_nodes(graph: Graph, *, writing: bool) -> None:
             if np.isnan(lo) or np.isnan(hi) or lo > hi:
                 raise _fail(what, f"output_min/output_max must be ordered and not NaN: got {lo}, {hi}")
         _node_rules(what, n, vals)
+        _check_output_dims(what, n, vals)
         ins, out = [vals[i] for i in n.inputs], vals[n.outputs[0]]
         if (ins and _is_qint8(ins[0])) or _is_qint8(out):
             _int8_rules(what, n, ins, out)
@@ -455,6 +479,7 @@ def _first_duplicate(items: list[Any]) -> Any:
 
 def validate(graph: Graph, *, writing: bool = True) -> None:
     """Raise ``XnnquantError`` naming the first value or node the runtime would refuse."""
+    writing = flag(writing, "writing")
     dup = _first_duplicate([v.id for v in graph.values])
     if dup is not None:
         raise XnnquantError(f"value id {dup} is defined more than once")

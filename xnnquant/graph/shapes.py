@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import arguments
 from ..constants import (
     XNN_FLAG_KEEP_DIMS,
     XNN_FLAG_TENSORFLOW_SAME_PADDING,
@@ -92,24 +93,31 @@ _PADDING_FIELDS = ("padding_top", "padding_right", "padding_bottom", "padding_le
 
 
 def as_pair(v: PairSpec, name: str) -> Pair:
-    """``int`` or ``(h, w)`` -> ``(h, w)``."""
-    if isinstance(v, (int, np.integer)):
-        return int(v), int(v)
-    t = tuple(int(x) for x in v)
-    if len(t) != 2:
-        raise XnnquantError(f"{name} must be an int or a pair (h, w): got {v!r}")
-    return t[0], t[1]
+    """``int`` or ``(h, w)`` -> ``(h, w)``, each at least 0 (``window`` checks its own minimum)."""
+    if arguments.is_plain_int(v):
+        n = arguments.integer(v, name, low=0)
+        return n, n
+    if not _is_list(v) or len(v) != 2:  # type: ignore[arg-type]
+        raise XnnquantError(f"{name} must be an int or a pair (h, w): got {arguments.shown(v)}")
+    h, w = arguments.integers(v, name, length=2, low=0)
+    return h, w
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) or (isinstance(v, np.ndarray) and v.ndim == 1)
 
 
 def as_padding(v: PaddingSpec) -> Padding:
-    """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left)."""
-    if isinstance(v, (int, np.integer)):
-        return int(v), int(v), int(v), int(v)
-    t = tuple(int(x) for x in v)
+    """``int``, ``(h, w)`` or ``(top, right, bottom, left)`` -> (top, right, bottom, left), each >= 0."""
+    if arguments.is_plain_int(v):
+        n = arguments.integer(v, "padding", low=0)
+        return n, n, n, n
+    if not _is_list(v) or len(v) not in (2, 4):  # type: ignore[arg-type]
+        raise XnnquantError(f"padding must be an int, (h, w) or (top, right, bottom, left) >= 0: got "
+                            f"{arguments.shown(v)}")
+    t = arguments.integers(v, "padding", low=0)
     if len(t) == 2:
         return (t[0], t[1], t[0], t[1])
-    if len(t) != 4 or min(t) < 0:
-        raise XnnquantError(f"padding must be an int, (h, w) or (top, right, bottom, left) >= 0: got {v!r}")
     return t[0], t[1], t[2], t[3]
 
 

@@ -56,8 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import arguments
 from ..constants import XNNPACK_BACKEND_ID
-from ..errors import PayloadError, XnnquantError, missing_extra
+from ..errors import PayloadError, ProgramError, XnnquantError, missing_extra
 from . import program_generated as fb
 from .header import ExtendedHeader
 
@@ -69,10 +70,6 @@ PTD_IDENTIFIER = b"FT01"
 Source = bytes | bytearray | memoryview | str | os.PathLike
 #: Bytes read from a program or data file: a view of the mapped file when read from a path.
 Blob = bytes | memoryview
-
-
-class ProgramError(XnnquantError):
-    """Malformed, truncated or unsupported ExecuTorch program (``.pte``) or data file (``.ptd``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,10 +129,12 @@ def is_pte(source: Source) -> bool:
     ``b"ET12"``.  Reads 8 bytes of a file; imports nothing."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source[4:8]) == PTE_IDENTIFIER
+    if not isinstance(source, (str, os.PathLike)):  # an int would open that file descriptor
+        return False
     try:
         with open(source, "rb") as f:
             return f.read(8)[4:8] == PTE_IDENTIFIER
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the path
         return False
 
 
@@ -155,14 +154,21 @@ def _read(source: Source, what: str) -> tuple[Blob, str]:
             return map_file(source), repr(os.fspath(source))
         except XnnquantError as exc:
             raise ProgramError(f"cannot read {what} file {os.fspath(source)!r}: {exc}") from None
-    raise XnnquantError(f"a {what} must be given as bytes or a path: got {type(source).__name__}")
+    raise XnnquantError(f"a {what} must be given as bytes or a path: got {arguments.shown(source)}")
 
 
 def _sources(given: Source | Iterable[Source]) -> list[Source]:
-    """One source or several, as a list."""
+    """``data_files=``: one source (bytes or a path) or a list or tuple of them, as a list."""
     if isinstance(given, (bytes, bytearray, memoryview, str, os.PathLike)):
         return [given]
-    return list(given)
+    if isinstance(given, (list, tuple)):
+        for i, item in enumerate(given):
+            if not isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike)):
+                raise XnnquantError(f"data_files[{i}] must be the bytes or the path of a .ptd file: got "
+                                    f"{arguments.shown(item)}")
+        return list(given)
+    raise XnnquantError(f"data_files must be the bytes or the path of a .ptd file, or a list of them: got "
+                        f"{arguments.shown(given)}")
 
 
 class _Bounds:
@@ -210,7 +216,7 @@ def read_ptd(source: Source) -> dict[str, Blob]:
 def _ptd_blobs(data: Blob, name: str) -> dict[str, Blob]:
     if len(data) < 48 or data[4:8] != PTD_IDENTIFIER:
         raise ProgramError(
-            f"{name} is not an ExecuTorch data file: got identifier {data[4:8]!r} ({len(data)} bytes), "
+            f"{name} is not an ExecuTorch data file: got identifier {bytes(data[4:8])!r} ({len(data)} bytes), "
             f"expected {PTD_IDENTIFIER!r} and a 48-byte header"
         )
     try:
@@ -257,18 +263,20 @@ def read_pte(source: Source, data_files: Source | Iterable[Source] = (), *,
     no XNNPACK delegate, or a delegate's payload is malformed or names constants found
     neither in the program nor in ``data_files``.
     """
+    validate = arguments.flag(validate, "validate")
+    files = _sources(data_files)
     data, name = _read(source, ".pte")
     if len(data) < 8 or data[4:8] != PTE_IDENTIFIER:
+        identifier = bytes(data[4:8])
         hint = (" (an XNNGraph payload: read it with xnnquant.graph.load)"
-                if data[4:8] in (b"XN00", b"XN01", b"XH00") else "")
+                if identifier in (b"XN00", b"XN01", b"XH00") else "")
         raise ProgramError(
-            f"{name} is not an ExecuTorch program: got identifier {data[4:8]!r}{hint} "
+            f"{name} is not an ExecuTorch program: got identifier {identifier!r}{hint} "
             f"({len(data)} bytes), expected {PTE_IDENTIFIER!r}"
         )
     program = _Walk(data, name)
     named = dict(program.named_data)
     origin = dict.fromkeys(named, "program")
-    files = _sources(data_files)
     file_bytes = []
     for file in files:
         where = "data file bytes" if isinstance(file, (bytes, bytearray, memoryview)) else os.fspath(file)

@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedConfigError, XnnquantError, missing_extra
+from .. import arguments
+from ..arrays import to_numpy
+from ..errors import ProgramError, UnsupportedConfigError, XnnquantError, missing_extra
 from ..graph.divergence import TOLERANCE
 from ..graph.worker import DEFAULT_TIMEOUT, worker
 from .reader import Delegate, PteProgram, Source, read_pte
@@ -69,6 +71,9 @@ def _portable_lib() -> Any:
 
 def _as_program(program: PteProgram | Source, data_files: Any) -> PteProgram:
     if isinstance(program, PteProgram):
+        if not (isinstance(data_files, (list, tuple)) and not data_files):
+            raise XnnquantError(f"data_files= goes with a .pte's bytes or path: a PteProgram has read its data files "
+                                f"already (read_pte(path, data_files)); got {arguments.shown(data_files)}")
         return program
     return read_pte(program, data_files)
 
@@ -122,9 +127,8 @@ class InputSpec:
 def method_inputs(program: PteProgram | Source, method: str, data_files: Any = ()) -> list[InputSpec]:
     """The shapes and dtypes a method takes, from the runtime's ``MethodMeta``."""
     program = _as_program(program, data_files)
+    _check_method(program, method)
     module = _load(_runtime_bytes(program)[0], _data_map(program))
-    if method not in program.methods:
-        raise XnnquantError(f"no method {method!r} in the program: it has {', '.join(program.methods)}")
     meta = module.method_meta(method)
     specs = []
     for i in range(meta.num_inputs()):
@@ -154,11 +158,22 @@ def random_method_inputs(specs: Sequence[InputSpec], seed: int = 0) -> list[np.n
     return out
 
 
+def _check_method(program: PteProgram, method: Any) -> None:
+    if not isinstance(method, str) or method not in program.methods:
+        raise XnnquantError(f"no method {arguments.shown(method)} in the program: it has {', '.join(program.methods)}")
+
+
 def _execute(module: Any, method: str, inputs: Sequence[Any]) -> list[np.ndarray]:
     import torch
 
-    # a torch tensor is passed as it is: its strides may lay it out in a declared dim order
-    tensors = [x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+    tensors = []
+    for i, x in enumerate(arguments.items(inputs, "inputs", "arrays")):
+        # a torch tensor is passed as it is: its strides may lay it out in a declared dim order
+        array = to_numpy(x, f"inputs[{i}]")
+        if array.dtype not in SCALAR_TYPES.values() or array.size == 0:
+            raise XnnquantError(f"inputs[{i}] must be a non-empty array of one of the dtypes "
+                                f"{', '.join(str(d) for d in SCALAR_TYPES.values())}: got {arguments.shown(array)}")
+        tensors.append(x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array)))
     with _runtime_errors(f"to run method {method!r}"):
         results = module.run_method(method, tensors)
     return [np.array(r.numpy(), copy=True) for r in results]
@@ -168,8 +183,7 @@ def run_method(program: PteProgram | Source, method: str, inputs: Sequence[Any],
                data_files: Any = ()) -> list[np.ndarray]:
     """Outputs of ``method`` on the real runtime, as numpy arrays (inputs: arrays or tensors)."""
     program = _as_program(program, data_files)
-    if method not in program.methods:
-        raise XnnquantError(f"no method {method!r} in the program: it has {', '.join(program.methods)}")
+    _check_method(program, method)
     return _execute(_load(_runtime_bytes(program)[0], _data_map(program)), method, inputs)
 
 
@@ -180,7 +194,11 @@ class _Cutter:
         from executorch.exir._serialize import _deserialize_pte_binary
 
         self.program = program
-        self.pte_file = _deserialize_pte_binary(_runtime_bytes(program)[0])
+        try:
+            self.pte_file = _deserialize_pte_binary(_runtime_bytes(program)[0])
+        except Exception as exc:  # struct.error, UnicodeDecodeError, ...: it trusts what it reads
+            raise ProgramError(f"the program is malformed: ExecuTorch's deserializer cannot read it "
+                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
         self.plans = {plan.name: plan for plan in self.pte_file.program.execution_plan}
 
     def call_site(self, delegate: Delegate) -> tuple[int, list[int]]:
@@ -212,6 +230,9 @@ class _Cutter:
         chain.instructions, plan.outputs, chain.outputs = chain.instructions[:keep], outputs, outputs
         try:
             return bytes(_serialize_pte_binary(copy.copy(self.pte_file), extract_delegate_segments=True))
+        except Exception as exc:  # what the deserializer read does not serialize again
+            raise ProgramError(f"the program is malformed: ExecuTorch's serializer cannot write it back cut after a "
+                               f"delegate call ({type(exc).__name__}: {str(exc)[:200]})") from None
         finally:
             chain.instructions, plan.outputs, chain.outputs = saved
 
@@ -225,6 +246,9 @@ def delegate_io(program: PteProgram | Source, delegate: Delegate | str, inputs: 
     numpy arrays.  How they are captured: see the module docstring.
     """
     program = _as_program(program, data_files)
+    if not isinstance(delegate, (str, Delegate)):
+        raise XnnquantError(f"delegate must be one of program.delegates or its name ('forward/0'): got "
+                            f"{arguments.shown(delegate)}")
     if isinstance(delegate, str):
         found = [d for d in program.delegates if d.name == delegate]
         if not found:
@@ -339,6 +363,12 @@ def verify_pte(source: PteProgram | Source, data_files: Any = (), seed: int = 0,
     ``RuntimeCrashError`` with the signal and the log's last lines, one that runs past
     ``timeout`` seconds (default ``DEFAULT_TIMEOUT``) ``RuntimeTimeoutError``.
     """
+    seed = arguments.integer(seed, "seed", low=0)
+    isolate = arguments.flag(isolate, "isolate")
+    timeout = arguments.seconds(timeout)
+    if timeout is not None and not isolate:
+        raise XnnquantError(f"timeout= limits the isolated runtime: got timeout={timeout:g} with isolate=False "
+                            "(pass isolate=True to stop a call that runs too long)")
     program = _as_program(source, data_files)
     if isolate:
         data, data_map = _runtime_bytes(program)  # a mapped file's view cannot be pickled

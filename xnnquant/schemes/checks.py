@@ -16,6 +16,7 @@ from typing import Literal, cast
 
 import numpy as np
 
+from ..arguments import shown
 from ..arrays import ArrayInput, as_float32, first_not_positive_normal, float_array, is_int, to_numpy
 from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
 from ..datatypes import Datatype
@@ -73,8 +74,9 @@ def normalize_axis(axis: object, ndim: int, name: str = "axis") -> int:
 
 
 def check_method(method: object) -> Method:
-    if method not in METHODS:
-        raise XnnquantError(f"unknown method: got {method!r}, expected one of {', '.join(map(repr, METHODS))}")
+    if not isinstance(method, str) or method not in METHODS:
+        given = repr(method) if isinstance(method, str) else shown(method)
+        raise XnnquantError(f"unknown method: got {given}, expected one of {', '.join(map(repr, METHODS))}")
     return cast(Method, str(method))
 
 
@@ -116,6 +118,8 @@ def reciprocal(scale: np.ndarray) -> np.ndarray:
 
 def user_scale(scale: ArrayInput, name: str = "scale") -> np.ndarray:
     """A caller-given scale as a float32 array, each value a positive normal float."""
+    if isinstance(scale, (bool, np.bool_, str, bytes)):
+        raise XnnquantError(f"{name} must be a number or an array of numbers: got {scale!r}")
     try:
         arr = np.asarray(scale, dtype=np.float64)
     except (TypeError, ValueError):

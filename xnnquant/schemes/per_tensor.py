@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ..arguments import flag, is_plain_int, shown
 from ..arrays import ArrayInput
 from ..datatypes import Datatype, storage
 from ..errors import XnnquantError
@@ -33,13 +34,16 @@ DATATYPES = (Datatype.qint8, Datatype.quint8)
 
 
 def _datatype(dtype: object) -> Datatype:
-    try:
-        datatype = Datatype(cast(int, dtype)) if not isinstance(dtype, str) else Datatype[dtype]
-    except (ValueError, KeyError, TypeError):
-        datatype = None
-    if datatype not in DATATYPES:
+    """``dtype``: a ``Datatype``, its wire value or its name, of qint8 or quint8."""
+    datatype = None
+    if is_plain_int(dtype) and int(cast(int, dtype)) in {d.value for d in DATATYPES}:
+        datatype = Datatype(int(cast(int, dtype)))
+    elif isinstance(dtype, str) and dtype in {d.name for d in DATATYPES}:
+        datatype = Datatype[dtype]
+    if datatype is None:
+        given = repr(dtype) if isinstance(dtype, (str, Datatype)) or is_plain_int(dtype) else shown(dtype)
         raise XnnquantError(
-            f"unsupported per-tensor datatype: got {dtype!r}, expected Datatype.qint8 or Datatype.quint8"
+            f"unsupported per-tensor datatype: got {given}, expected Datatype.qint8 or Datatype.quint8"
         )
     return datatype
 
@@ -47,7 +51,7 @@ def _datatype(dtype: object) -> Datatype:
 def choose_qparams(x: ArrayInput, dtype: Datatype = Datatype.qint8, symmetric: bool = False) -> tuple[np.ndarray, int]:
     """(scale float32 ``()``, zero point int) of ``x`` for ``dtype``."""
     arr = float_source(x, "x", min_rank=0)
-    return _choose(arr, _datatype(dtype), symmetric)
+    return _choose(arr, _datatype(dtype), flag(symmetric, "symmetric"))
 
 
 def _choose(arr: np.ndarray, datatype: Datatype, symmetric: bool) -> tuple[np.ndarray, int]:
@@ -89,6 +93,7 @@ def quantize(x: ArrayInput, dtype: Datatype = Datatype.qint8, *positional: Any, 
     arr = float_source(x, "x", min_rank=0)
     datatype = _datatype(dtype)
     facts = storage(datatype)
+    symmetric = flag(symmetric, "symmetric")
     if (scale is None) != (zero_point is None):
         raise XnnquantError(
             f"give both scale and zero_point or neither: got scale={scale!r}, zero_point={zero_point!r}"
