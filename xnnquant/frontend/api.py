@@ -153,9 +153,10 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
                                     f"{type(exc).__name__}: {exc}") from exc
             eager = module
     with stage("decompose", timings):
-        extra = _unrunnable(program)
+        table = decomposition_table()
+        extra = {op: fn for op, fn in _unrunnable(program).items() if op not in table}
         if needs_decomposition(program) or extra:
-            program = program.run_decompositions({**decomposition_table(), **extra})
+            program = program.run_decompositions({**extra, **table})
         for _ in range(2):  # a decomposition may give ops that need one too
             extra = _unrunnable(program)
             if not extra:
@@ -173,7 +174,7 @@ def _unrunnable(program: Any) -> dict[Any, Any]:
     from .passes.partition import portable_refusal
 
     lowerings = load_lowerings()
-    table = torch._decomp.decomposition_table
+    table = torch._decomp.core_aten_decompositions()  # into core ATen ops (never into prims)
     ops = {n.target for n in program.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
     return {op: table[op] for op in ops if op not in lowerings and op in table
             and portable_refusal_of(op, portable_refusal) is not None}

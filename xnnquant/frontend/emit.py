@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..constants import XNNPACK_BACKEND_ID
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..pte.builder import MethodBuilder, ProgramBuilder
 from .exported import TensorIO
@@ -33,7 +34,6 @@ from .lowering.walk import Lowered, declared_dim_order
 from .passes.partition import PARTITION, PHASE, PORTABLE, SIZE, WHY
 from .program import AtenProgram, Size
 
-XNNPACK_BACKEND = "XnnpackBackend"
 #: Arithmetic on sizes, by its traced target's name: the ``executorch_prim`` kernel computing it.
 SIZE_KERNELS = {"add": "add.Scalar", "sub": "sub.Scalar", "mul": "mul.Scalar", "floordiv": "floordiv.Scalar",
                 "mod": "mod.Scalar", "neg": "neg.Scalar", "truediv": "truediv.Scalar", "sym_max": "sym_max.Scalar",
@@ -72,6 +72,14 @@ def placements(program: AtenProgram) -> list[Placement]:
 
 def _dtype(val: Any) -> str:
     return str(getattr(val, "dtype", "float32")).removeprefix("torch.")
+
+
+def _strided_order(val: Any) -> tuple[int, ...]:
+    """The dim order of a traced result (contiguous when its strides tell none)."""
+    try:
+        return tuple(int(d) for d in val.dim_order())
+    except Exception:  # symbolic strides
+        return tuple(range(len(val.shape)))
 
 
 def input_specs(program: AtenProgram) -> list[TensorIO]:
@@ -175,11 +183,26 @@ class _Emitter:
         args = torch.fx.node.map_arg(node.args, self.operand)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.operand)
         try:
-            self.values[node] = portable_call(self.method, node.target, args, kwargs)
+            self.values[node] = portable_call(self.method, node.target, args, kwargs, out=self.results(node))
         except XnnquantError as exc:
             where = AtenProgram.module_path(node) or "<top level>"
             raise UnsupportedConfigError(f"{node.target} (node {node.name}, module {where}) runs on ExecuTorch's "
                                          f"portable kernels, and cannot: {exc}") from None
+
+    def results(self, node: Any) -> int | list[int]:
+        """The out tensors of a portable node, as torch traced its results (dtype, dim order;
+        sizes at the bounds of their dynamic dims, then bounded)."""
+        from .lowering.walk import _dynamic_dims
+
+        vals = node.meta.get("val")
+        several = isinstance(vals, (tuple, list))
+        outs = []
+        for k, val in enumerate(vals if several else (vals,)):
+            sizes = self.program.shape(val, f"result {k} of {node.name}")
+            spec = TensorIO(node.name, tuple(s.bound for s in sizes), _dtype(val), _strided_order(val),
+                            _dynamic_dims(self.program, sizes))
+            outs.append(self.tensor_of(spec))
+        return outs if several else outs[0]
 
     def delegate(self, lowered: Lowered, payload: Any) -> None:
         """A delegate call: the tensors of its input nodes in, new tensors for its output nodes."""
@@ -188,7 +211,7 @@ class _Emitter:
         outputs = [self.tensor_of(spec) for spec in lowered.outputs]
         for node, index in zip(lowered.output_nodes, outputs):
             self.values[node] = index
-        m.delegate_call(m.delegate(XNNPACK_BACKEND, payload), inputs, outputs)
+        m.delegate_call(m.delegate(XNNPACK_BACKEND_ID, payload), inputs, outputs)
 
 
 def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Sequence[Any], inputs: Sequence[TensorIO],

@@ -192,7 +192,7 @@ class MethodBuilder:
                 raise XnnquantError(f"constant data has shape {array.shape}, expected the tensor's sizes {sizes}")
             if dynamic:
                 raise XnnquantError("a constant tensor cannot be dynamic: its data fixes its sizes")
-            stored = np.ascontiguousarray(array.transpose(order), dtype=NUMPY_DTYPES[st])
+            stored = np.array(array.transpose(order), dtype=NUMPY_DTYPES[st], order="C")  # 0-d stays 0-d
             if not np.array_equal(stored.astype(array.dtype), array.transpose(order),
                                   equal_nan=array.dtype.kind in "fc"):
                 raise XnnquantError(f"constant data of dtype {array.dtype} does not cast exactly to {st.name}")

@@ -100,6 +100,16 @@ def _signature(op: Any) -> Any:
 def out_variant(op: Any) -> Any:
     """The out-variant overload of ``op`` whose kernel the runtime registers (module
     docstring, step 1), or ``UnsupportedConfigError`` naming ``op``."""
+    try:
+        return _out_variant(op)
+    except XnnquantError:
+        raise
+    except Exception as exc:  # a schema torchgen cannot parse (e.g. a default list it does not know)
+        raise UnsupportedConfigError(f"{op}: torch's schema of it cannot be read ({type(exc).__name__}: {exc}); "
+                                     "ExecuTorch's portable kernels are not known to run it") from None
+
+
+def _out_variant(op: Any) -> Any:
     torch = _torch()
     from torchgen.model import FunctionSchema, SchemaKind
 

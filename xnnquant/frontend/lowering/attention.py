@@ -44,7 +44,7 @@ from . import lowers
 from .context import Activation, LoweringContext
 from .elementwise import binary
 from .linear import product
-from .shape import reshaped
+from .shape import permute, reshaped
 
 aten = torch.ops.aten
 
@@ -129,7 +129,8 @@ def scaled_dot_product_attention(ctx: LoweringContext, query: Any, key: Any, val
         rows = None if rows is None else groups * rows
         q = reshaped(ctx, q, batch[:-1] + (kv_heads, groups * length, width), batch_exprs[:-1] + (None, rows, None))
     score_exprs = q.exprs[:-2] + (rows, k.exprs[-2])
-    kt = Activation(k.id, k.shape[:-2] + (width, keys), k.perm[:-2] + (k.perm[-1], k.perm[-2]))
+    swap = tuple(range(k.rank - 2)) + (k.rank - 1, k.rank - 2)
+    kt = permute(ctx, k, swap)  # k^T, no node: the product reads it through its transpose flag when it can
     scores = _as(product(ctx, q, kt), score_exprs)
     scores = _as(binary(ctx, "multiply", scores, factor), score_exprs)
     if mask is not None:

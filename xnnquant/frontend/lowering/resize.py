@@ -37,6 +37,8 @@ from .context import NHWC, Activation, LoweringContext
 from .shape import GATHER_KINDS, gathered
 
 aten = torch.ops.aten
+#: Largest side an antialiased resize takes: its per-axis filter matrices are side x side floats.
+ANTIALIASED_MAX_SIDE = 2**12
 
 SEPARABLE_KINDS = ("XNNFullyConnected", "XNNStaticTranspose", "XNNStaticReshape")
 
@@ -190,7 +192,7 @@ def upsample_bilinear2d_aa(ctx: LoweringContext, x: Any, output_size: Any, align
     if not align_corners and whole and oh >= h and ow >= w:
         out = ctx.graph.static_resize_bilinear_2d(ctx.in_layout(x, NHWC), oh, ow, align_corners=False)
         return ctx.tensor(out, (x.shape[0], x.shape[1], oh, ow), NHWC)
-    if max(h, w) > 4096 or math.prod((oh, ow)) > 2**24:
+    if max(h, w) > ANTIALIASED_MAX_SIDE or math.prod((oh, ow)) > 2**24:
         raise XnnquantError(f"an antialiased resize from {h}x{w} to {oh}x{ow} is not supported: expected at most "
-                            "4096 per side")
+                            f"{ANTIALIASED_MAX_SIDE} per side")
     return _linear_resize(ctx, x, (output_size, align_corners, *scales))

@@ -18,6 +18,8 @@ lowering needs to know about another.
 ``batch_norm``     folds an eval-mode batch norm into the convolution before it
 ``equalization``   with calibration statistics: per-channel scales for the linears
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
+``masks``          a boolean attention mask the program computes becomes the float
+                   mask it stands for (0 / -inf), so the attention stays in XNNPACK
 ``partition``      which nodes run in XNNPACK delegates (and which delegate), which on
                    ExecuTorch's portable kernels
 =================  =================================================================
@@ -38,7 +40,7 @@ from ..program import AtenProgram
 PassFn = Callable[[AtenProgram, Any], None]
 
 #: The passes, in the order they run (module names in this package).
-ORDER = ("cleanup", "constants", "batch_norm", "equalization", "partition")
+ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "partition")
 
 
 @dataclass(frozen=True)

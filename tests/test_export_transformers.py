@@ -1,0 +1,55 @@
+"""Hugging Face ``transformers`` architectures through ``xq.export``, on the real runtime.
+
+Small seeded configurations (``hf_models.py``) of BERT, DistilBERT, GPT-2, Llama, Qwen2,
+ViT, ResNet, ConvNeXt, MobileNetV2, EfficientNet and Whisper's encoder, with transformers'
+eager and SDPA attention, text models fed token ids (a mixed program: embedding lookups and
+masks on ExecuTorch's portable kernels) and fed embeddings (float), under fp32, qc8w and
+qb4w:32 (with the default ``fallback="auto"``).  Every export runs its self-check; the
+program is then run on ExecuTorch's runtime and compared with the module in eager torch.
+
+Bounds: fp32 programs differ from torch by the rounding of float32 sums (a few ulps of
+sums of at most a few hundred products, through two layers): ``1e-5`` of the output's
+largest magnitude.  Quantized programs carry int8 or int4 weights and int8 activations
+on random weights, which are not trained to be quantized: judged by the cosine between
+the program's and the module's outputs, at least 0.9 (the lowest measured was 0.94,
+MobileNetV2 at qb4w:32); a wrong program is near 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xnnquant as xq
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+import hf_models  # noqa: E402  (needs transformers)
+
+pytestmark = [pytest.mark.xnnpack, pytest.mark.slow]
+
+FP32_BOUND = 1e-5
+MIN_COSINE = 0.9
+
+CASES = [(name, attention, inputs) for name in hf_models.ARCHITECTURES
+         for attention in (("eager", "sdpa") if name in hf_models.WITH_ATTENTION else ("eager",))
+         for inputs in (("ids", "embeds") if name in hf_models.TEXT else ("float",))]
+
+
+@pytest.mark.parametrize("weights", ["fp32", "qc8w", "qb4w:32"])
+@pytest.mark.parametrize(("name", "attention", "inputs"), CASES, ids=["-".join(c) for c in CASES])
+def test_architecture_exports_and_runs(name: str, attention: str, inputs: str, weights: str) -> None:
+    built = hf_models.ARCHITECTURES[name](attention)
+    module, example = hf_models.with_float_inputs(built) if inputs == "embeds" else built
+    exported = xq.export(module, example, weights=weights, progress=False)
+    assert exported.self_check.nodes > 0
+    assert exported.mixed == (inputs == "ids")
+    (got,) = exported.run(*example)
+    with torch.no_grad():
+        ref = module(*example).numpy().astype(np.float64)
+    got = got.astype(np.float64)
+    if weights == "fp32":
+        assert np.abs(got - ref).max() <= FP32_BOUND * np.abs(ref).max()
+    else:
+        cosine = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+        assert cosine >= MIN_COSINE
