@@ -104,8 +104,9 @@ def _kinds(exported: xq.Exported) -> set[str]:
 
 
 def _refused(fn: Any, *inputs: Any) -> str:
+    """What XNNPACK refuses (``strict=True``: a mixed program would run it outside XNNPACK)."""
     with pytest.raises(UnsupportedConfigError) as info:
-        xq.export(_module(fn), inputs, weights="fp32", progress=False)
+        xq.export(_module(fn), inputs, weights="fp32", progress=False, strict=True)
     return str(info.value)
 
 
@@ -182,11 +183,28 @@ def test_attention_is_not_decomposed_and_needs_no_transpose() -> None:
                                                       "XNNSoftmax", "XNNBatchMatrixMultiply"]
 
 
+def test_a_computed_boolean_mask_becomes_a_float_mask() -> None:
+    """A mixed program: the mask and its rows' keep factor on the portable kernels (passes/masks.py),
+    the attention in XNNPACK; a query that attends to no key gives 0, as in torch.  Bound as
+    for the float masks above: 1e-6 of the largest output."""
+    def fn(q: Any, k: Any, v: Any, m: Any) -> Any:
+        return sdpa(q, k, v, attn_mask=m > 0)
+
+    scores = _x(5, 7)
+    scores[2] = -1.0  # query 2 attends to nothing
+    exported = xq.export(_module(fn), (Q, K, V, scores), weights="fp32", progress=False)
+    (got,) = exported.run(Q, K, V, scores)
+    want = fn(Q, K, V, scores).numpy()
+    assert not want[:, :, 2].any() and not got[:, :, 2].any()
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    assert "XNNBatchMatrixMultiply" in {n.kind for graph in exported.delegates for n in graph.nodes}
+
+
 def test_attention_refusals() -> None:
     message = _refused(lambda q, k, v, m: sdpa(q, k, v, attn_mask=m > 0), Q, K, V, _x(5, 7))
     assert ("aten.scaled_dot_product_attention.default (node scaled_dot_product_attention, module <top level>): the "
-            "boolean attention mask is computed at run time: XNNPACK has no boolean values; expected a float additive "
-            "mask, or a boolean mask built from constants or static shapes (folded at export)") in message
+            "boolean attention mask is computed at run time: XNNPACK has no boolean values (the masks pass turns it "
+            "into a float mask outside XNNPACK when the program may be mixed)") in message
     message = _refused(lambda q, k, v: sdpa(q, k, v, dropout_p=0.1), Q, K, V)
     assert "scaled_dot_product_attention with dropout_p=0.1 is not supported: expected 0 (eval)" in message
 
@@ -667,12 +685,19 @@ def test_check_reports_what_the_registrations_refuse_without_lowering() -> None:
     def fn(q: Any, k: Any, v: Any, m: Any) -> Any:
         return sdpa(q, k, v, attn_mask=m > 0) + torch.max(q, -1, keepdim=True)[1].float()
 
-    report = xq.check(Op(fn).eval(), (Q, Q, Q, _x(5, 5)), weights="fp32")
+    report = xq.check(Op(fn).eval(), (Q, Q, Q, _x(5, 5)), weights="fp32", strict=True)
     assert not report.ok
     reasons = "\n".join(report.refused)
     assert "the boolean attention mask is computed at run time" in reasons
     assert "the indices output of aten.max.dim is used" in reasons
     assert "aten.gt.Scalar (node gt, module <top level>): unsupported operator" in reasons
+    # mixed: the same nodes run on the portable kernels, each with its reason
+    report = xq.check(Op(fn).eval(), (Q, Q, Q, _x(5, 5)), weights="fp32")
+    assert report.ok
+    portable = {p.op: p.why for p in report.portable}
+    assert portable["aten.gt.Scalar"] == "XNNPACK has no lowering of aten.gt.Scalar"
+    assert portable["aten.max.dim"] == "its result is int64 (XNNPACK's values here are float32)"
+    assert "aten.bmm.default" in report.lowered or "aten.scaled_dot_product_attention.default" in report.lowered
 
 
 # ------------------------------------------------------------ dynamic sizes

@@ -22,9 +22,10 @@ torch is imported here, on first use; ``import xnnquant`` does not import it.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import XnnquantError, missing_extra
@@ -282,7 +283,9 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         program.name_dims(options.dynamic_shapes, eager)
         pass_options = _PassOptions(statistics, options.strict)
         run_passes(program, pass_options)
-        members = _partitioned(program, options, pass_options)
+        partition = _partitioned(program, options, pass_options)
+        partition.raise_problems()
+        members = partition.delegates
     weights = WeightOptions(options.policy, options.method, statistics)
     bar = _progress(options.progress, f"export {options.policy.weights}")
     delegates: list[Lowered | None]
@@ -321,17 +324,31 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 PARTITION_ROUNDS = 4
 
 
-def _partitioned(program: AtenProgram, options: ExportOptions,
-                 pass_options: _PassOptions) -> list[set[Any] | None] | None:
-    """The members of each delegate of a mixed program (index: phase; None where a phase has
-    none), or None for a pure one (every node in XNNPACK, every input and output float32).
+@dataclass
+class Partition:
+    """Where a program's nodes run: the members of each delegate by phase (None where a phase
+    has none; ``delegates`` is None for a pure program: every node in XNNPACK, every input
+    float32), and what cannot run anywhere (``problems``, one line each: nodes neither
+    XNNPACK nor the portable kernels run, layers that cannot take their weights)."""
+
+    delegates: list[set[Any] | None] | None
+    problems: list[str]
+
+    def raise_problems(self) -> None:
+        from ..errors import UnsupportedConfigError
+
+        if self.problems:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            raise UnsupportedConfigError(f"export refused {len(self.problems)} node(s) or layer(s):\n{lines}")
+
+
+def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _PassOptions) -> Partition:
+    """The ``Partition`` of a program after the passes (``passes/partition.py`` placed it).
 
     Lowering can refuse a node its check took: such nodes go to the portable kernels and
     the partition is made again (a dry run of the lowering, nothing quantized), until no
-    delegate refuses a node.  Nodes that neither XNNPACK nor the portable kernels run, and
-    layers that cannot take their weights, are refused together, by name.
+    delegate refuses a node.
     """
-    from ..errors import UnsupportedConfigError
     from .lowering.context import WeightOptions
     from .lowering.walk import lower
     from .passes import PASSES
@@ -340,12 +357,12 @@ def _partitioned(program: AtenProgram, options: ExportOptions,
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     dry = WeightOptions(options.policy, dry_run=True)
     for _ in range(PARTITION_ROUNDS):
-        portable = [n for n in calls if n.meta.get(PARTITION) == PORTABLE]
+        portable = [n for n in calls if n.meta.get(PARTITION) == PORTABLE and n.target is not operator.getitem]
         phases = sorted({n.meta[PARTITION] for n in calls if n.meta.get(PARTITION, -1) >= 0})
         float_io = all(_dtype(n) == "float32" for n in program.graph.nodes if n.op == "placeholder"
                        and n.name in program.inputs)
         if options.strict or (not portable and phases in ([], [0]) and float_io):
-            return None
+            return Partition(None, [])
         groups: list[set[Any] | None] = [None] * (max(phases, default=-1) + 1)
         for phase in phases:
             groups[phase] = {n for n in calls if n.meta.get(PARTITION) == phase}
@@ -361,10 +378,13 @@ def _partitioned(program: AtenProgram, options: ExportOptions,
                 f"{n.target} (node {n.name}, module {AtenProgram.module_path(n) or '<top level>'}): neither XNNPACK "
                 f"({n.meta.get('xnnquant_why_portable', '')}) nor ExecuTorch's portable kernels ({why}) run it"
                 for n in portable if (why := portable_refusal(n)) is not None]
-            if problems:
-                lines = "\n".join(f"  - {p}" for p in problems)
-                raise UnsupportedConfigError(f"export refused {len(problems)} node(s) or layer(s):\n{lines}")
-            return groups
+            if not phases and not problems:
+                shown = "; ".join(f"{n.name}: {n.meta.get('xnnquant_why_portable', '')}" for n in portable[:3])
+                shown += "; ..." if len(portable) > 3 else ""
+                problems.append(f"no node of the program runs in XNNPACK ({shown}): "
+                                "xnnquant writes programs that delegate to XNNPACK; expected a module with at least "
+                                "one op XNNPACK runs on float32 values")
+            return Partition(groups, problems)
         pass_options.portable.update(refused)
         PASSES["partition"].fn(program, pass_options)
     raise AssertionError(f"the partition did not settle in {PARTITION_ROUNDS} rounds")
@@ -434,39 +454,54 @@ def _check_streamed(module: Any, path: str) -> None:
 
 
 def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", fallback: Any = "auto",
-          target: Any = "1.4.1", dynamic_shapes: Any = None) -> CheckReport:
+          target: Any = "1.4.1", dynamic_shapes: Any = None, strict: bool = False) -> CheckReport:
     """What ``xq.export`` would do with ``module``, without quantizing or writing anything.
 
-    The module is traced and rewritten as ``export`` does; then each node is asked of its
-    lowering (the registration's ``check``, then the lowering itself on stand-in filters)
-    and each layer of the weight policy.  Returns a ``CheckReport``: the ops that would be
-    lowered, every refusal with its reason and module path, and every layer's scheme with
-    the reason when it falls back.  Arguments as for ``export``.
+    The module is traced, rewritten and partitioned as ``export`` does; each delegate's
+    nodes are asked of their lowering (the registration's ``check``, then the lowering
+    itself on stand-in filters) and each layer of the weight policy.  Returns a
+    ``CheckReport``: the ops lowered onto XNNPACK, the nodes that would run on ExecuTorch's
+    portable kernels and why, every refusal with its reason and module path, and every
+    layer's scheme with the reason when it falls back.  Arguments as for ``export``.
     """
     options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False,
-                                  dynamic_shapes=dynamic_shapes)
+                                  dynamic_shapes=dynamic_shapes, strict=strict)
     timings: dict[str, float] = {}
     _, traced = _traced(module, example_inputs, options, timings)
+    from .emit import placements
     from .lowering.context import WeightOptions
     from .lowering.walk import lower
     from .passes import run_passes
-    from .program import AtenProgram
 
     program = AtenProgram.of(traced)
     program.name_dims(options.dynamic_shapes, module)
-    run_passes(program, _PassOptions(None))
-    lowered = lower(program, options.target, WeightOptions(options.policy, dry_run=True), raise_refusals=False)
-    return CheckReport(lowered.lowered_ops, lowered.refusals, lowered.rows)
+    pass_options = _PassOptions(None, options.strict)
+    run_passes(program, pass_options)
+    partition = _partitioned(program, options, pass_options)
+    dry = WeightOptions(options.policy, dry_run=True)
+    if partition.delegates is None:
+        lowered = lower(program, options.target, dry, raise_refusals=False)
+        return CheckReport(lowered.lowered_ops, lowered.refusals, lowered.rows, [])
+    ops: list[str] = []
+    refusals = list(partition.problems)
+    rows: list[ReportRow] = []
+    for group in partition.delegates:
+        if group is not None:
+            lowered = lower(program, options.target, replace(dry, rows=rows), members=group, raise_refusals=False)
+            ops += lowered.lowered_ops
+    portable = [p for p in placements(program) if p.where == "portable kernels"]
+    return CheckReport(ops, refusals, rows, portable)
 
 
 class CheckReport:
-    """What ``xq.check`` found: ``lowered`` (the ATen ops lowered, one per node), ``refused``
-    (one line per node or layer that cannot be, with its reason and module path) and
-    ``weights`` (one ``ReportRow`` per layer: its scheme and fallback reason; no SQNR, nothing
-    was quantized)."""
+    """What ``xq.check`` found: ``lowered`` (the ATen ops lowered onto XNNPACK, one per node),
+    ``portable`` (the nodes that would run on ExecuTorch's portable kernels: ``emit.Placement``,
+    with why), ``refused`` (one line per node or layer that cannot run, with its reason and
+    module path) and ``weights`` (one ``ReportRow`` per layer: its scheme and fallback reason;
+    no SQNR, nothing was quantized)."""
 
-    def __init__(self, lowered: list[str], refused: list[str], weights: list[Any]) -> None:
-        self.lowered, self.refused, self.weights = lowered, refused, weights
+    def __init__(self, lowered: list[str], refused: list[str], weights: list[Any], portable: list[Any]) -> None:
+        self.lowered, self.refused, self.weights, self.portable = lowered, refused, weights, portable
 
     @property
     def ok(self) -> bool:
@@ -478,7 +513,10 @@ class CheckReport:
 
         ops = Counter(self.lowered)
         lines = [f"xnnquant check: {len(self.lowered)} nodes lowered onto XNNPACK ("
-                 + ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) + f"); {len(self.refused)} refused"]
+                 + ", ".join(f"{op} x{n}" for op, n in sorted(ops.items())) + f"); {len(self.portable)} on "
+                 f"ExecuTorch's portable kernels; {len(self.refused)} refused"]
+        lines += [f"  portable: {p.op} (node {p.node}, module {p.module or '<top level>'}): {p.why}"
+                  for p in self.portable]
         lines += [f"  refused: {r}" for r in self.refused]
         for row in self.weights:
             why = f" ({row.fallback})" if row.fallback else ""
@@ -486,4 +524,5 @@ class CheckReport:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"CheckReport({len(self.lowered)} lowered, {len(self.refused)} refused, {len(self.weights)} layers)"
+        return (f"CheckReport({len(self.lowered)} lowered, {len(self.portable)} portable, {len(self.refused)} refused, "
+                f"{len(self.weights)} layers)")

@@ -51,9 +51,6 @@ from .values import (
 )
 
 FILE_IDENTIFIER = b"ET12"
-#: Alignment of named-data blobs (ExecuTorch's XNNPACK delegate aligns its constants so);
-#: a segment starts at the least common multiple of it and the segment alignment.
-NAMED_DATA_ALIGNMENT = CONSTANT_TENSOR_ALIGNMENT
 
 
 def _align(n: int, alignment: int) -> int:
@@ -124,7 +121,7 @@ class SegmentLayout:
             same = next((k for k, b in enumerate(blobs) if len(b) == len(blob) and b == blob), None)
             if same is None:
                 blobs.append(blob)
-                segments.append(((blob,), len(blob), NAMED_DATA_ALIGNMENT))
+                segments.append(((blob,), len(blob), CONSTANT_TENSOR_ALIGNMENT))
                 same = len(blobs) - 1
             named.append((key, 1 + len(distinct) + same))
         placed, end = [], 0
@@ -168,7 +165,7 @@ def _evalue_table(b: flatbuffers.Builder, value: EValue, allocation: int | None)
         if allocation is not None:
             fb.AllocationDetailsStart(b)
             fb.AllocationDetailsAddMemoryId(b, PLANNED_MEMORY_ID)
-            fb.AllocationDetailsAddMemoryOffsetLow(b, allocation & 0xFFFFFFFF)
+            fb.AllocationDetailsAddMemoryOffsetLow(b, allocation % (1 << 32))
             fb.AllocationDetailsAddMemoryOffsetHigh(b, allocation >> 32)
             info = fb.AllocationDetailsEnd(b)
         fb.TensorStart(b)

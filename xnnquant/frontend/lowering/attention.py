@@ -63,9 +63,9 @@ def sdpa_check(node: Any) -> str | None:
         return f"scaled_dot_product_attention with dropout_p={dropout} is not supported: expected 0 (eval)"
     mask = _argument(node, 3, "attn_mask", None)
     val = getattr(mask, "meta", {}).get("val")
-    if getattr(val, "dtype", None) == torch.bool and mask.op != "placeholder":
-        return ("the boolean attention mask is computed at run time: XNNPACK has no boolean values; expected a float "
-                "additive mask, or a boolean mask built from constants or static shapes (folded at export)")
+    if getattr(val, "dtype", None) == torch.bool and mask.op != "placeholder":  # passes/masks.py makes it float
+        return ("the boolean attention mask is computed at run time: XNNPACK has no boolean values (the masks pass "
+                "turns it into a float mask outside XNNPACK when the program may be mixed)")
     shapes = [tuple(getattr(getattr(a, "meta", {}).get("val"), "shape", ())) for a in node.args[:3]]
     if any(len(s) < 2 for s in shapes):
         return f"scaled_dot_product_attention needs query, key and value of rank >= 2: got shapes {shapes}"

@@ -282,7 +282,7 @@ class _Walk:
                 dims = tuple(s.bound for s in self.ctx.program.shape(val, "a stand-in"))
             except XnnquantError:  # an unbounded size: refused where it arose
                 return None
-            dims = dims or (1,)  # a 0-d value stands as [1], as the graph holds it
+            dims = tuple(max(d, 1) for d in dims) or (1,)  # 0-d stands as [1], as the graph holds it; size 0 as 1
             return Activation(self.ctx.graph.tensor(dims), dims, identity(len(dims)))
         return make(node.meta.get("val"))
 

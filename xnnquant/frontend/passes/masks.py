@@ -1,15 +1,20 @@
 """A boolean attention mask computed by the program becomes a float mask before attention.
 
 ``scaled_dot_product_attention(q, k, v, attn_mask=m)`` with a boolean ``m`` (True: attend)
-means adding 0 where ``m`` holds and -inf where it does not.  XNNPACK has no boolean
-values, so when ``m`` is computed (from the input ids, as transformers' SDPA masks are) the
-attention would leave XNNPACK; instead this pass writes the addition's float mask::
+means: scores where ``m`` is False get no weight, and a query row that attends to no key
+at all gives 0 (torch's result).  XNNPACK has no boolean values, so when ``m`` is computed
+(from the input ids, as transformers' SDPA masks are) this pass writes it as what it
+stands for::
 
-    m (bool, computed)  ->  where(m, 0.0, -inf)  (float32; ExecuTorch's portable kernels)
-                        ->  scaled_dot_product_attention(q, k, v, attn_mask=<that>)  (XNNPACK)
+    bias = where(m, 0, FLT_LOWEST)                 float32, ExecuTorch's portable kernels
+    keep = where(any(m, -1, keepdim), 1, 0)        float32, 1 for a row that attends to a key
+    out  = scaled_dot_product_attention(q, k, v, attn_mask=bias) * keep        XNNPACK
 
-which is what torch computes for a boolean mask, so the values do not change.  A constant
-boolean mask is left to the attention's lowering, which folds it into a constant.
+``FLT_LOWEST`` (the lowest float32) instead of -inf: a score plus it is it (the scores are
+far smaller), so a masked key's ``exp(bias - max)`` is exactly 0 in a row that attends
+somewhere, as with -inf; a row masking every key gets equal scores and a finite average,
+which ``keep`` makes 0, where -inf would give NaN.  A constant boolean mask is left to the
+attention's lowering, which folds it into a constant.
 """
 
 from __future__ import annotations
@@ -29,23 +34,45 @@ def _boolean(node: Any) -> bool:
     return getattr(getattr(node, "meta", {}).get("val"), "dtype", None) is torch.bool
 
 
+#: What a masked key's score becomes (see the module docstring).
+FLT_LOWEST = float(torch.finfo(torch.float32).min)
+
+
+def _call(program: AtenProgram, before: Any, target: Any, args: tuple[Any, ...], val: Any) -> Any:
+    with program.graph.inserting_before(before):
+        node = program.graph.call_function(target, args)
+    node.meta = {**before.meta, "val": val}
+    return node
+
+
 @rewrite("masks")
 def float_masks(program: AtenProgram, options: Any) -> None:
-    zero = neg_inf = None
+    if getattr(options, "strict", False):  # the float mask needs the portable kernels
+        return
+    constants: dict[str, Any] = {}
+
+    def constant(name: str, value: float) -> Any:
+        if name not in constants:
+            constants[name] = program.add_constant(torch.tensor(value), f"attention_mask_{name}")
+        return constants[name]
+
     for node in list(program.graph.nodes):
         if node.op != "call_function" or node.target is not SDPA:
             continue
         mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
         if mask is None or not _boolean(mask) or program.is_constant(mask):
             continue
-        if zero is None:
-            zero = program.add_constant(torch.tensor(0.0), "attention_mask_zero")
-            neg_inf = program.add_constant(torch.tensor(float("-inf")), "attention_mask_neg_inf")
-        with program.graph.inserting_before(node):
-            additive = program.graph.call_function(aten.where.self, (mask, zero, neg_inf))
         val = mask.meta["val"]
-        additive.meta = {**mask.meta, "val": torch.empty_like(val, dtype=torch.float32)}
+        bias = _call(program, node, aten.where.self, (mask, constant("zero", 0.0), constant("lowest", FLT_LOWEST)),
+                     torch.empty_like(val, dtype=torch.float32))
+        rows = _call(program, node, aten.any.dim, (mask, -1, True), torch.empty_like(val[..., :1]))
+        keep = _call(program, node, aten.where.self, (rows, constant("one", 1.0), constant("zero", 0.0)),
+                     torch.empty_like(val[..., :1], dtype=torch.float32))
         if len(node.args) > 3:
-            node.args = node.args[:3] + (additive,) + node.args[4:]
+            node.args = node.args[:3] + (bias,) + node.args[4:]
         else:
-            node.kwargs = {**node.kwargs, "attn_mask": additive}
+            node.kwargs = {**node.kwargs, "attn_mask": bias}
+        with program.graph.inserting_after(node):
+            kept = program.graph.call_function(aten.mul.Tensor, (node, keep))
+        kept.meta = dict(node.meta)
+        node.replace_all_uses_with(kept, delete_user_cb=lambda user, kept=kept: user is not kept)

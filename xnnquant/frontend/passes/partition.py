@@ -66,6 +66,9 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
             if hasattr(val, "dtype") and _dtype(val) != "float32":
                 return f"its input {arg.name} is {_dtype(val)} (XNNPACK's values here are float32)"
     vals = node.meta.get("val")
+    if isinstance(vals, (tuple, list)):  # the results read (max.dim's unread indices are not made)
+        read = {user.args[1] for user in node.users if user.target is operator.getitem and user.users}
+        vals = [val for i, val in enumerate(vals) if i in read]
     for val in vals if isinstance(vals, (tuple, list)) else (vals,):
         if hasattr(val, "dtype") and _dtype(val) != "float32":
             return f"its result is {_dtype(val)} (XNNPACK's values here are float32)"
