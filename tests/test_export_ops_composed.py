@@ -22,6 +22,7 @@ with the module in float64 torch (``module.double()`` on the inputs made double)
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -513,6 +514,25 @@ def test_variances_and_log_softmax(name: str, fn: Any) -> None:
     ``x - max - log(sum exp)`` (XNNPACK's exp and log, 6 eps at most): measured 1.6e-7 of
     the largest output; bound 1e-6."""
     _check(fn, X4, bound=1e-6)
+
+
+@pytest.mark.parametrize("order, dims, keepdim", [(2, -1, True), (2, (1, 2), False), (1, 1, False),
+                                                  (float("inf"), -1, False), (float("-inf"), (2, 3), True)])
+def test_vector_norms(order: float, dims: Any, keepdim: bool) -> None:
+    """ord 1: a sum of |x| (gamma(n) of the sum); ord 2: the square root of a sum of squares
+    (gamma(n + 1) of the sum, halved by the root, plus the root's half ulp); inf and -inf select
+    an |x|: exact."""
+    fn = lambda t: torch.linalg.vector_norm(t, order, dims, keepdim)  # noqa: E731
+    module = _module(fn)
+    reference = _reference(module, (X4,))
+    exported, got = _export(module, X4)
+    n = X4.numel() // reference.size
+    if math.isinf(order):
+        np.testing.assert_array_equal(got, reference.astype(np.float32))
+    else:
+        relative = gamma(n) if order == 1 else gamma(n + 1) / 2
+        assert_within(got, reference, relative * reference + half_ulp(reference), f"norm {order}")
+    assert "XNNFullyConnected" in _kinds(exported) or "XNNMaxPooling2d" in _kinds(exported)
 
 
 def test_reduction_refusals() -> None:

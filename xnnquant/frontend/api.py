@@ -57,21 +57,32 @@ def decomposition_table() -> dict[Any, Any]:
 
 
 def needs_decomposition(program: Any) -> bool:
-    """True when some node's op has no lowering of its own and no pass removes it.
+    """True when some node's op has no lowering of its own, no pass removes it, and it is not
+    left to ExecuTorch's portable kernels as it is.
 
     Decomposing with ``decomposition_table()`` rewrites exactly those ops (and
     functionalizes in-place ones, which have no lowering either); when every op is
-    handled as it is, it would return the same graph, and skipping it saves seconds.
+    handled as it is, it would return the same graph, and skipping it saves seconds.  An op
+    on values other than float32 (token ids, masks, positions) that the portable kernels
+    run is left as it is: XNNPACK could not run its pieces either.
     """
     import operator
 
     from .lowering import load_lowerings
     from .passes import HANDLED, load_passes
+    from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
     load_passes()
-    return any(node.op == "call_function" and node.target is not operator.getitem and node.target not in lowerings
-               and node.target not in HANDLED for node in program.graph.nodes)
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem or node.target in lowerings \
+                or node.target in HANDLED or is_size(node):
+            continue
+        values = [node, *node.all_input_nodes]
+        if any(_dtype(v) not in ("float32", "") for v in values) and portable_refusal(node) is None:
+            continue
+        return True
+    return False
 
 
 def _check_module(torch: Any, module: Any) -> None:
@@ -167,16 +178,17 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
 
 
 def _unrunnable(program: Any) -> dict[Any, Any]:
-    """torch's decompositions of the ops in ``program`` that neither XNNPACK nor ExecuTorch's
-    portable kernels run (``linalg_vector_norm``: core ATen, so torch.export keeps it)."""
+    """torch's core ATen decompositions of the ops in ``program`` that neither XNNPACK nor
+    ExecuTorch's portable kernels run (ops that torch.export's default decompositions keep)."""
     import torch
 
     from .lowering import load_lowerings
-    from .passes.partition import portable_refusal
+    from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
     table = torch._decomp.core_aten_decompositions()  # into core ATen ops (never into prims)
-    ops = {n.target for n in program.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
+    ops = {n.target for n in program.graph.nodes
+           if n.op == "call_function" and hasattr(n.target, "_schema") and not is_size(n)}
     return {op: table[op] for op in ops if op not in lowerings and op in table
             and portable_refusal_of(op, portable_refusal) is not None}
 

@@ -6,7 +6,8 @@ the value index of its result.  How the call is made, as ExecuTorch's emitter ma
 
 1. The out variant.  A view operator (its schema returns an alias of an input, e.g.
    ``aten::view``, ``aten::slice.Tensor``) becomes its ``_copy`` operator (``view_copy``,
-   ``slice_copy.Tensor``: same arguments, a copy instead of an alias).  The kernel is then
+   ``slice_copy.Tensor``: same arguments, a copy instead of an alias; ``aten::_unsafe_view``,
+   a view whose schema does not say so, too).  The kernel is then
    the overload of the same name whose schema has out arguments and, out arguments and
    returns left aside, the same signature (torchgen's ``FunctionSchema.signature``, which
    also leaves out dtype/layout/device/pin_memory): ``aten::add.Tensor`` ->
@@ -115,6 +116,8 @@ def _out_variant(op: Any) -> Any:
 
     if not isinstance(op, torch._ops.OpOverload):
         raise XnnquantError(f"expected an ATen OpOverload such as torch.ops.aten.add.Tensor: got {op!r}")
+    if op is torch.ops.aten._unsafe_view.default:  # a view whose schema does not say so
+        op = torch.ops.aten.view_copy.default
     schema = FunctionSchema.parse(str(op._schema))
     target = op
     if schema.kind() == SchemaKind.functional and any(r.annotation is not None for r in schema.returns):

@@ -11,6 +11,8 @@ op                     nodes on the rows ``[R, n]``
 ``amin``, ``min.dim``  ``-max(-x)`` (negation is exact)
 ``var``, ``std``       ``m = FC(x, 1/n)``, ``FC((x - m)^2, 1/(n - correction))`` (then sqrt)
 ``log_softmax``        ``xc = x - max(x)``, ``xc - log(FC(exp(xc), ones))``
+``linalg_vector_norm`` ord 2: ``sqrt(FC(x^2, ones))``; 1: ``FC(|x|, ones)``; inf: ``max(|x|)``;
+                       -inf: ``-max(-|x|)``
 =====================  ===================================================================
 
 A max pooling selects one of its inputs, so maxima are exact; sums are float32 dot
@@ -154,6 +156,39 @@ def values_only(node: Any) -> str | None:
 def max_dim(ctx: LoweringContext, x: Any, dim: int, keepdim: bool = False) -> tuple[Activation, None]:
     """``aten::max.dim / min.dim(input, dim, keepdim) -> (values, indices)``: the values."""
     return _extreme(ctx, x, [dim], bool(keepdim), ctx.node.target is aten.min.dim), None
+
+
+NORM_ORDERS = (2, 1, math.inf, -math.inf)
+
+
+def norm_order(node: Any) -> str | None:
+    """Why a vector norm cannot be lowered: an order other than ``NORM_ORDERS``."""
+    order = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
+    if order not in NORM_ORDERS:
+        return f"linalg_vector_norm of order {order} is not supported: expected one of 2, 1, inf, -inf"
+    return None
+
+
+@lowers(aten.linalg_vector_norm.default,
+        emits=("XNNFullyConnected", "XNNSquare", "XNNSquareRoot", "XNNAbs") + EXTREME_KINDS,
+        check=all_of(norm_order, not_scalar, static_shapes))
+def vector_norm(ctx: LoweringContext, x: Any, order: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                dtype: Any = None) -> Activation:
+    """``aten::linalg_vector_norm(input, ord, dim, keepdim, *, dtype)`` over rows (module docstring)."""
+    _dtype_ok(dtype, "linalg_vector_norm")
+    x = ctx.value(x)
+    reduced = reduced_dims(x, dim)
+    rows, _, n = as_rows(ctx, x, reduced)
+    g = ctx.graph
+    if order == 2:
+        out = g.square_root(row_sums(ctx, g.square(rows), n, 1.0))
+    elif order == 1:
+        out = row_sums(ctx, g.abs(rows), n, 1.0)
+    elif order == math.inf:
+        out = row_max(ctx, g.abs(rows), n)
+    else:
+        out = g.negate(row_max(ctx, g.negate(g.abs(rows)), n))
+    return _result(ctx, out, x, reduced, bool(keepdim))
 
 
 def _correction(correction: Any, unbiased: Any) -> float:

@@ -4,9 +4,11 @@
   (``_assert_tensor_metadata`` for ``.to()`` calls, ``_assert_scalar``, range constraints):
   erased;
 * copies and aliases (``clone``, ``alias``, ``detach``, ``lift_fresh_copy``,
-  ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` to the dtype the input already
-  has (a memory-format change: layouts are the lowering's business): their users read
-  their input instead.
+  ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` / ``to.dtype`` to the dtype the
+  input already has (a memory-format change: layouts are the lowering's business): their
+  users read their input instead;
+* ``to.dtype`` to another dtype (what torch.export keeps of ``.to(dtype)`` before
+  decompositions) becomes ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def passes_through(node: Any) -> bool:
         return True
     if node.target is aten.dropout.default:
         return not (node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
+    if node.target is aten.to.dtype:
+        return _dtype(node) is not None and _dtype(node) == _dtype(node.args[0])
     if node.target is aten._to_copy.default:
         device = node.kwargs.get("device")
         same_device = device is None or torch.device(device).type == "cpu"
@@ -45,7 +49,7 @@ def passes_through(node: Any) -> bool:
     return False
 
 
-@rewrite("cleanup", handles=CHECKS + IDENTITIES + (aten.dropout.default,))
+@rewrite("cleanup", handles=CHECKS + IDENTITIES + (aten.dropout.default, aten.to.dtype))
 def cleanup(program: AtenProgram, options: Any) -> None:
     for node in list(program.graph.nodes):
         if node.op != "call_function":
@@ -54,3 +58,8 @@ def cleanup(program: AtenProgram, options: Any) -> None:
             program.graph.erase_node(node)
         elif passes_through(node):
             replace_uses(node, node.args[0])
+        elif node.target is aten.to.dtype:
+            with program.graph.inserting_before(node):
+                copy = program.graph.call_function(aten._to_copy.default, (node.args[0],), {"dtype": _dtype(node)})
+            copy.meta = dict(node.meta)
+            replace_uses(node, copy)
