@@ -284,16 +284,8 @@ def _quantize_module(module: Any, config: XnnquantConfig, *, parameter_name: str
     return module
 
 
-def _accumulate_into(calibration: Calibration) -> Any:
-    """A forward pre-hook adding a linear's input rows to ``calibration`` (it returns None:
-    a hook's return value would replace the input)."""
-    def hook(_module: Any, args: tuple[Any, ...]) -> None:
-        calibration.add(args[0].detach())
-    return hook
-
-
 def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = True,
-              filter_fn: Any = None) -> dict[str, Calibration]:
+              filter_fn: Any = None, mask: Any = None) -> dict[str, Calibration]:
     """The inputs every ``torch.nn.Linear`` of ``model`` sees on ``batches``, one
     ``Calibration`` per layer name (``named_modules``), for ``XnnquantConfig(calibration=)``.
 
@@ -301,19 +293,47 @@ def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = T
     ``runtime_quantized`` (default True): accumulate each row as XNNPACK's dynamic int8
     path sees it (``Calibration(runtime_quantized=True)``), right for
     ``activations="int8_dynamic"``.  ``filter_fn(module, name)``: which linears (default:
-    all).  Every row a linear sees counts, padding tokens included.
+    all).  ``mask``: which rows count (padding tokens should not): one mask per batch,
+    bool or 0/1 numbers, shaped as every linear's input rows (``x.shape[:-1]``, e.g.
+    ``(batch, tokens)``), or the index of the batch's input that is the mask (as
+    ``xq.export``'s ``calibration_mask=``).  Without it every row counts.  A mask of the
+    wrong shape, and inputs that are not finite, raise ``XnnquantError`` naming the batch
+    and the layer.
     """
+    from .frontend.batches import parse_masks
+
+    inputs = [batch if isinstance(batch, tuple) else (batch,) for batch in batches]
+    masks = parse_masks(mask, inputs) if mask is not None else None
     calibrations: dict[str, Calibration] = {}
+    current = [0]
     hooks = []
+
+    def accumulate(name: str, calibration: Calibration) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:  # returns None: a value would replace the input
+            b = current[0]
+            x = args[0].detach()
+            rows_mask = None if masks is None else masks[b]
+            if rows_mask is not None and tuple(rows_mask.shape) != tuple(x.shape[:-1]):
+                raise XnnquantError(
+                    f"mask of batch {b} has shape {tuple(rows_mask.shape)}, but layer {name!r} reads rows of shape "
+                    f"{tuple(x.shape[:-1])} (its input's shape but the last dim): expected one bool per row")
+            try:
+                calibration.add(x, mask=rows_mask)
+            except XnnquantError as exc:
+                raise XnnquantError(f"calibration batch {b}: the input of layer {name!r} is not usable: {exc}") \
+                    from None
+        return hook
+
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and (filter_fn is None or filter_fn(module, name)):
             calibration = Calibration(module.in_features, runtime_quantized=runtime_quantized)
             calibrations[name] = calibration
-            hooks.append(module.register_forward_pre_hook(_accumulate_into(calibration)))
+            hooks.append(module.register_forward_pre_hook(accumulate(name, calibration)))
     try:
         with torch.no_grad():
-            for batch in batches:
-                model(*batch) if isinstance(batch, tuple) else model(batch)
+            for b, batch in enumerate(inputs):
+                current[0] = b
+                model(*batch)
     finally:
         for hook in hooks:
             hook.remove()
