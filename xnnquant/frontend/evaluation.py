@@ -12,10 +12,12 @@ reached the values of its inputs over *all* batches are there::
         after(node, run)                    a hook may look at the new values
         free the values whose last user was this node
 
-Each node is computed once per batch, and a value is dropped as soon as the last node
-reading it has been computed, so at most the values live across one point of the graph
-are held (for every batch).  Constants (parameters, buffers, folded tensors) are shared
-by all batches.
+With several batches and several cores, a node's batches are computed side by side, one
+per core, torch on one thread each (``parallel.for_ranges``): no op then waits for threads
+of its own at every step (figures in the README).  Each node is computed once per batch,
+and a value is dropped as soon as the last node reading it has been computed, so at most
+the values live across one point of the graph are held (for every batch).  Constants
+(parameters, buffers, folded tensors) are shared by all batches.
 
 Nodes compute as the self-check computes them (``torch_op``): a ``view`` as a
 ``reshape``, since the cleanup pass removed the ``contiguous`` copies views relied on.
@@ -30,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..compute.blas import one_blas_thread
+from ..compute.parallel import for_ranges, num_threads
 from ..errors import XnnquantError
 from .program import AtenProgram
 
@@ -41,18 +44,24 @@ After = Callable[[Any, "BatchRun"], None]
 
 
 @contextmanager
-def single_threaded() -> Iterator[None]:
-    """torch's and numpy's BLAS threads at one inside the block (the self-check's work on
-    the example inputs: products too small for threads to pay for waking each other)."""
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads at ``n`` inside the block (a process-wide setting)."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
-        with one_blas_thread():
-            yield
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """torch's and numpy's BLAS threads at one inside the block (the self-check's work on
+    the example inputs: products too small for threads to pay for waking each other)."""
+    with torch_threads(1), one_blas_thread():
+        yield
 
 
 def torch_op(target: Any) -> Any:
@@ -77,6 +86,8 @@ class BatchRun:
         self._twins = [None if p is program else dict(zip(primary, p.graph.nodes)) for p in self.programs]
         self._back = [None if t is None else {v: k for k, v in t.items()} for t in self._twins]
         self._values: dict[Any, list[Any]] = {}
+        #: batches computed side by side on the cores, torch on one thread each (see ``evaluate``)
+        self.parallel = len(batches) > 1 and num_threads() > 1
 
     def values(self, node: Any) -> list[Any]:
         """``node``'s value for every batch (a constant: the same tensor for each)."""
@@ -85,30 +96,40 @@ class BatchRun:
         return self._values[node]
 
     def _compute(self, node: Any, swap: dict[Any, Any]) -> list[Any]:
+        out: list[Any] = [None] * len(self.batches)
+
+        def some(lo: int, hi: int) -> None:
+            for b in range(lo, hi):
+                out[b] = self._one(node, swap, b)
+
+        if self.parallel:
+            for_ranges(some, len(self.batches), 1)
+        else:
+            some(0, len(self.batches))
+        return out
+
+    def _one(self, node: Any, swap: dict[Any, Any], b: int) -> Any:
         import torch
 
-        out = []
-        for b in range(len(self.batches)):
-            program, twins, back = self.programs[b], self._twins[b], self._back[b]
-            own = node if twins is None else twins[node]
+        program, twins, back = self.programs[b], self._twins[b], self._back[b]
+        own = node if twins is None else twins[node]
 
-            def arg(n: Any, b: int = b, program: AtenProgram = program, back: Any = back) -> Any:
-                mine = n if back is None else back[n]
-                if mine in swap:
-                    return swap[mine]
-                return program.constants[n.name] if program.is_constant(n) else self._values[mine][b]
+        def arg(n: Any) -> Any:
+            mine = n if back is None else back[n]
+            if mine in swap:
+                return swap[mine]
+            return program.constants[n.name] if program.is_constant(n) else self._values[mine][b]
 
-            args = torch.fx.node.map_arg(own.args, arg)
-            kwargs = torch.fx.node.map_arg(own.kwargs, arg)
-            try:
-                out.append(torch_op(own.target)(*args, **kwargs))
-            except Exception as exc:  # torch's own error on inputs that do not fit the program
-                path = AtenProgram.module_path(node) or "<top level>"
-                raise XnnquantError(
-                    f"calibration batch {b} does not run through the program: node {node.name} "
-                    f"({getattr(node.target, '__name__', node.target)}, module {path}) fails: "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-        return out
+        args = torch.fx.node.map_arg(own.args, arg)
+        kwargs = torch.fx.node.map_arg(own.kwargs, arg)
+        try:
+            return torch_op(own.target)(*args, **kwargs)
+        except Exception as exc:  # torch's own error on inputs that do not fit the program
+            path = AtenProgram.module_path(node) or "<top level>"
+            raise XnnquantError(
+                f"calibration batch {b} does not run through the program: node {node.name} "
+                f"({getattr(node.target, '__name__', node.target)}, module {path}) fails: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
 def last_uses(program: AtenProgram) -> dict[Any, list[Any]]:
@@ -143,7 +164,7 @@ def evaluate(program: AtenProgram, batches: Sequence[tuple[Any, ...]], *, before
     dropped = last_uses(program)
     position = {name: i for i, name in enumerate(program.inputs)}
     outputs: list[Any] = []
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(1 if run.parallel else torch.get_num_threads()):
         for node in program.graph.nodes:
             if node.op == "placeholder":
                 if not program.is_constant(node):
