@@ -132,9 +132,9 @@ def test_inverse_cholesky_factors_the_inverse() -> None:
 
 def test_rows_in_pieces_compiled_columns_and_threads_change_no_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """GPTQ and the re-fit treat each row on its own: cutting the rows into pieces of
-    ``ROWS`` (spread over the threads), the compiled column loop (``compute.loops``) or the
-    numpy one, one thread or two, and numpy's BLAS on one thread or its own, all give the
-    same codes and scales bit for bit (200 rows: 4 pieces, the last one short)."""
+    ``ROWS`` (64: 200 rows in 4 pieces, the last one short), one piece, one thread or two,
+    the compiled column loop (``compute.loops``) or the numpy one, and numpy's BLAS on one
+    thread or its own, all give the same codes and scales bit for bit."""
     from xnnquant.compute import blas, jit
 
     w, gram = _problem(13, 200, 160, 500)
@@ -142,9 +142,12 @@ def test_rows_in_pieces_compiled_columns_and_threads_change_no_value(monkeypatch
     def run() -> tuple[np.ndarray, np.ndarray]:
         return gptq.gptq(w, gram, 32, QMIN, QMAX, True, gptq.GptqSettings())
 
-    codes, scales = run()
+    with monkeypatch.context() as patch:
+        patch.setattr(gptq, "piece_rows", lambda rows: gptq.ROWS)
+        codes, scales = run()
     variants: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
-        "one piece": lambda patch: patch.setattr(gptq, "ROWS", 10**6),
+        "one piece": lambda patch: patch.setattr(gptq, "piece_rows", lambda rows: rows),
+        "one piece a thread": lambda patch: None,
         "one thread": lambda patch: patch.setenv("XNNQUANT_NUM_THREADS", "1"),
         "numpy columns": lambda patch: patch.setenv("XNNQUANT_JIT", "0"),
         "BLAS threads": lambda patch: patch.setattr(blas, "_threadpools", lambda: None),

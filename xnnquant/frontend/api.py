@@ -138,7 +138,10 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
                 raise XnnquantError("calibration= needs the torch.nn.Module itself (not a saved program) to run it")
             program, eager = module, None
         else:
-            _check_module(torch, module)
+            from .evaluation import torch_threads
+
+            with torch_threads(1):  # one small op a parameter: threads would only wait for each other
+                _check_module(torch, module)
             inputs = _check_inputs(torch, example_inputs)
             if options.calibration is not None:
                 options.calibration.check_fits(inputs)

@@ -61,14 +61,14 @@ import numpy as np
 
 from ..compute import jit
 from ..compute.blas import one_blas_thread
-from ..compute.parallel import for_ranges
+from ..compute.parallel import for_ranges, num_threads
 from ..errors import XnnquantError
 from .search import finish_scales
 from .weighted_search import NARROW_RATIOS, Cost, quadratic_cost, search_scales
 
 #: Columns per block of deferred updates.
 BLOCK = 64
-#: Weight rows per piece of work (GPTQ's pass and the re-fit treat rows independently).
+#: Least weight rows per piece of work (GPTQ's pass and the re-fit treat rows independently).
 ROWS = 64
 #: Size below which ``lower_inverse`` inverts directly.
 _LEAF = 64
@@ -181,9 +181,9 @@ def gptq(w: np.ndarray, gram: np.ndarray, group_size: int, qmin: int, qmax: int,
     ``(C, K // group_size)`` (positive normal; bf16 values when ``bf16``).
 
     Rows are independent (each row's errors go to the same row's later columns), so they
-    are processed ``ROWS`` at a time, the pieces spread over the cores (``for_ranges``);
-    the pieces' bounds do not depend on the number of threads, nor does any value.
-    numpy's BLAS stays on one thread meanwhile (``compute.blas``).
+    are processed in pieces, one per core (``piece_rows``, ``for_ranges``); each row's
+    values are the same whatever the cut (a test compares pieces of ``ROWS``, one piece,
+    and one thread with two).  numpy's BLAS stays on one thread meanwhile (``compute.blas``).
     """
     c, k = w.shape
     with one_blas_thread():
@@ -196,12 +196,14 @@ def gptq(w: np.ndarray, gram: np.ndarray, group_size: int, qmin: int, qmax: int,
         out = np.ones((c, k // group_size), np.float32) if scales is None else np.array(scales, np.float32)
         given = scales is not None
 
+        step = piece_rows(c)
+
         def pieces(first: int, last: int) -> None:
-            for lo in range(first, last, ROWS):
-                hi = min(last, lo + ROWS)
+            for lo in range(first, last, step):
+                hi = min(last, lo + step)
                 codes[lo:hi] = _compensate(np.asarray(w[lo:hi], np.float64), plan, out[lo:hi], given)
 
-        for_ranges(pieces, c, ROWS)
+        for_ranges(pieces, c, step)
         if settings.refit:
             out = refit_scales(np.asarray(w, np.float64), codes, out, dampened(gram, damp), group_size, bf16)
     return codes, out
@@ -308,19 +310,26 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.nda
     with ``M_ab = q_a^T h q_b``, ``v_a = q_a^T h w``: its minimum solves ``M s = v``.  The
     solution is made positive normal (bf16 if asked); a row keeps its old scales unless the
     new ones lower its loss (rounding to bf16 can undo a tiny gain).  ``M`` is symmetric:
-    its blocks ``b >= a`` are computed, the others mirrored.  Rows go ``ROWS`` at a time,
-    spread over the cores.
+    its blocks ``b >= a`` are computed, the others mirrored.  Rows go in pieces, one per
+    core (``piece_rows``).
     """
     out = np.empty(scales.shape, np.float32)
+    step = piece_rows(len(w))
 
     def pieces(first: int, last: int) -> None:
-        for lo in range(first, last, ROWS):
-            hi = min(last, lo + ROWS)
+        for lo in range(first, last, step):
+            hi = min(last, lo + step)
             out[lo:hi] = _refit_rows(w[lo:hi], codes[lo:hi], scales[lo:hi], h, group_size, bf16)
 
     with one_blas_thread():
-        for_ranges(pieces, len(w), ROWS)
+        for_ranges(pieces, len(w), step)
     return out
+
+
+def piece_rows(rows: int) -> int:
+    """Rows per piece: one piece per thread, at least ``ROWS`` rows (fewer, larger pieces
+    spend less time in Python per row)."""
+    return max(ROWS, -(-rows // num_threads()))
 
 
 def _refit_rows(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.ndarray, group_size: int,
