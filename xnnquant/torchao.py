@@ -41,9 +41,10 @@ config warns when it is made so.
 
 Activation-aware methods (``"act_mse"``, ``"gptq"``) take per-layer calibration through the
 config itself, ``calibration={layer name or module: Calibration or array}``, which
-``calibrate(model, batches)`` collects with forward pre-hooks on the model's linears::
+``calibrate(model, batches)`` collects with forward pre-hooks on the model's linears
+(``mask=`` leaves padding rows out, as ``xq.export``'s ``calibration_mask=``)::
 
-    calibration = calibrate(model, batches)      # {"layer.0.attention.self.query": Calibration, ...}
+    calibration = calibrate(model, batches, mask=1)   # {"layer.0.attention.self.query": Calibration, ...}
     quantize_(model, XnnquantConfig("qb4w:32", method="gptq", calibration=calibration))
 
 rather than torchao's observe-then-convert two-step (``quantize_`` once to insert observers,
