@@ -35,8 +35,9 @@ produce, so each layer is calibrated on those inputs, as ``models.sequential`` d
 the numpy MiniLM.  When the walk reaches a layer whose scheme is quantized, its input is
 there for every batch: its ``Calibration`` is accumulated (one per input and row kind,
 shared by the layers reading the same input: query, key and value), the layer quantized
-(``WeightScheme.quantize``, in the layout the lowering stores), and the layer, like every
-later reader of that weight, computed with the dequantized weight.  Each node is computed
+(``WeightScheme.quantize``, in the layout the lowering stores; together with the other
+layers reading that input with the same scheme, their rows stacked), and the layer, like
+every later reader of that weight, computed with the dequantized weight.  Each node is computed
 once per batch.  The lowering then stores ``quantized`` as it is.
 
 Non-finite inputs of a layer, and a mask of the wrong shape, raise ``XnnquantError``
@@ -71,7 +72,7 @@ from ..tensor import QuantizedTensor
 from .batches import CalibrationData
 from .evaluation import BatchRun, evaluate
 from .program import AtenProgram
-from .weights import Layer, LayerKind, WeightPolicy
+from .weights import Layer, LayerKind, WeightPolicy, WeightScheme
 
 #: SmoothQuant's migration strength for the equalization (see the module docstring).
 EQUALIZATION_ALPHA = 0.5
@@ -277,20 +278,50 @@ class _Calibrating:
             if use.rows.kind == "last":
                 self._absmax(use, path, run)
             return None
+        scheme = self._scheme(use)
+        if scheme is None:
+            return None  # the lowering stores it as it is, refuses it, or says why it has no statistics
+        self._quantize_readers(use, scheme, run)
+        return {use.weight: self.swapped[use.weight]}
+
+    def _scheme(self, use: LayerUse) -> WeightScheme | None:
+        """The quantized scheme ``use``'s filter takes, or None (fp32, refused, not calibrated)."""
         assert self.policy is not None
         choice = self.policy.choose(use.layer)
         if isinstance(choice, str) or not choice.scheme.is_quantized or use.refusal is not None:
-            return None  # the lowering stores it as it is, refuses it, or says why it has no statistics
-        calibration = self._gram(use, path, run)
-        self.stats.grams[path] = calibration
-        filt = self.program.array(use.weight.name, f"the weight of {path!r}")
-        qt = choice.scheme.quantize(use.stored(filt), self.method, calibration)
-        assert isinstance(qt, QuantizedTensor)  # a quantized scheme
-        self.stats.quantized[path] = qt
+            return None
+        return choice.scheme
+
+    def _quantize_readers(self, use: LayerUse, scheme: WeightScheme, run: BatchRun) -> None:
+        """Quantize ``use`` with every other layer that reads the same input the same way and
+        takes the same scheme (query, key and value), not yet quantized: their filters' rows
+        stacked into one matrix, quantized at once (one factorization of the shared Gram, one
+        pass over more rows) and cut back.  Each row is quantized on its own, so each filter
+        gets the codes and scales it would get alone."""
         import torch
 
-        self.swapped[use.weight] = torch.from_numpy(use.unstored(qt.dequantize()))
-        return {use.weight: self.swapped[use.weight]}
+        readers = [use]
+        for user in use.input.users:
+            other = layer_use(self.program, user)
+            if other is not None and other.rows == use.rows and other.weight not in self.swapped \
+                    and all(other.weight is not r.weight for r in readers) and self._scheme(other) == scheme:
+                readers.append(other)
+        paths = [self.stats.key(r.weight.name, self.program.layer_path(r.weight.name, r.node)) for r in readers]
+        calibration = self._gram(use, paths[0], run)
+        filters = [r.stored(self.program.array(r.weight.name, f"the weight of {p!r}")) for r, p in zip(readers, paths)]
+        rows = [len(f) for f in filters]
+        stacked = np.concatenate([f.reshape(len(f), -1) for f in filters])
+        qt = scheme.quantize(stacked, self.method, calibration)
+        assert isinstance(qt, QuantizedTensor)  # a quantized scheme
+        start = 0
+        for reader, path, filt, n in zip(readers, paths, filters, rows):
+            codes, scale = qt.codes[start:start + n].reshape(filt.shape), qt.scale[start:start + n]
+            part = QuantizedTensor(qt.datatype, codes, scale, qt.zero_point, channel_dim=0, group_size=qt.group_size,
+                                   meta=dict(qt.meta))
+            start += n
+            self.stats.grams[path] = calibration
+            self.stats.quantized[path] = part
+            self.swapped[reader.weight] = torch.from_numpy(reader.unstored(part.dequantize()))
 
     def _mask(self, b: int, x: Any, use: LayerUse, path: str) -> Any:
         """Batch ``b``'s mask (numpy bool, the rows' leading shape), or None."""
