@@ -44,7 +44,7 @@ PARTS = (
     ("trace the module at the batches' shapes", "batches.py", "(_traced)"),
     ("torch ops of the program (both batches)", "evaluation.py", "(_compute)"),
     ("Gram matrices (Calibration.add)", "schemes/calibration.py", "(add)"),
-    ("GPTQ, all 36 linears", "schemes/gptq.py", "(gptq)"),
+    ("GPTQ (36 linears; q, k, v as one)", "schemes/gptq.py", "(gptq)"),
     ("  of which inverse Cholesky", "schemes/gptq.py", "(inverse_cholesky)"),
     ("  of which least-squares re-fit", "schemes/gptq.py", "(refit_scales)"),
     ("self-check", "selfcheck.py", "(self_check)"),
