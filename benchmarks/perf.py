@@ -9,8 +9,8 @@ Sections (``--only`` picks some; all run by default):
   packing in torch).  Goal for qb4w g32: within 4x the copy, at least 8x faster than
   torchao.
 * ``mse``: ``method="mse"`` (qb4w g32) over all-MiniLM-L6-v2's 36 linears against
-  torchao's ``hqq_scale_only``: wall time and pooled weight SQNR of each.  Goal: at
-  least as fast, at least 0.25 dB more accurate.
+  torchao's ``hqq_scale_only``: wall time and pooled weight SQNR of each, with every
+  thread and with one thread each.  Goal: at least as fast, at least 0.25 dB more accurate.
 * ``graph``: building and writing (``Graph.to_bytes``) chains of 10k, 20k and 100k nodes
   with an external output every 32nd node (as ``xq.verify`` exposes values): time per
   node, which must not grow with the graph.
@@ -173,6 +173,21 @@ def bench_mse(repeat: int) -> None:
           f"stores them; {sqnr_db(weights, hqq_dequantized(bf16=False)):.3f} dB with its fp32 scales)")
     print(f"mse: {med['hqq_scale_only'] / med['mse']:.2f}x the speed of hqq_scale_only, {ours_db - hqq_db:+.3f} dB; "
           f"goal: >= 1x and >= +0.25 dB; {load_note()}")
+    # the same on one thread each: what each does per core, whatever else shares the machine
+    # (torch's threads wait for each other at every op, which other processes can stall)
+    threads = torch.get_num_threads()
+    os.environ["XNNQUANT_NUM_THREADS"], before = "1", os.environ.get("XNNQUANT_NUM_THREADS")
+    torch.set_num_threads(1)
+    try:
+        one = interleaved({"mse": ours, "hqq_scale_only": hqq}, repeat)
+    finally:
+        torch.set_num_threads(threads)
+        if before is None:
+            del os.environ["XNNQUANT_NUM_THREADS"]
+        else:
+            os.environ["XNNQUANT_NUM_THREADS"] = before
+    print(f"one thread each: mse {one['mse']:.3f}s, hqq_scale_only {one['hqq_scale_only']:.3f}s: "
+          f"{one['hqq_scale_only'] / one['mse']:.2f}x its speed; {load_note()}")
 
 
 # ------------------------------------------------------------------ graph scaling

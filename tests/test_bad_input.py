@@ -483,9 +483,9 @@ def test_verify_module_must_be_callable(exported: xq.Exported) -> None:
     (dict(state_dict=123), "state_dict must be the path of a safetensors file: got int"),
     (dict(calibration=5), "calibration must be an iterable of input tuples (one tuple of the module's positional "
                           "inputs per batch): got int"),
-    (dict(calibration=[(torch.zeros(2, 63),)]), "calibration batch 0 ((2, 63) torch.float32) does not run through the "
-                                                "module: RuntimeError: mat1 and mat2 shapes cannot be multiplied "
-                                                "(2x63 and 64x32)"),
+    (dict(calibration=[(torch.zeros(2, 63),)]), "calibration batch 0 ((2, 63) torch.float32) does not fit the "
+                                                "module: layer '0' (Linear) fails on it: RuntimeError: mat1 and mat2 "
+                                                "shapes cannot be multiplied (2x63 and 64x32)"),
     (dict(calibration=[(torch.zeros(2, 64, dtype=torch.float64),)]),
      "calibration batch 0, input 0 is torch.float64 of shape (2, 64): expected torch.float32 of rank 2, as example "
      "input 0 (2, 64)"),

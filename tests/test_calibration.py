@@ -134,3 +134,37 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
 def test_bad_input_raises_with_what_got_expected(call: Callable[[], Any], message: str) -> None:
     with pytest.raises(xq.XnnquantError, match=re.escape(message)):
         call()
+
+
+def test_wide_inputs_in_column_blocks() -> None:
+    """K = 300 spans three column blocks of ``GRAM_BLOCK`` (the last one short) and 2,500 rows
+    three chunks: each block pair summed on its own, the lower blocks mirrored."""
+    from xnnquant.schemes.calibration import GRAM_BLOCK
+
+    assert GRAM_BLOCK < 300 < 3 * GRAM_BLOCK
+    x = (RNG.normal(size=(2500, 300)) * np.linspace(0.1, 4, 300)).astype(np.float32)
+    cal = xq.Calibration(300).add(x[:1000]).add(x[1000:])
+    x64 = x.astype(np.float64)
+    # float32 products of up to CHUNK_ROWS rows: ~1e-7 relative per term, ~1e-6 per sum
+    np.testing.assert_allclose(cal.gram, x64.T @ x64, rtol=1e-5, atol=1e-6 * np.abs(x64.T @ x64).max())
+    assert np.array_equal(cal.gram, cal.gram.T)
+
+
+def test_rows_the_mask_drops_are_not_read_and_a_refused_add_changes_nothing() -> None:
+    x = X.copy()
+    x[5, 7] = np.nan
+    keep = np.ones(96, bool)
+    keep[5] = False
+    cal = xq.Calibration(64).add(x, mask=keep)  # the NaN is in a padding row
+    kept = X[keep].astype(np.float64)
+    np.testing.assert_allclose(cal.gram, kept.T @ kept, rtol=1e-5, atol=1e-6 * np.abs(kept.T @ kept).max())
+    before = cal.gram.copy()
+    with pytest.raises(xq.XnnquantError, match=re.escape("calibration must be finite: got nan at index (5, 7) "
+                                                         "(1 non-finite value(s) in all)")):
+        cal.add(x)
+    huge = np.full((2, 64), 2e19, np.float32)  # finite, but its squares overflow float32
+    with pytest.raises(xq.XnnquantError, match=re.escape(
+            "calibration values are too large: some |x| > 1.8e19, whose square overflows the float32 products; "
+            "expected activations of a usable model")):
+        cal.add(huge)
+    assert np.array_equal(cal.gram, before) and cal.tokens == 95

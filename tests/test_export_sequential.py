@@ -1,5 +1,5 @@
 """xq.export with an activation-aware method calibrates sequentially: each linear on the
-inputs that the already-quantized linears before it produce (export/calibration.py).
+inputs that the already-quantized linears before it produce (frontend/calibration.py).
 
 Oracle: the same calibration done by hand with the public verbs (``xq.Calibration``,
 ``xq.quantize_blockwise``), whose packed codes must appear, byte for byte, in the
@@ -113,10 +113,12 @@ def test_act_mse_too_and_refused_layers_stay_refused() -> None:
 
 
 def test_a_layer_without_statistics_is_refused_by_name() -> None:
-    """A convolution gets no calibration: refused saying why, not 'calibration=None'."""
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 32)).eval()
-    x = torch.randn(1, 3, 8, 8)
+    """A grouped convolution gets no calibration: refused saying why, not 'calibration=None'."""
+    module = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, groups=2), torch.nn.Flatten(),
+                                 torch.nn.Linear(8 * 6 * 6, 32)).eval()
+    x = torch.randn(1, 4, 8, 8)
     with pytest.raises(xq.UnsupportedConfigError,
                        match=r"module 0\): method 'gptq' has no calibration statistics for this layer: got none, "
-                             r"expected the inputs of a torch.nn.Linear called as a module"):
+                             r"expected the inputs of a linear or a one-group convolution reached by the calibration "
+                             r"batches"):
         xq.export(module, (x,), weights="qc8w", method="gptq", calibration=[(x,)], progress=False)

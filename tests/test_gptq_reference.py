@@ -17,6 +17,8 @@ costs tie to ~1e-12, which random data does not produce.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -126,3 +128,34 @@ def test_inverse_cholesky_factors_the_inverse() -> None:
     assert np.array_equal(upper, np.triu(upper))
     inverse = np.linalg.inv(gptq.dampened(gram, 0.01))
     np.testing.assert_allclose(upper.T @ upper, inverse, rtol=1e-9, atol=1e-12 * np.abs(inverse).max())
+
+
+def test_rows_in_pieces_compiled_columns_and_threads_change_no_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPTQ and the re-fit treat each row on its own: cutting the rows into pieces of
+    ``ROWS`` (64: 200 rows in 4 pieces, the last one short), one piece, one thread or two,
+    the compiled column loop (``compute.loops``) or the numpy one, and numpy's BLAS on one
+    thread or its own, all give the same codes and scales bit for bit."""
+    from xnnquant.compute import blas, jit
+
+    w, gram = _problem(13, 200, 160, 500)
+
+    def run() -> tuple[np.ndarray, np.ndarray]:
+        return gptq.gptq(w, gram, 32, QMIN, QMAX, True, gptq.GptqSettings())
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gptq, "piece_rows", lambda rows: gptq.ROWS)
+        codes, scales = run()
+    variants: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+        "one piece": lambda patch: patch.setattr(gptq, "piece_rows", lambda rows: rows),
+        "one piece a thread": lambda patch: None,
+        "one thread": lambda patch: patch.setenv("XNNQUANT_NUM_THREADS", "1"),
+        "numpy columns": lambda patch: patch.setenv("XNNQUANT_JIT", "0"),
+        "BLAS threads": lambda patch: patch.setattr(blas, "_threadpools", lambda: None),
+    }
+    for name, change in variants.items():
+        with monkeypatch.context() as patch:
+            change(patch)
+            again, again_scales = run()
+        np.testing.assert_array_equal(again, codes, err_msg=name)
+        np.testing.assert_array_equal(again_scales, scales, err_msg=name)
+    assert jit.loops() is None or hasattr(jit.loops(), "gptq_columns")

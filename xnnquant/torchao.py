@@ -41,9 +41,10 @@ config warns when it is made so.
 
 Activation-aware methods (``"act_mse"``, ``"gptq"``) take per-layer calibration through the
 config itself, ``calibration={layer name or module: Calibration or array}``, which
-``calibrate(model, batches)`` collects with forward pre-hooks on the model's linears::
+``calibrate(model, batches)`` collects with forward pre-hooks on the model's linears
+(``mask=`` leaves padding rows out, as ``xq.export``'s ``calibration_mask=``)::
 
-    calibration = calibrate(model, batches)      # {"layer.0.attention.self.query": Calibration, ...}
+    calibration = calibrate(model, batches, mask=1)   # {"layer.0.attention.self.query": Calibration, ...}
     quantize_(model, XnnquantConfig("qb4w:32", method="gptq", calibration=calibration))
 
 rather than torchao's observe-then-convert two-step (``quantize_`` once to insert observers,
@@ -293,17 +294,6 @@ def _quantize_module(module: Any, config: XnnquantConfig, *, parameter_name: str
     return module
 
 
-def _accumulate_into(calibration: Calibration, name: str) -> Any:
-    """A forward pre-hook adding the input rows of linear ``name`` to ``calibration`` (it
-    returns None: a hook's return value would replace the input)."""
-    def hook(_module: Any, args: tuple[Any, ...]) -> None:
-        try:
-            calibration.add(args[0].detach())
-        except XnnquantError as exc:
-            raise XnnquantError(f"the input of layer {name!r}: {exc}") from None
-    return hook
-
-
 def _chosen(filter_fn: Any, module: Any, name: str) -> bool:
     """``filter_fn(module, name)``, which must give True or False."""
     try:
@@ -314,7 +304,7 @@ def _chosen(filter_fn: Any, module: Any, name: str) -> bool:
 
 
 def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = True,
-              filter_fn: Any = None) -> dict[str, Calibration]:
+              filter_fn: Any = None, mask: Any = None) -> dict[str, Calibration]:
     """The inputs every ``torch.nn.Linear`` of ``model`` sees on ``batches``, one
     ``Calibration`` per layer name (``named_modules``), for ``XnnquantConfig(calibration=)``.
 
@@ -322,8 +312,15 @@ def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = T
     ``runtime_quantized`` (default True): accumulate each row as XNNPACK's dynamic int8
     path sees it (``Calibration(runtime_quantized=True)``), right for
     ``activations="int8_dynamic"``.  ``filter_fn(module, name)``: which linears (default:
-    all).  Every row a linear sees counts, padding tokens included.
+    all).  ``mask``: which rows count (padding tokens should not): one mask per batch,
+    bool or 0/1 numbers, shaped as every linear's input rows (``x.shape[:-1]``, e.g.
+    ``(batch, tokens)``), or the index of the batch's input that is the mask (as
+    ``xq.export``'s ``calibration_mask=``).  Without it every row counts.  A mask of the
+    wrong shape, and inputs that are not finite, raise ``XnnquantError`` naming the batch
+    and the layer.
     """
+    from .frontend.batches import parse_masks
+
     if not isinstance(model, torch.nn.Module):
         raise XnnquantError(f"model must be a torch.nn.Module: got {arguments.shown(model)}")
     if isinstance(batches, (str, bytes, torch.Tensor, np.ndarray, Mapping)) or not isinstance(batches, Iterable):
@@ -333,26 +330,47 @@ def calibrate(model: Any, batches: Iterable[Any], *, runtime_quantized: bool = T
     if filter_fn is not None and not callable(filter_fn):
         raise XnnquantError(f"filter_fn must be a callable (module, name) -> bool, or None: got "
                             f"{arguments.shown(filter_fn)}")
+    inputs = [batch if isinstance(batch, tuple) else (batch,) for batch in batches]
+    for i, batch in enumerate(inputs):
+        if not all(isinstance(x, torch.Tensor) for x in batch):
+            raise XnnquantError(f"calibration batch {i} must be a tensor or a tuple of tensors: got "
+                                f"{', '.join(arguments.shown(x) for x in batch) or 'an empty tuple'}")
+    masks = parse_masks(mask, inputs) if mask is not None else None
     calibrations: dict[str, Calibration] = {}
+    current = [0]
     hooks = []
+
+    def accumulate(name: str, calibration: Calibration) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:  # returns None: a value would replace the input
+            b = current[0]
+            x = args[0].detach()
+            rows_mask = None if masks is None else masks[b]
+            if rows_mask is not None and tuple(rows_mask.shape) != tuple(x.shape[:-1]):
+                raise XnnquantError(
+                    f"mask of batch {b} has shape {tuple(rows_mask.shape)}, but layer {name!r} reads rows of shape "
+                    f"{tuple(x.shape[:-1])} (its input's shape but the last dim): expected one bool per row")
+            try:
+                calibration.add(x, mask=rows_mask)
+            except XnnquantError as exc:
+                raise XnnquantError(f"calibration batch {b}: the input of layer {name!r} is not usable: {exc}") \
+                    from None
+        return hook
+
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and (filter_fn is None or _chosen(filter_fn, module, name)):
             calibration = Calibration(module.in_features, runtime_quantized=runtime_quantized)
             calibrations[name] = calibration
-            hooks.append(module.register_forward_pre_hook(_accumulate_into(calibration, name)))
+            hooks.append(module.register_forward_pre_hook(accumulate(name, calibration)))
     try:
         with torch.no_grad():
-            for i, batch in enumerate(batches):
-                inputs = batch if isinstance(batch, tuple) else (batch,)
-                if not all(isinstance(x, torch.Tensor) for x in inputs):
-                    raise XnnquantError(f"calibration batch {i} must be a tensor or a tuple of tensors: got "
-                                        f"{', '.join(arguments.shown(x) for x in inputs) or 'an empty tuple'}")
+            for b, batch in enumerate(inputs):
+                current[0] = b
                 try:
-                    model(*inputs)
-                except XnnquantError as exc:  # a linear's input that a Calibration refuses
-                    raise XnnquantError(f"calibration batch {i}: {exc}") from None
+                    model(*batch)
+                except XnnquantError:  # a linear's input that a Calibration refuses, named by the hook
+                    raise
                 except Exception as exc:  # the model's own error on a batch that does not fit it
-                    raise XnnquantError(f"calibration batch {i} ({', '.join(arguments.shown(x) for x in inputs)}) "
+                    raise XnnquantError(f"calibration batch {b} ({', '.join(arguments.shown(x) for x in batch)}) "
                                         f"does not run through the model: {type(exc).__name__}: {exc}") from None
     finally:
         for hook in hooks:

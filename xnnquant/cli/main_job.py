@@ -51,7 +51,8 @@ from ..errors import XnnquantError, missing_extra
 TOKENS = 32
 REPEATS = 5  # timed calls per program and sentence, after one untimed call
 #: Held-out sentences (``models.sentences.calibration_sentences``) a calibrated row runs
-#: the float module on, in batches of ``CALIBRATION_BATCH``.
+#: the module's program on, in batches of ``CALIBRATION_BATCH`` (padding left out: the
+#: encoder's mask input is ``calibration_mask``).
 CALIBRATION_SENTENCES = 128
 CALIBRATION_BATCH = 64
 
@@ -245,6 +246,7 @@ def run(schemes: Sequence[Scheme] = SCHEMES, with_executorch: bool = True,
         start = time.perf_counter()
         calibration = calibration_batches() if scheme.calibrated else None
         exported = xq.export(module, example, weights=scheme.weights, method=scheme.method, calibration=calibration,
+                             calibration_mask=1 if calibration is not None else None,  # input 1: the padding mask
                              progress=False)
         pte = exported.to_pte()
         built.append(("xnnquant", str(scheme), pte, time.perf_counter() - start))

@@ -266,3 +266,37 @@ def mse_search(blocks: np.ndarray, qmin: np.float32, qmax: np.float32, bf16: boo
             if errors[k] < best_err:
                 best, best_err = finished[k], errors[k]
         out[n] = best
+
+
+@_jit
+def gptq_columns(work: np.ndarray, u: np.ndarray, row_scales: np.ndarray, group_of: np.ndarray, codes: np.ndarray,
+                 err: np.ndarray, first: int, last: int, start: int, stop: int, qmin: float,
+                 qmax: float) -> None:  # pragma: no cover (compiled)
+    """Columns ``first .. last - 1`` of GPTQ's block ``start .. stop - 1`` (``schemes.gptq``),
+    float64, as its numpy loop: for each column ``j``, with ``s = row_scales[group_of[j]]``::
+
+        codes[j] = clip(rint(work[j] / s), qmin, qmax)
+        err[j - start] = (work[j] - codes[j] * s) / u[j, j]
+        work[i] -= u[j, i] * err[j - start]            for i in j + 1 .. stop - 1
+
+    ``work``, ``codes`` ``(K, R)`` (one row per column of the weight, one entry per weight
+    row), ``u`` ``(K, K)``, ``row_scales`` ``(G, R)``, ``group_of`` ``(K,)`` int64, ``err``
+    ``(BLOCK, R)``.  Each value is computed by the same operations as numpy's, one rounding
+    each (no multiply-add fusion), so the results are the same bits.
+    """
+    rows = work.shape[1]
+    for j in range(first, last):
+        s = row_scales[group_of[j]]
+        wj = work[j]
+        cj = codes[j]
+        e = err[j - start]
+        d = u[j, j]
+        for r in range(rows):
+            q = min(max(np.rint(wj[r] / s[r]), qmin), qmax)
+            cj[r] = q
+            e[r] = (wj[r] - q * s[r]) / d
+        for i in range(j + 1, stop):
+            f = u[j, i]
+            wi = work[i]
+            for r in range(rows):
+                wi[r] -= f * e[r]

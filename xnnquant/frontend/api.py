@@ -8,10 +8,14 @@ Stages, each timed in ``Exported.timings`` (seconds):
 ``decompose``   ``run_decompositions`` to core ATen, keeping the ops that have a
                 lowering of their own (``linear``, ``layer_norm``, ``gelu``, ...);
                 skipped when every op already has one (``needs_decomposition``)
-``calibrate``   running the module on ``calibration`` batches (when given); for an
-                activation-aware method, sequentially, quantizing each linear on
-                the way (``calibration.sequential_statistics``)
-``passes``      the rewrites before lowering (``passes/``)
+``passes``      the rewrites before lowering (``passes/``), in two parts around
+                ``calibrate``
+``calibrate``   running the program (after the passes before calibration) on the
+                ``calibration`` batches, node by node (when given); for an
+                activation-aware method, quantizing each layer on the way
+                (``calibration.statistics``); includes tracing the module again
+                when the batches' shapes differ from the example's
+                (``batches.CalibrationData.programs_for``)
 ``lower``       lowering node by node, quantizing each weight on the way
 ``write``       the payload bytes (``Graph.to_bytes``)
 ``check``       the self-check: the graph against the module (``selfcheck.py``)
@@ -30,7 +34,7 @@ from typing import Any
 
 from ..errors import XnnquantError, missing_extra
 from .exported import Exported
-from .options import ExportOptions, check_batches_fit
+from .options import ExportOptions
 from .program import AtenProgram
 from .report import ReportRow, stage
 
@@ -153,10 +157,13 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
                 raise XnnquantError("calibration= needs the torch.nn.Module itself (not a saved program) to run it")
             program, eager = module, None
         else:
-            _check_module(torch, module)
+            from .evaluation import torch_threads
+
+            with torch_threads(1):  # one small op a parameter: threads would only wait for each other
+                _check_module(torch, module)
             inputs = _check_inputs(torch, example_inputs)
             if options.calibration is not None:
-                check_batches_fit(options.calibration, inputs)
+                options.calibration.check_fits(inputs)
             try:
                 program = torch.export.export(module, inputs, dynamic_shapes=options.dynamic_shapes, strict=False)
             except Exception as exc:  # torch's tracing errors come in many types; say where they came from
@@ -202,33 +209,24 @@ def portable_refusal_of(op: Any, refusal: Any) -> str | None:
     return refusal(_Node())
 
 
-def _statistics(module: Any, options: ExportOptions, timings: dict[str, float]) -> Any:
-    """Calibration statistics of the linears (None without ``calibration=``)."""
+def _statistics(module: Any, program: Any, options: ExportOptions, timings: dict[str, float]) -> Any:
+    """Calibration statistics of the layers (None without ``calibration=``), from the batches
+    run through ``program`` (after the passes before calibration) or, when their shapes
+    differ from the example's, through the module traced on them."""
     if options.calibration is None:
         return None
-    from ..schemes.checks import ACTIVATION_AWARE_METHODS
-    from . import calibration as calibrating
+    from .calibration import statistics
 
-    policy, method = options.policy, options.method
     with stage("calibrate", timings):
-        if method not in ACTIVATION_AWARE_METHODS:
-            return calibrating.linear_statistics(module, options.calibration)
-
-        from .weights import Layer, LayerKind
-
-        def quantize(path: str, weight: Any, calibration: Any) -> Any:
-            choice = policy.choose(Layer(LayerKind.LINEAR, int(weight.shape[1])))
-            if isinstance(choice, str) or not choice.scheme.is_quantized:
-                return None
-            return choice.scheme.quantize(weight, method, calibration)
-
-        return calibrating.sequential_statistics(module, options.calibration, quantize)
+        programs = options.calibration.programs_for(module, program)
+        return statistics(programs, options.calibration, options.policy, options.method)
 
 
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
-           check: bool = True, dynamic_shapes: Any = None, strict: bool = False) -> Exported:
+           check: bool = True, dynamic_shapes: Any = None, calibration_mask: Any = None,
+           strict: bool = False) -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -236,12 +234,17 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     a tuple of float32 tensors (static shapes), the module's positional inputs.
     ``weights``: ``"fp32"``, ``"qc8w"``, ``"qc4w"`` or ``"qb4w:G"`` (see ``weights.py``).
     ``method``: how scales are chosen (``"minmax"``, ``"mse"``, or an activation-aware method).
-    ``calibration``: an iterable of input tuples the module is run on; the inputs of
-    every linear are kept as statistics (``calibration.py``): the activation-aware methods
-    take them, each linear calibrated on what the already-quantized linears before it
-    produce (sequential calibration), and with ``minmax`` / ``mse`` the quantized linears
-    that read a layer norm are equalized (per-channel scales moved from their input to
-    their weight).
+    ``calibration``: an iterable of input tuples the module's program is run on; the
+    inputs of every linear and convolution are kept as statistics (``calibration.py``):
+    the activation-aware methods take them, each layer calibrated on what the
+    already-quantized layers before it produce (sequential calibration), and with
+    ``minmax`` / ``mse`` the quantized linears that read a layer norm are equalized
+    (per-channel scales moved from their input to their weight).
+    ``calibration_mask``: which rows of the batches count (padding tokens should not): one
+    mask per batch (bool, or 0/1 numbers; True on real rows), shaped as the rows of every
+    calibrated layer (``x.shape[:-1]`` of a linear's input: ``(batch, tokens)``), or the
+    index of the input that is the mask (``1`` for an encoder called as
+    ``module(hidden, mask)``).  See ``batches.py``.
     ``fallback``: what a layer that cannot take ``weights`` gets: ``"auto"`` (default: the
     most compact scheme XNNPACK computes right for it), None (refuse it), or the scheme(s)
     to try in order; the report names every fallback and its reason.
@@ -275,7 +278,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     """
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
-                                  progress=progress, dynamic_shapes=dynamic_shapes, strict=strict)
+                                  progress=progress, dynamic_shapes=dynamic_shapes,
+                                  calibration_mask=calibration_mask, strict=strict)
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -285,16 +289,18 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     eager, traced = _traced(module, example_inputs, options, timings)
     if weight_file is not None and eager is not None:
         _check_streamed(eager, weight_file.path)
-    statistics = _statistics(eager, options, timings)
     from .lowering.context import WeightOptions
     from .lowering.walk import Lowered, lower
-    from .passes import run_passes
+    from .passes import AFTER_CALIBRATION, BEFORE_CALIBRATION, run_passes
 
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
         program.name_dims(options.dynamic_shapes, eager)
+        run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
+    statistics = _statistics(eager, program, options, timings)
+    with stage("passes", timings):
         pass_options = _PassOptions(statistics, options.strict)
-        run_passes(program, pass_options)
+        run_passes(program, pass_options, AFTER_CALIBRATION)
         partition = _partitioned(program, options, pass_options)
         partition.raise_problems()
         members = partition.delegates
@@ -324,9 +330,10 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         exported.self_check = ("skipped: a streaming export's weights are not in memory" if weight_file is not None
                                else "skipped: a saved program has no module to compare with")
     else:
+        from .evaluation import single_threaded
         from .selfcheck import self_check
 
-        with stage("check", timings):
+        with stage("check", timings), single_threaded():
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
                                              exported if members is not None else None)
     return exported

@@ -1,34 +1,47 @@
-"""Calibration: every linear's real inputs, as statistics, for what uses them.
+"""Calibration: the inputs of every weighted layer, as statistics, for what uses them.
 
-``linear_statistics(module, batches, grams=...)`` runs the float module on each batch (a
-tuple of its positional inputs) with a forward pre-hook on every ``torch.nn.Linear`` and
-keeps, per module path (the names ``Exported.report`` shows):
+``statistics(program, data, policy, method)`` runs the program the lowering reads (after
+the passes before calibration, ``passes.BEFORE_CALIBRATION``) on the calibration batches,
+node by node and all batches at once (``evaluation.evaluate``), and keeps, per layer path
+(the names ``Exported.report`` shows, ``AtenProgram.layer_path``; ``LayerStatistics.key``):
 
-* ``absmax``: the largest |input| of each input channel, float32 ``(in_features,)``, for
-  the equalization of layer-norm-fed linears (``equalization_scales``);
-* ``grams``: when asked, a ``Calibration`` (``xnnquant.schemes``) accumulating ``X^T X`` in
-  float64, for the activation-aware methods.
+* ``absmax``: the largest |input| of each input channel, float32 ``(in_features,)``, of
+  every linear, for the equalization of layer-norm-fed linears (``equalization_scales``),
+  with ``minmax`` / ``mse``;
+* ``grams`` and ``quantized``: with an activation-aware method, a ``Calibration``
+  (``xnnquant.schemes``, ``X^T X`` in float64) of the layer's inputs and the layer's
+  ``QuantizedTensor``, quantized on them (sequential calibration, below).
 
-The inputs are the float model's (not the inputs that earlier quantized layers would
-produce).
+Layers are found in the graph (``layer_use``), whatever module computes them::
 
-Sequential calibration (``sequential_statistics``, what the activation-aware methods get).
-A deployed layer reads what the quantized layers before it produce, so each linear is
-calibrated on those inputs, as ``models.sequential`` does for the numpy MiniLM: the batches
-run through the module in stages, in the order the linears are called::
+    ATen node                                weight stored as       input rows (columns in the
+                                                                    order of the stored row)
+    linear(x, w [N, K])                      w [N, K]               x [..., K]
+    addmm(b, x, w [K, N]), mm, matmul        w^T [N, K]             x [..., K]
+    convolution 1x1, stride 1, no padding,   w [OC, C]              x NCHW as pixels [N, H, W, C]
+      one group (a fully connected layer)
+    convolution, one group                   OHWI [OC, KH, KW, C]   im2col [N, OH, OW, KH * KW * C]:
+                                             (flattened per row)    each output pixel's window,
+                                                                    (kh, kw, c) with c fastest
 
-    stage     the next linear not yet quantized, with every other one reading the same
-              input tensor (query, key, value), gathers X^T X over all batches; each
-              forward stops (an exception from the hook) as soon as a linear outside the
-              stage, not yet quantized, is reached
-    quantize  each linear of the stage: ``quantize(path, weight, calibration)``; it then
-              computes with the dequantized weight in the stages after
+A grouped, depthwise or transposed convolution gets no statistics (each group of output
+channels reads other inputs: one Gram per group would be needed); its quantized layers
+are then refused with an activation-aware method.  Masks (``batches.CalibrationData``)
+select rows: a layer's rows are indexed by the leading dims above (``x.shape[:-1]``,
+``[N, H, W]``, ``[N, OH, OW]``) and the batch's mask must have that shape.
 
-A model of ``S`` stages costs about ``S / 2`` full forwards over the batches.  The module's
-own weights are swapped for the dequantized ones while it runs and put back afterwards;
-the ``QuantizedTensor``s are kept (``LinearStatistics.quantized``) and stored by the
-lowering as they are.  A linear that the forward never calls through its module (e.g.
-``nn.MultiheadAttention``'s projections, called functionally) gets no statistics.
+Sequential calibration.  A deployed layer reads what the quantized layers before it
+produce, so each layer is calibrated on those inputs, as ``models.sequential`` does for
+the numpy MiniLM.  When the walk reaches a layer whose scheme is quantized, its input is
+there for every batch: its ``Calibration`` is accumulated (one per input and row kind,
+shared by the layers reading the same input: query, key and value), the layer quantized
+(``WeightScheme.quantize``, in the layout the lowering stores; together with the other
+layers reading that input with the same scheme, their rows stacked), and the layer, like
+every later reader of that weight, computed with the dequantized weight.  Each node is computed
+once per batch.  The lowering then stores ``quantized`` as it is.
+
+Non-finite inputs of a layer, and a mask of the wrong shape, raise ``XnnquantError``
+naming the batch and the layer.
 
 Equalization.  A layer norm's output often has a few channels far larger than the rest,
 and per-token int8 quantization of such a row gives the small channels few levels.  For a
@@ -46,173 +59,337 @@ their weights, so they keep sharing one conversion.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import XnnquantError
+from ..schemes.calibration import Calibration
+from ..schemes.checks import ACTIVATION_AWARE_METHODS
+from ..tensor import QuantizedTensor
+from .batches import CalibrationData
+from .evaluation import BatchRun, evaluate
+from .program import AtenProgram
+from .weights import Layer, LayerKind, WeightPolicy, WeightScheme
 
 #: SmoothQuant's migration strength for the equalization (see the module docstring).
 EQUALIZATION_ALPHA = 0.5
+#: Values of im2col rows made at a time (64 MiB of float32).
+IM2COL_PIECE = 1 << 24
 
 
 @dataclass
-class LinearStatistics:
-    """Per linear module path: input channel maxima, ``Calibration``s when asked, and the
-    weights quantized by sequential calibration."""
+class LayerStatistics:
+    """Per layer: input channel maxima, ``Calibration``s and the weights quantized by
+    sequential calibration (module docstring), keyed by ``key(filter placeholder, path)``:
+    the layer path, or, where one path names several filters (slices of one parameter
+    read by several linears, as a cross-attention's ``in_proj_weight``), the path with
+    the placeholder's name (``renamed``)."""
 
     absmax: dict[str, np.ndarray] = field(default_factory=dict)
-    grams: dict[str, Any] = field(default_factory=dict)
+    grams: dict[str, Calibration] = field(default_factory=dict)
     batches: int = 0
     quantized: dict[str, Any] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)
+
+    def key(self, weight: str, path: str) -> str:
+        """The key of the layer whose filter is placeholder ``weight``, at ``path``."""
+        return self.renamed.get(weight, path)
 
 
-#: ``quantize(module path, weight float32 [N, K], calibration)``: the weight's
-#: ``QuantizedTensor``, or None to leave the layer float while calibrating.
-Quantize = Callable[[str, np.ndarray, Any], Any]
+#: The name before convolutions were calibrated too.
+LinearStatistics = LayerStatistics
 
 
-class _StageDone(Exception):
-    """Raised by a hook once the forward reaches a linear outside the stage."""
+class Rows(NamedTuple):
+    """How a layer's input becomes rows (module docstring): ``kind`` is "last" (the last
+    dim), "pixels" (NCHW read as NHWC) or "im2col" (with the convolution's geometry)."""
+
+    kind: str
+    kernel: tuple[int, int] = (1, 1)
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
 
 
-def _input_batches(batches: Iterable[Any]) -> list[tuple[Any, ...]]:
+@dataclass(frozen=True)
+class LayerUse:
+    """A node that reads a constant filter: its activation input, the filter's placeholder,
+    what the weight policy sees, how its input becomes rows of ``in_features`` values, how
+    the torch filter is stored (``stored``) and back (``unstored``), and why it cannot be
+    calibrated (``refusal``, None when it can)."""
+
+    node: Any
+    input: Any
+    weight: Any
+    layer: Layer
+    rows: Rows
+    in_features: int
+    stored: Callable[[np.ndarray], np.ndarray]
+    unstored: Callable[[np.ndarray], np.ndarray]
+    refusal: str | None = None
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        t = tuple(int(d) for d in v) or (1,)
+        return (t[0], t[0]) if len(t) == 1 else (t[0], t[1])
+    return int(v), int(v)
+
+
+def _same(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def _transposed(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.T)
+
+
+def layer_use(program: AtenProgram, node: Any) -> LayerUse | None:
+    """The ``LayerUse`` of ``node``, or None when it reads no constant filter (module doc)."""
     import torch
 
-    out = []
-    for i, batch in enumerate(batches):
-        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        if not all(isinstance(x, torch.Tensor) for x in inputs):
-            raise XnnquantError(f"calibration batch {i} must be a tuple of tensors: got {type(batch).__name__}")
-        out.append(inputs)
-    if not out:
-        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
-    return out
+    aten = torch.ops.aten
+    if node.op != "call_function":
+        return None
+    args = list(node.args)
+    dense = None
+    if node.target is aten.linear.default and len(args) >= 2:
+        dense = (args[0], args[1], False)
+    elif node.target is aten.addmm.default and len(args) >= 3:
+        scalars = [node.kwargs.get("beta", args[3] if len(args) > 3 else 1),
+                   node.kwargs.get("alpha", args[4] if len(args) > 4 else 1)]
+        dense = (args[1], args[2], True) if scalars == [1, 1] else None
+    elif node.target in (aten.mm.default, aten.matmul.default) and len(args) >= 2:
+        dense = (args[0], args[1], True)
+    if dense is not None:
+        x, w, transposed = dense
+        if not _activation(program, x) or not program.is_constant(w) or program.constants[w.name].dim() != 2:
+            return None
+        shape = tuple(program.constants[w.name].shape)
+        k = int(shape[0] if transposed else shape[1])
+        layout = _transposed if transposed else _same
+        return LayerUse(node, x, w, Layer(LayerKind.LINEAR, k), Rows("last"), k, layout, layout)
+    if node.target in (aten.convolution.default, aten.conv2d.default):
+        return _convolution(program, node, args)
+    return None
 
 
-def run_batch(module: Any, inputs: tuple[Any, ...], index: int) -> Any:
-    """``module(*inputs)``; an error of the module on it names calibration batch ``index``."""
-    try:
-        return module(*inputs)
-    except (XnnquantError, _StageDone):
-        raise
-    except Exception as exc:  # the module's own error on a batch that does not fit it
-        shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in inputs)
-        raise XnnquantError(f"calibration batch {index} ({shapes}) does not run through the module: "
-                            f"{type(exc).__name__}: {exc}") from None
+def _activation(program: AtenProgram, x: Any) -> bool:
+    return hasattr(x, "op") and not program.is_constant(x)
 
 
-def linear_statistics(module: Any, batches: Iterable[Any], *, grams: bool = False) -> LinearStatistics:
-    """Run ``module`` on ``batches`` and gather ``LinearStatistics`` (module docstring)."""
+def _convolution(program: AtenProgram, node: Any, args: list[Any]) -> LayerUse | None:
     import torch
 
-    if not isinstance(module, torch.nn.Module):
-        raise XnnquantError("calibration= needs the torch.nn.Module itself (not a saved program) to run it")
-    calibration_type = None
-    if grams:
-        try:
-            from ..schemes import Calibration
-        except ImportError:
-            raise XnnquantError("activation-aware methods need xnnquant.schemes.Calibration") from None
-        calibration_type = Calibration
-    stats = LinearStatistics()
-    maxima: dict[str, Any] = {}
-    hooks = []
-    batches = _input_batches(batches)
-    for path, layer in module.named_modules():
-        if isinstance(layer, torch.nn.Linear):
-            if calibration_type is not None:
-                stats.grams[path] = calibration_type(layer.in_features)
+    def arg(i: int, name: str, default: Any) -> Any:
+        return args[i] if len(args) > i else node.kwargs.get(name, default)
 
-            def hook(_: Any, args: tuple[Any, ...], path: str = path) -> None:
-                rows = args[0].detach().reshape(-1, args[0].shape[-1])
-                if not bool(torch.isfinite(rows).all()):
-                    raise XnnquantError(f"calibration batch {stats.batches}: the input of layer {path!r} is not "
-                                        "finite (NaN or inf): expected finite activations")
-                top = rows.abs().amax(dim=0)
-                maxima[path] = top if path not in maxima else torch.maximum(maxima[path], top)
-                if path in stats.grams:
-                    stats.grams[path].add(rows)
-
-            hooks.append(layer.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            for inputs in batches:
-                run_batch(module, inputs, stats.batches)
-                stats.batches += 1
-    finally:
-        for handle in hooks:
-            handle.remove()
-    stats.absmax = {path: top.float().numpy() for path, top in maxima.items()}
-    return stats
+    x, w = args[0], args[1]
+    if node.target is torch.ops.aten.conv2d.default:
+        stride, padding, dilation, transposed, groups = (arg(3, "stride", 1), arg(4, "padding", 0),
+                                                         arg(5, "dilation", 1), False, arg(6, "groups", 1))
+    else:
+        stride, padding, dilation, transposed, groups = args[3], args[4], args[5], bool(args[6]), args[8]
+    if not _activation(program, x) or not program.is_constant(w) or isinstance(padding, str):
+        return None
+    filt = program.constants[w.name]
+    val = x.meta.get("val")
+    if filt.dim() != 4 or getattr(val, "dim", lambda: 0)() != 4:
+        return None
+    oc, per_group, kh, kw = (int(d) for d in filt.shape)
+    channels, groups = int(val.shape[1]), int(groups)
+    geometry = Rows("im2col", (kh, kw), _pair(stride), _pair(padding), _pair(dilation))
+    if transposed:
+        return LayerUse(node, x, w, Layer(LayerKind.TRANSPOSED), geometry, 0, _same, _same,
+                        "a transposed convolution is not calibrated")
+    if (kh, kw) == (1, 1) and geometry.stride == (1, 1) and geometry.padding == (0, 0) and groups == 1:
+        return LayerUse(node, x, w, Layer(LayerKind.LINEAR, per_group), Rows("pixels"), per_group,
+                        lambda a: a.reshape(oc, per_group), lambda a: a.reshape(oc, per_group, 1, 1))
+    if groups == channels and channels > 1 and per_group == 1:
+        return LayerUse(node, x, w, Layer(LayerKind.DEPTHWISE), geometry, 0, _same, _same,
+                        "a depthwise convolution is not calibrated")
+    if groups != 1:
+        return LayerUse(node, x, w, Layer(LayerKind.CONV), geometry, 0, _same, _same,
+                        f"a grouped convolution (groups={groups}) is not calibrated: each group of output channels "
+                        "reads other input channels")
+    return LayerUse(node, x, w, Layer(LayerKind.CONV), geometry, kh * kw * per_group,
+                    lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)),
+                    lambda a: np.ascontiguousarray(a.transpose(0, 3, 1, 2)))
 
 
-def sequential_statistics(module: Any, batches: Iterable[Any], quantize: Quantize) -> LinearStatistics:
-    """Calibrate and quantize ``module``'s linears stage by stage (module docstring):
-    ``grams`` and ``quantized`` per module path (``absmax`` stays empty)."""
+def layer_rows(x: Any, rows: Rows) -> Any:
+    """A layer input ``x`` (torch) as rows ``(*lead, in_features)`` (module docstring)."""
     import torch
 
-    from ..schemes import Calibration
+    if rows.kind == "last":
+        return x
+    if rows.kind == "pixels":
+        return x.permute(0, 2, 3, 1)
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = rows.kernel, rows.stride, rows.padding, rows.dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cols = torch.nn.functional.unfold(x, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))
+    # unfold's columns are (c, kh, kw) with kw fastest; the stored filter's are (kh, kw, c)
+    return cols.view(n, c, kh * kw, oh, ow).permute(0, 3, 4, 2, 1).reshape(n, oh, ow, kh * kw * c)
 
-    if not isinstance(module, torch.nn.Module):
-        raise XnnquantError("calibration= needs the torch.nn.Module itself (not a saved program) to run it")
-    inputs = _input_batches(batches)
-    linears = {layer: path for path, layer in module.named_modules() if isinstance(layer, torch.nn.Linear)}
-    stats = LinearStatistics(batches=len(inputs))
-    originals = {layer: layer.weight for layer in linears}
-    stage: dict[Any, Any] = {}  # linear -> its Calibration, in call order
-    seen: list[Any] = []  # the stage's input tensor in the current forward
-    open_ = [True]  # members may still join (first batch only)
 
-    current = [0]  # the batch being run
+def _lead_shape(x: Any, rows: Rows) -> tuple[int, ...]:
+    """The leading dims of ``layer_rows(x, rows)`` (what a mask must match)."""
+    if rows.kind == "last":
+        return tuple(int(d) for d in x.shape[:-1])
+    n, _, h, w = (int(d) for d in x.shape)
+    if rows.kind == "pixels":
+        return n, h, w
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = rows.kernel, rows.stride, rows.padding, rows.dilation
+    return n, (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
 
-    def hook(layer: Any, args: tuple[Any, ...]) -> None:
-        path = linears[layer]
-        if path in stats.quantized or path in stats.grams:
-            return
-        x = args[0].detach()
-        if not bool(torch.isfinite(x).all()):
-            raise XnnquantError(f"calibration batch {current[0]}: the input of layer {path!r} is not finite (NaN or "
-                                "inf): expected finite activations")
-        if layer not in stage:
-            if not (open_[0] and (not stage or (seen and x is seen[0]))):
-                raise _StageDone
-            stage[layer] = Calibration(layer.in_features)
-        if not seen:
-            seen.append(x)
-        stage[layer].add(x.reshape(-1, x.shape[-1]))
 
-    hooks = [layer.register_forward_pre_hook(hook) for layer in linears]
-    try:
-        with torch.no_grad():
-            while True:
-                stage.clear()
-                open_[0] = True
-                for i, batch in enumerate(inputs):
-                    seen.clear()
-                    current[0] = i
-                    with contextlib.suppress(_StageDone):  # the stage's inputs are all seen
-                        run_batch(module, batch, i)
-                    open_[0] = False
-                if not stage:
-                    break
-                for layer, calibration in stage.items():
-                    path = linears[layer]
-                    stats.grams[path] = calibration
-                    weight = originals[layer].detach().numpy()
-                    qt = quantize(path, weight, calibration)
-                    if qt is not None:
-                        stats.quantized[path] = qt
-                        layer.weight = torch.nn.Parameter(torch.from_numpy(qt.dequantize()), requires_grad=False)
-    finally:
-        for handle in hooks:
-            handle.remove()
-        for layer, weight in originals.items():
-            layer.weight = weight
-    return stats
+class _Calibrating:
+    """The state of one ``statistics`` run (module docstring)."""
+
+    def __init__(self, program: AtenProgram, data: CalibrationData, policy: WeightPolicy | None,
+                 method: str) -> None:
+        self.program, self.data, self.policy, self.method = program, data, policy, method
+        self.aware = method in ACTIVATION_AWARE_METHODS and policy is not None
+        self.stats = LayerStatistics(batches=len(data))
+        self.shared: dict[tuple[Any, Rows], Calibration] = {}  # (input node, rows) -> its Calibration
+        self.swapped: dict[Any, Any] = {}  # filter placeholder -> the dequantized filter later nodes read
+        owners: dict[str, set[str]] = {}  # layer path -> the filter placeholders it names
+        for node in program.graph.nodes:
+            use = layer_use(program, node)
+            if use is not None:
+                owners.setdefault(program.layer_path(use.weight.name, node), set()).add(use.weight.name)
+        for path, names in owners.items():
+            if len(names) > 1:
+                self.stats.renamed.update({name: f"{path} [{name}]" for name in names})
+
+    def before(self, node: Any, run: BatchRun) -> dict[Any, Any] | None:
+        use = layer_use(self.program, node)
+        if use is None:
+            return None
+        path = self.stats.key(use.weight.name, self.program.layer_path(use.weight.name, node))
+        if use.weight in self.swapped:
+            return {use.weight: self.swapped[use.weight]}
+        if not self.aware:
+            if use.rows.kind == "last":
+                self._absmax(use, path, run)
+            return None
+        scheme = self._scheme(use)
+        if scheme is None:
+            return None  # the lowering stores it as it is, refuses it, or says why it has no statistics
+        self._quantize_readers(use, scheme, run)
+        return {use.weight: self.swapped[use.weight]}
+
+    def _scheme(self, use: LayerUse) -> WeightScheme | None:
+        """The quantized scheme ``use``'s filter takes, or None (fp32, refused, not calibrated)."""
+        assert self.policy is not None
+        choice = self.policy.choose(use.layer)
+        if isinstance(choice, str) or not choice.scheme.is_quantized or use.refusal is not None:
+            return None
+        return choice.scheme
+
+    def _quantize_readers(self, use: LayerUse, scheme: WeightScheme, run: BatchRun) -> None:
+        """Quantize ``use`` with every other layer that reads the same input the same way and
+        takes the same scheme (query, key and value), not yet quantized: their filters' rows
+        stacked into one matrix, quantized at once (one factorization of the shared Gram, one
+        pass over more rows) and cut back.  Each row is quantized on its own, so each filter
+        gets the codes and scales it would get alone."""
+        import torch
+
+        readers = [use]
+        for user in use.input.users:
+            other = layer_use(self.program, user)
+            if other is not None and other.rows == use.rows and other.weight not in self.swapped \
+                    and all(other.weight is not r.weight for r in readers) and self._scheme(other) == scheme:
+                readers.append(other)
+        paths = [self.stats.key(r.weight.name, self.program.layer_path(r.weight.name, r.node)) for r in readers]
+        calibration = self._gram(use, paths[0], run)
+        filters = [r.stored(self.program.array(r.weight.name, f"the weight of {p!r}")) for r, p in zip(readers, paths)]
+        rows = [len(f) for f in filters]
+        stacked = np.concatenate([f.reshape(len(f), -1) for f in filters])
+        qt = scheme.quantize(stacked, self.method, calibration)
+        assert isinstance(qt, QuantizedTensor)  # a quantized scheme
+        start = 0
+        for reader, path, filt, n in zip(readers, paths, filters, rows):
+            codes, scale = qt.codes[start:start + n].reshape(filt.shape), qt.scale[start:start + n]
+            part = QuantizedTensor(qt.datatype, codes, scale, qt.zero_point, channel_dim=0, group_size=qt.group_size,
+                                   meta=dict(qt.meta))
+            start += n
+            self.stats.grams[path] = calibration
+            self.stats.quantized[path] = part
+            self.swapped[reader.weight] = torch.from_numpy(reader.unstored(part.dequantize()))
+
+    def _mask(self, b: int, x: Any, use: LayerUse, path: str) -> Any:
+        """Batch ``b``'s mask (numpy bool, the rows' leading shape), or None."""
+        if self.data.masks is None:
+            return None
+        mask = self.data.masks[b]
+        lead = _lead_shape(x, use.rows)
+        if tuple(mask.shape) != lead:
+            what = {"last": "its input x[..., K] has", "pixels": "its input's pixels have",
+                    "im2col": "its output pixels' windows have"}[use.rows.kind]
+            raise XnnquantError(
+                f"calibration_mask of batch {b} has shape {tuple(mask.shape)}, but layer {path or '<top level>'!r} "
+                f"(node {use.node.name}) reads rows of shape {lead} ({what} that shape): expected one bool per row "
+                "of every calibrated layer")
+        return mask.numpy()
+
+    def _absmax(self, use: LayerUse, path: str, run: BatchRun) -> None:
+        import torch
+
+        top = self.stats.absmax.get(path)
+        for b, x in enumerate(run.values(use.input)):
+            mask = self._mask(b, x, use, path)
+            rows = x.detach().reshape(-1, x.shape[-1]) if mask is None else x.detach()[torch.from_numpy(mask)]
+            if len(rows) == 0:
+                continue
+            here = rows.abs().amax(dim=0).float().numpy()
+            if not np.isfinite(here).all():
+                raise XnnquantError(
+                    f"calibration batch {b}: the input of layer {path or '<top level>'!r} (node {use.node.name}) is "
+                    f"not finite (NaN or inf in channel {int(np.argmin(np.isfinite(here)))}): expected finite "
+                    "activations")
+            top = here if top is None else np.maximum(top, here)
+        if top is not None:
+            self.stats.absmax[path] = top
+
+    def _gram(self, use: LayerUse, path: str, run: BatchRun) -> Calibration:
+        """The ``Calibration`` of ``use``'s input over every batch (shared by its readers)."""
+        key = (use.input, use.rows)
+        if key in self.shared:
+            return self.shared[key]
+        calibration = Calibration(use.in_features)
+        for b, x in enumerate(run.values(use.input)):
+            mask = self._mask(b, x, use, path)
+            try:
+                if use.rows.kind == "im2col":  # a few images at a time: the windows repeat each value
+                    per_image = use.in_features * int(np.prod(_lead_shape(x[:1], use.rows)))
+                    step = max(1, IM2COL_PIECE // max(1, per_image))
+                    for lo in range(0, len(x), step):
+                        part = layer_rows(x[lo:lo + step], use.rows)
+                        calibration.add(part, mask=None if mask is None else mask[lo:lo + step])
+                else:
+                    calibration.add(layer_rows(x, use.rows), mask=mask)
+            except XnnquantError as exc:
+                raise XnnquantError(f"calibration batch {b}: the input of layer {path or '<top level>'!r} (node "
+                                    f"{use.node.name}) is not usable: {exc}") from None
+        self.shared[key] = calibration
+        return calibration
+
+
+def statistics(programs: tuple[AtenProgram, ...], data: CalibrationData, policy: WeightPolicy | None = None,
+               method: str = "mse") -> LayerStatistics:
+    """Run ``data``'s batches through ``programs`` (one per batch, node for node alike:
+    ``batches.CalibrationData.programs_for``) and gather ``LayerStatistics`` (module
+    docstring): sequentially calibrated and quantized layers for an activation-aware
+    ``method`` (with the export's ``policy``), else the linears' input maxima."""
+    state = _Calibrating(programs[0], data, policy, method)
+    evaluate(programs[0], data.batches, before=state.before, programs=programs)
+    return state.stats
 
 
 def equalization_scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float = EQUALIZATION_ALPHA) -> np.ndarray:

@@ -259,8 +259,13 @@ class Exported:
         return self.delegation_report() + "\n" + format_report(self.report)
 
     def delegation_report(self) -> str:
-        """How many delegates, which ops ran where and why (a mixed program)."""
+        """How many delegates, which ops ran where and why."""
         from collections import Counter
+
+        if not self.mixed:
+            return (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
+                    f"1 XNNPACK delegate (the whole program, {len(self.graph.nodes)} XNNPACK nodes), 0 nodes on "
+                    "ExecuTorch's portable kernels")
 
         delegated = Counter(p.where for p in self.placement if p.where != "portable kernels")
         portable = Counter((p.op, p.why) for p in self.placement if p.where == "portable kernels")

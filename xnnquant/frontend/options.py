@@ -17,6 +17,7 @@ from .. import arguments
 from ..errors import XnnquantError
 from ..graph import Target
 from ..schemes.checks import ACTIVATION_AWARE_METHODS, check_method
+from .batches import CalibrationData
 from .weights import WeightPolicy
 
 #: What ``activations=`` takes: per-token int8 quantized at run time, the only kind so far.
@@ -31,7 +32,7 @@ class ExportOptions:
     method: str
     target: Target
     activations: str
-    calibration: tuple[tuple[Any, ...], ...] | None
+    calibration: CalibrationData | None
     state_dict: Path | None
     check: bool
     progress: bool
@@ -42,7 +43,7 @@ class ExportOptions:
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,
               fallback: Any = "auto", activations: Any = "dynamic", target: Any = "1.4.1",
               state_dict: Any = None, check: Any = True, progress: Any = True,
-              dynamic_shapes: Any = None, strict: Any = False) -> ExportOptions:
+              dynamic_shapes: Any = None, calibration_mask: Any = None, strict: Any = False) -> ExportOptions:
         policy = WeightPolicy(weights, fallback)
         if not isinstance(method, str):
             raise XnnquantError(f"method must be a string: got {type(method).__name__} {method!r}")
@@ -60,6 +61,8 @@ class ExportOptions:
                                 "(an iterable of input tuples)")
         if calibration is not None and not quantized:
             raise XnnquantError("calibration= has no use with fp32 weights: it calibrates quantized layers")
+        if calibration_mask is not None and calibration is None:
+            raise XnnquantError("calibration_mask= goes with calibration=: got a mask and no calibration batches")
         path = None
         if state_dict is not None:
             if not isinstance(state_dict, (str, os.PathLike)):
@@ -76,44 +79,5 @@ class ExportOptions:
             raise XnnquantError(f"dynamic_shapes must be torch.export's spec (a tuple or dict of {{dim: "
                                 f"torch.export.Dim}} per input): got {type(dynamic_shapes).__name__}")
         return cls(policy, chosen, chosen_target, str(activations),
-                   None if calibration is None else calibration_batches(calibration), path, check, progress,
-                   dynamic_shapes, strict)
-
-
-def calibration_batches(batches: Any) -> tuple[tuple[Any, ...], ...]:
-    """``calibration=`` as a tuple of input tuples (torch tensors; numpy arrays are converted),
-    at least one; ``XnnquantError`` naming the first batch that is not."""
-    import numpy as np
-    import torch
-
-    if isinstance(batches, (str, bytes, torch.Tensor, np.ndarray)) or not hasattr(batches, "__iter__"):
-        raise XnnquantError(f"calibration must be an iterable of input tuples (one tuple of the module's positional "
-                            f"inputs per batch): got {type(batches).__name__}")
-    out = []
-    for i, batch in enumerate(batches):
-        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        converted = []
-        for j, x in enumerate(inputs):
-            if isinstance(x, np.ndarray):
-                x = torch.from_numpy(np.ascontiguousarray(x))
-            if not isinstance(x, torch.Tensor):
-                raise XnnquantError(f"calibration batch {i}, input {j}: expected a torch tensor or a numpy array, "
-                                    f"got {type(x).__name__}")
-            converted.append(x)
-        out.append(tuple(converted))
-    if not out:
-        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
-    return tuple(out)
-
-
-def check_batches_fit(batches: tuple[tuple[Any, ...], ...], example: tuple[Any, ...]) -> None:
-    """Each calibration batch has the example inputs' count, dtypes and ranks."""
-    for i, batch in enumerate(batches):
-        if len(batch) != len(example):
-            raise XnnquantError(f"calibration batch {i} has {len(batch)} input(s): expected {len(example)}, as the "
-                                "example inputs")
-        for j, (x, e) in enumerate(zip(batch, example)):
-            if x.dtype != e.dtype or x.dim() != e.dim():
-                raise XnnquantError(f"calibration batch {i}, input {j} is {x.dtype} of shape {tuple(x.shape)}: "
-                                    f"expected {e.dtype} of rank {e.dim()}, as example input {j} "
-                                    f"{tuple(e.shape)}")
+                   None if calibration is None else CalibrationData.parse(calibration, calibration_mask), path, check,
+                   progress, dynamic_shapes, strict)

@@ -174,6 +174,18 @@ class AtenProgram:
         stack = (node.meta.get("nn_module_stack") or {}) if node is not None else {}
         return str(list(stack.values())[-1][0]) if stack else ""
 
+    def layer_path(self, weight: str, node: Any) -> str:
+        """The layer a filter belongs to, as report rows and calibration statistics name it:
+        the module's name of the tensor placeholder ``weight`` stands for, without
+        ``.weight`` ('' for the exported module's own ``weight``), or, for a tensor with no
+        name of its own, the module ``node`` (the layer's ATen node) was traced in."""
+        name = self.origins.get(weight)
+        if name is None:
+            return self.module_path(node)
+        if name == "weight":  # the exported module itself is the layer
+            return ""
+        return name[: -len(".weight")] if name.endswith(".weight") else name
+
     def origin(self, node: Any) -> str | None:
         """The module's own name of the tensor a constant placeholder stands for."""
         return self.origins.get(getattr(node, "name", ""))

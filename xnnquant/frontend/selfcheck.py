@@ -42,6 +42,7 @@ from ..constants import FLT_MIN
 from ..errors import SelfCheckError
 from ..graph.divergence import TOLERANCE
 from ..graph.interpreter import evaluate_node, interpret_values
+from .evaluation import torch_op
 from .lowering import op_name
 from .lowering.context import Activation, QuantizedReference, inverse
 from .lowering.walk import Lowered
@@ -87,15 +88,6 @@ def _leaves(value: Any) -> list[Any]:
     return leaves
 
 
-def _torch_op(target: Any) -> Any:
-    """The op torch computes ``target``'s values with: a view as a reshape (the cleanup pass
-    drops ``contiguous`` copies, which layouts make no matter to in the graph)."""
-    import torch
-
-    aten = torch.ops.aten
-    return aten.reshape.default if target in (aten.view.default, aten._unsafe_view.default) else target
-
-
 def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
     """The program's outputs computed by torch, node by node (its constants as they are)."""
     import torch
@@ -109,7 +101,7 @@ def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
             elif node.op == "call_function":
                 args = torch.fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
-                env[node] = _torch_op(node.target)(*args, **kwargs)
+                env[node] = torch_op(node.target)(*args, **kwargs)
             elif node.op == "output":
                 return _leaves(torch.fx.node.map_arg(node.args[0], env.__getitem__))
     raise AssertionError("a graph without an output node")
@@ -223,7 +215,7 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
             continue
         args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node))
         with torch.no_grad():
-            want = _torch_op(node.target)(*args, **kwargs)
+            want = torch_op(node.target)(*args, **kwargs)
         wants = want if isinstance(want, (tuple, list)) else (want,)
         inputs_scale = 0.01 * max((_magnitude(a) for a in activations), default=0.0)
         for k, (out, ref) in enumerate(zip(outs, wants)):
@@ -328,7 +320,7 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
                 if node.meta.get(PARTITION) == PORTABLE and node.meta.get(PHASE, 0) == phase:
                     args = torch.fx.node.map_arg(node.args, operand)
                     kwargs = torch.fx.node.map_arg(node.kwargs, operand)
-                    values[node] = _torch_op(node.target)(*args, **kwargs)
+                    values[node] = torch_op(node.target)(*args, **kwargs)
             lowered = delegates[phase] if phase < len(delegates) else None
             if lowered is None:
                 continue

@@ -189,7 +189,9 @@ class WeightScheme:
         as this scheme says: a ``QuantizedTensor``, or float32 for fp32.
 
         ``axis``: the output-channel axis of the per-channel schemes.  ``calibration``: what
-        an activation-aware ``method`` needs.
+        an activation-aware ``method`` needs: for a convolution's ``[OC, KH, KW, IC]`` filter,
+        the statistics of its im2col rows, whose columns follow the filter's rows flattened
+        (``frontend.calibration``); the filter is quantized as the matrix ``[OC, KH*KW*IC]``.
         """
         chosen = check_method(method)
         if self.kind is SchemeKind.FP32:
@@ -197,10 +199,15 @@ class WeightScheme:
         if chosen in ACTIVATION_AWARE_METHODS and calibration is None:
             raise XnnquantError(
                 f"method {chosen!r} has no calibration statistics for this layer: got none, expected the inputs of a "
-                "torch.nn.Linear called as a module by the calibration batches (convolutions and linears computed "
-                "functionally, e.g. inside nn.MultiheadAttention, are not calibrated); export such a model with "
-                "method='mse'")
+                "linear or a one-group convolution reached by the calibration batches (grouped, depthwise and "
+                "transposed convolutions are not calibrated); export such a model with method='mse'")
         extra: dict[str, Any] = {} if calibration is None else {"calibration": calibration}
+        if calibration is not None and np.ndim(weight) > 2 and axis == 0:
+            shape = tuple(int(d) for d in np.shape(weight))
+            flat = self.quantize(np.asarray(weight, np.float32).reshape(shape[0], -1), chosen, calibration)
+            assert isinstance(flat, QuantizedTensor)
+            return QuantizedTensor(flat.datatype, flat.codes.reshape(shape), flat.scale, flat.zero_point,
+                                   channel_dim=0, group_size=flat.group_size, meta=flat.meta)
         if self.kind is SchemeKind.QB4W:
             return quantize_blockwise(weight, group_size=int(self.group_size or 0), method=chosen, **extra)
         return quantize_per_channel(weight, bits=self.facts.bits, axis=axis, method=chosen, **extra)

@@ -38,12 +38,16 @@ import warnings
 
 import numpy as np
 
-from ..arrays import ArrayInput, to_numpy
+from ..arrays import ArrayInput, as_float32, check_finite, to_numpy
+from ..compute.blas import one_blas_thread
+from ..compute.parallel import for_ranges
 from ..errors import XnnquantError
 from .checks import check_int, float_input
 
 #: Rows per float32 product (see ``Calibration.add``).
 CHUNK_ROWS = 1024
+#: Columns per block of the Gram matrix summed as one piece (see ``Calibration.add``).
+GRAM_BLOCK = 128
 #: Below ``MIN_TOKENS_PER_FEATURE * in_features`` calibration tokens the methods warn.
 MIN_TOKENS_PER_FEATURE = 1.0
 
@@ -91,19 +95,34 @@ class Calibration:
         """Accumulate the rows of ``x`` float ``(..., K)`` (fp32/fp16/bf16, numpy or torch).
 
         ``mask`` (bool, shape ``x.shape[:-1]``), when given, keeps only the rows where it
-        is True (e.g. real tokens, not padding).  Returns ``self``.
+        is True (e.g. real tokens, not padding); rows it drops are not read at all.
+        Returns ``self``.
 
-        Each chunk of up to ``CHUNK_ROWS`` rows is multiplied in float32 (twice the speed of
-        float64; relative error ~1e-6 of the chunk's sum, far below the dampening the
-        methods add) and summed into the float64 ``gram``.
+        ``X^T X`` is summed in pieces: for each chunk of up to ``CHUNK_ROWS`` rows and each
+        pair of column blocks ``I <= J`` (``GRAM_BLOCK`` wide), ``X[:, I]^T X[:, J]`` is
+        multiplied in float32 (twice the speed of float64; relative error ~1e-6 of the
+        chunk's sum, far below the dampening the methods add) and added to ``gram[I, J]``
+        in float64, chunk after chunk; the blocks below the diagonal are the mirror of
+        those above.  The block pairs run on every core, each adding to its own block in
+        chunk order, so the sums do not depend on the number of threads.
+
+        Non-finite rows are found by one look at the new diagonal (``sum x_k^2`` is NaN or
+        inf exactly when column ``k`` met a NaN or inf, or values beyond ~1.8e19 whose
+        squares overflow float32); the statistics are then left as they were and
+        ``XnnquantError`` names the first bad value.
         """
-        arr = float_input(x, "calibration", min_rank=1)
+        given = to_numpy(x, "calibration")
+        arr: np.ndarray = as_float32(given, "calibration", finite=False).reshape(given.shape)
+        if arr.ndim < 1 or arr.size == 0:
+            raise XnnquantError(f"calibration is empty or a scalar: got shape {arr.shape}, expected (..., in_features) "
+                                "with at least one row")
         if arr.shape[-1] != self.in_features:
             raise XnnquantError(
                 f"calibration has the wrong width: got {arr.shape[-1]} features (shape {arr.shape}), "
                 f"expected in_features={self.in_features}"
             )
         rows = arr.reshape(-1, self.in_features)
+        keep = None
         if mask is not None:
             keep = to_numpy(mask, "mask")
             if keep.dtype != np.bool_ or keep.shape != arr.shape[:-1]:
@@ -115,16 +134,52 @@ class Calibration:
         if self.runtime_quantized and len(rows):
             from .per_token import quantize as quantize_per_token
 
+            if not np.isfinite(rows).all():  # the per-token scales need finite rows
+                _refuse_non_finite(arr, keep)
             rows = quantize_per_token(rows).dequantize()
-        for start in range(0, len(rows), CHUNK_ROWS):
-            part = rows[start:start + CHUNK_ROWS]
-            self._gram += part.T @ part
+        if len(rows):
+            gram = accumulated_gram(self._gram, rows)
+            if not np.isfinite(np.diagonal(gram)).all():
+                _refuse_non_finite(arr, keep)
+                raise XnnquantError(
+                    "calibration values are too large: some |x| > 1.8e19, whose square overflows the float32 "
+                    "products; expected activations of a usable model")
+            self._gram = gram
         self.tokens += len(rows)
         return self
 
     def __repr__(self) -> str:
         runtime = ", runtime_quantized=True" if self.runtime_quantized else ""
         return f"Calibration(in_features={self.in_features}{runtime}, tokens={self.tokens})"
+
+
+def _refuse_non_finite(arr: np.ndarray, keep: np.ndarray | None) -> None:
+    """Raise naming the first NaN or inf of ``arr`` among the rows ``keep`` selects (if any)."""
+    check_finite(arr if keep is None else np.where(keep[..., None], arr, np.float32(0)), "calibration")
+
+
+def accumulated_gram(gram: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A new float64 ``(K, K)``: ``gram + rows^T rows`` summed as ``Calibration.add`` says,
+    for ``rows`` float32 ``(T, K)``."""
+    k = gram.shape[0]
+    starts = list(range(0, k, GRAM_BLOCK))
+    pairs = [(i, j) for n, i in enumerate(starts) for j in starts[n:]]
+    out = np.empty_like(gram)
+
+    def blocks(first: int, last: int) -> None:
+        for i, j in pairs[first:last]:
+            rows_i, cols_j = slice(i, i + GRAM_BLOCK), slice(j, j + GRAM_BLOCK)
+            total = gram[rows_i, cols_j].copy()
+            for start in range(0, len(rows), CHUNK_ROWS):
+                part = rows[start:start + CHUNK_ROWS]
+                total += part[:, rows_i].T @ part[:, cols_j]
+            out[rows_i, cols_j] = total
+            if i != j:
+                out[cols_j, rows_i] = total.T
+
+    with one_blas_thread():
+        for_ranges(blocks, len(pairs), 1)
+    return out
 
 
 def as_calibration(calibration: Calibration | ArrayInput, in_features: int) -> Calibration:

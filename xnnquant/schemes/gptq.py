@@ -6,7 +6,8 @@ calibration inputs (``calibration``)::
     minimise  sum_r (w[r] - wq[r]) @ H @ (w[r] - wq[r])      H = G + damp * mean(diag G) * I
 
 over ``wq = codes * scale`` with integer codes in ``[qmin, qmax]`` and one scale per group
-of columns.  Rows are independent; all rows are processed together, one column at a time.
+of columns.  Rows are independent: a piece of rows per core, each processed one column at
+a time (numba compiles the column loop when installed, the same float64 operations).
 
 **Column by column.**  Quantizing column ``j`` alone (rounding to its group's scale)
 leaves an error ``delta = w[:, j] - wq[:, j]``.  With ``j`` fixed, the best change of the
@@ -59,14 +60,21 @@ from typing import Literal
 
 import numpy as np
 
+from ..compute import jit
+from ..compute.blas import one_blas_thread
+from ..compute.parallel import for_ranges, num_threads
 from ..errors import XnnquantError
 from .search import finish_scales
 from .weighted_search import NARROW_RATIOS, Cost, quadratic_cost, search_scales
 
 #: Columns per block of deferred updates.
 BLOCK = 64
+#: Least weight rows per piece of work (GPTQ's pass and the re-fit treat rows independently).
+ROWS = 64
 #: Size below which ``lower_inverse`` inverts directly.
 _LEAF = 64
+#: Columns from which ``lower_inverse``'s products are shared out over the cores.
+_PARALLEL = 256
 #: Dampening retries: each multiplies the dampening by 10 when Cholesky fails.
 DAMP_RETRIES = 4
 
@@ -131,7 +139,21 @@ def lower_inverse(low: np.ndarray) -> np.ndarray:
     out = np.zeros_like(low)
     out[:half, :half] = top
     out[half:, half:] = bottom
-    out[half:, :half] = -bottom @ (low[half:, :half] @ top)
+    out[half:, :half] = _product(-bottom, _product(low[half:, :half], top))
+    return out
+
+
+def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` float64, the result's columns shared out over the cores from ``_PARALLEL``
+    columns on (each column is the same product of ``a`` with one column of ``b``)."""
+    if b.shape[1] < _PARALLEL:
+        return a @ b
+    out = np.empty((a.shape[0], b.shape[1]))
+
+    def columns(lo: int, hi: int) -> None:
+        out[:, lo:hi] = a @ b[:, lo:hi]
+
+    for_ranges(columns, b.shape[1], _LEAF)
     return out
 
 
@@ -158,47 +180,121 @@ def gptq(w: np.ndarray, gram: np.ndarray, group_size: int, qmin: int, qmax: int,
 
     Returns codes float64 ``[C, K]`` (integers in ``[qmin, qmax]``) and scales float32
     ``(C, K // group_size)`` (positive normal; bf16 values when ``bf16``).
+
+    Rows are independent (each row's errors go to the same row's later columns), so they
+    are processed in pieces, one per core (``piece_rows``, ``for_ranges``); each row's
+    values are the same whatever the cut (a test compares pieces of ``ROWS``, one piece,
+    and one thread with two).  numpy's BLAS stays on one thread meanwhile (``compute.blas``).
     """
     c, k = w.shape
-    n_groups = k // group_size
-    perm = column_order(np.diag(gram), group_size, settings.order)
-    u, damp = inverse_cholesky(gram[np.ix_(perm, perm)], settings.damp)
-    h = dampened(gram, damp)
-    position = np.argsort(perm)  # position[column] = when it is processed
-    group_of = perm // group_size  # group of the column processed at each position
+    with one_blas_thread():
+        perm = column_order(np.diag(gram), group_size, settings.order)
+        u, damp = inverse_cholesky(gram[np.ix_(perm, perm)], settings.damp)
+        plan = _Plan(u, perm, group_size, qmin, qmax, bf16)
+        if scales is None:
+            plan.costs = _group_costs(plan)
+        codes = np.empty((c, k))
+        out = np.ones((c, k // group_size), np.float32) if scales is None else np.array(scales, np.float32)
+        given = scales is not None
+
+        step = piece_rows(c)
+
+        def pieces(first: int, last: int) -> None:
+            for lo in range(first, last, step):
+                hi = min(last, lo + step)
+                codes[lo:hi] = _compensate(np.asarray(w[lo:hi], np.float64), plan, out[lo:hi], given)
+
+        for_ranges(pieces, c, step)
+        if settings.refit:
+            out = refit_scales(np.asarray(w, np.float64), codes, out, dampened(gram, damp), group_size, bf16)
+    return codes, out
+
+
+class _Plan:
+    """What every piece of rows shares: ``u`` (columns in processing order), the order,
+    each processed column's group, and each group's scale-search cost (``costs``: the
+    group's Schur complement at its first column, ``_group_costs``)."""
+
+    def __init__(self, u: np.ndarray, perm: np.ndarray, group_size: int, qmin: int, qmax: int, bf16: bool) -> None:
+        self.u, self.perm, self.group_size = u, perm, group_size
+        self.qmin, self.qmax, self.bf16 = qmin, qmax, bf16
+        self.position = np.argsort(perm)  # position[column] = when it is processed
+        self.group_of = (perm // group_size).astype(np.int64)  # group of the column processed at each position
+        groups = len(perm) // group_size
+        #: position of each group's first processed column
+        self.first = self.position.reshape(groups, group_size).min(axis=1)
+        self.costs: list[Cost] = []
+
+
+def _group_costs(plan: _Plan) -> list[Cost]:
+    """Each group's scale-search cost ``e^T (A^T A)^-1 e``, ``A = U[j:, group columns]``
+    with ``j`` the group's first processed column (module doc, **Scales**)."""
+    groups = len(plan.first)
+    costs: dict[int, Cost] = {}
+
+    def some(lo: int, hi: int) -> None:
+        for group in range(lo, hi):
+            cols = plan.position[group * plan.group_size:(group + 1) * plan.group_size]
+            costs[group] = _schur_cost(plan.u[plan.first[group]:, cols])
+
+    for_ranges(some, groups, 1)
+    return [costs[group] for group in range(groups)]
+
+
+def _compensate(w: np.ndarray, plan: _Plan, scales: np.ndarray, given: bool) -> np.ndarray:
+    """GPTQ's pass over rows ``w`` float64 ``[R, K]``: their codes float64 ``[R, K]``; each
+    group's scale written into ``scales`` ``(R, G)`` float32 at its first column unless
+    ``given`` (then read from it)."""
+    u, group_of, size = plan.u, plan.group_of, plan.group_size
+    k = len(plan.perm)
+    rows = len(w)
     # Column j of the weight is row j of ``work`` (contiguous), in processing order.
-    work = np.array(w, np.float64)[:, perm].T.copy()
-    chosen = np.full(n_groups, scales is not None)
-    scales = np.ones((c, n_groups), np.float32) if scales is None else scales.copy()
-    row_scales = scales.T.astype(np.float64)  # (G, C)
-    codes = np.empty((k, c))
-    err = np.empty((BLOCK, c))
+    work = np.ascontiguousarray(w[:, plan.perm].T)
+    row_scales = np.ascontiguousarray(scales.T, np.float64)  # (G, R)
+    codes = np.empty((k, rows))
+    err = np.empty((BLOCK, rows))
+    searches = set() if given else set(plan.first.tolist())
+    loops = jit.loops()
     for start in range(0, k, BLOCK):
         stop = min(start + BLOCK, k)
-        for j in range(start, stop):
-            group = group_of[j]
-            if not chosen[group]:
-                cols = position[group * group_size:(group + 1) * group_size]
+        j = start
+        while j < stop:
+            if j in searches:  # the first column of a group: choose the group's scales now
+                group = int(group_of[j])
+                cols = plan.position[group * size:(group + 1) * size]
                 current = work[cols]
                 later = cols >= stop  # columns past this block still miss this block's updates
                 if later.any():
                     current[later] -= u[start:j, cols[later]].T @ err[: j - start]
-                found = search_scales(current.T, _schur_cost(u[j:, cols]), qmin, qmax, bf16, NARROW_RATIOS)
+                found = search_scales(current.T, plan.costs[group], plan.qmin, plan.qmax, plan.bf16, NARROW_RATIOS,
+                                      parallel=False)
                 scales[:, group] = found
                 row_scales[group] = found
-                chosen[group] = True
-            s = row_scales[group]
-            q = np.clip(np.rint(work[j] / s), qmin, qmax)
-            codes[j] = q
-            e = err[j - start]
-            np.subtract(work[j], q * s, out=e)
-            e /= u[j, j]
-            work[j + 1:stop] -= np.outer(u[j, j + 1:stop], e)
+            end = j + 1
+            while end < stop and end not in searches:
+                end += 1
+            if loops is not None:
+                loops.gptq_columns(work, u, row_scales, group_of, codes, err, j, end, start, stop, float(plan.qmin),
+                                   float(plan.qmax))
+            else:
+                _columns(work, u, row_scales, group_of, codes, err, j, end, start, stop, plan.qmin, plan.qmax)
+            j = end
         work[stop:] -= u[start:stop, stop:].T @ err[: stop - start]
-    codes = codes.T[:, position]
-    if settings.refit:
-        scales = refit_scales(np.asarray(w, np.float64), codes, scales, h, group_size, bf16)
-    return codes, scales
+    return codes.T[:, plan.position]
+
+
+def _columns(work: np.ndarray, u: np.ndarray, row_scales: np.ndarray, group_of: np.ndarray, codes: np.ndarray,
+             err: np.ndarray, first: int, last: int, start: int, stop: int, qmin: int, qmax: int) -> None:
+    """Columns ``first .. last - 1`` of the block ``start .. stop - 1`` (the numpy twin of
+    ``compute.loops.gptq_columns``, which says what it computes)."""
+    for j in range(first, last):
+        s = row_scales[group_of[j]]
+        q = np.clip(np.rint(work[j] / s), qmin, qmax)
+        codes[j] = q
+        e = err[j - start]
+        np.subtract(work[j], q * s, out=e)
+        e /= u[j, j]
+        work[j + 1:stop] -= np.outer(u[j, j + 1:stop], e)
 
 
 def _schur_cost(a: np.ndarray) -> Cost:
@@ -214,15 +310,41 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.nda
     the loss ``(w - wq)^T h (w - wq) = s^T M s - 2 s^T v + w^T h w`` is quadratic in ``s``,
     with ``M_ab = q_a^T h q_b``, ``v_a = q_a^T h w``: its minimum solves ``M s = v``.  The
     solution is made positive normal (bf16 if asked); a row keeps its old scales unless the
-    new ones lower its loss (rounding to bf16 can undo a tiny gain).
+    new ones lower its loss (rounding to bf16 can undo a tiny gain).  ``M`` is symmetric:
+    its blocks ``b >= a`` are computed, the others mirrored.  Rows go in pieces, one per
+    core (``piece_rows``).
     """
+    out = np.empty(scales.shape, np.float32)
+    step = piece_rows(len(w))
+
+    def pieces(first: int, last: int) -> None:
+        for lo in range(first, last, step):
+            hi = min(last, lo + step)
+            out[lo:hi] = _refit_rows(w[lo:hi], codes[lo:hi], scales[lo:hi], h, group_size, bf16)
+
+    with one_blas_thread():
+        for_ranges(pieces, len(w), step)
+    return out
+
+
+def piece_rows(rows: int) -> int:
+    """Rows per piece: one piece per thread, at least ``ROWS`` rows (fewer, larger pieces
+    spend less time in Python per row)."""
+    return max(ROWS, -(-rows // num_threads()))
+
+
+def _refit_rows(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.ndarray, group_size: int,
+                bf16: bool) -> np.ndarray:
+    """``refit_scales`` of rows ``w``, ``codes`` float64 ``[R, K]``, ``scales`` float32 ``(R, G)``."""
     c, k = w.shape
     n_groups = k // group_size
     v = ((w @ h) * codes).reshape(c, n_groups, group_size).sum(-1)  # (C, G)
     m = np.empty((c, n_groups, n_groups))
     for a in range(n_groups):
-        cols = slice(a * group_size, (a + 1) * group_size)
-        m[:, a, :] = ((codes[:, cols] @ h[cols, :]) * codes).reshape(c, n_groups, group_size).sum(-1)
+        lo = a * group_size
+        cols = slice(lo, lo + group_size)
+        m[:, a, a:] = ((codes[:, cols] @ h[cols, lo:]) * codes[:, lo:]).reshape(c, n_groups - a, group_size).sum(-1)
+        m[:, a + 1:, a] = m[:, a, a + 1:]
     old = scales.astype(np.float64)
     # A tiny ridge towards the old scales keeps groups whose codes are all zero (M_aa = 0)
     # where they are, and every system solvable (a row of zero codes keeps its scales).

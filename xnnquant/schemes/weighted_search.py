@@ -70,7 +70,7 @@ def _errors(x: np.ndarray, scales: np.ndarray, qmin: int, qmax: int) -> np.ndarr
 
 
 def search_scales(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool,
-                  ratios: np.ndarray = COARSE_RATIOS) -> np.ndarray:
+                  ratios: np.ndarray = COARSE_RATIOS, parallel: bool = True) -> np.ndarray:
     """Least-cost scale of each block of ``x`` ``(N, g)`` -> float32 ``(N,)``.
 
     Candidates (as ``search.mse_scales``): ``ratios`` of the min-max scale (1.0 first) and
@@ -78,7 +78,8 @@ def search_scales(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool,
     candidate.  All-zero blocks get 1.0.  Errors and costs are float32 (they only rank
     candidates; the codes themselves are computed by the caller); blocks are searched in
     ranges of rows on every core (``parallel``), each on its own, so the result does not
-    depend on the number of threads.
+    depend on the number of threads.  ``parallel=False`` searches in the calling thread
+    (for a caller that spreads its own work over the cores).
     """
     x32 = np.ascontiguousarray(x, np.float32)
     out = np.empty(len(x32), np.float32)
@@ -86,7 +87,11 @@ def search_scales(x: np.ndarray, cost: Cost, qmin: int, qmax: int, bf16: bool,
     def search_rows(start: int, stop: int) -> None:
         out[start:stop] = _search(x32[start:stop], cost, qmin, qmax, bf16, ratios)
 
-    for_ranges(search_rows, len(x32), _ROWS_PER_TASK)
+    if parallel:
+        for_ranges(search_rows, len(x32), _ROWS_PER_TASK)
+    else:
+        for lo in range(0, len(x32), _ROWS_PER_TASK):
+            search_rows(lo, min(len(x32), lo + _ROWS_PER_TASK))
     return out
 
 

@@ -148,7 +148,7 @@ class QuantizedReference:
 @dataclass
 class WeightOptions:
     """What ``LoweringContext.weight`` needs besides the policy: the scale-choice method,
-    calibration (``calibration.LinearStatistics``, or None) and the report to fill."""
+    calibration (``calibration.LayerStatistics``, or None) and the report to fill."""
 
     policy: WeightPolicy
     method: str = "mse"
@@ -369,13 +369,8 @@ class LoweringContext:
     # ---------------------------------------------------------------- weights
 
     def weight_path(self, weight: Any) -> str:
-        """The module a weight belongs to: its tensor's name without ``.weight``."""
-        name = self.program.origins.get(self._names.get(id(weight), ""))
-        if name is None:
-            return self.module_path()
-        if name == "weight":  # the exported module itself is the layer
-            return ""
-        return name[: -len(".weight")] if name.endswith(".weight") else name
+        """The module a weight belongs to (``AtenProgram.layer_path``)."""
+        return self.program.layer_path(self._names.get(id(weight), ""), self.node)
 
     def choose(self, path: str, layer: Layer) -> Choice:
         """The scheme layer ``path`` takes (``WeightPolicy.choose``), or a refusal naming it."""
@@ -417,11 +412,12 @@ class LoweringContext:
         pre = self.constant_array(weight, f"the weight of {path!r}") if values is None else values
         arr = pre if layout is None else np.ascontiguousarray(layout(pre))
         stats = options.statistics
-        done = None if stats is None else stats.quantized.get(path)
+        key = path if stats is None else stats.key(name or "", path)
+        done = None if stats is None else stats.quantized.get(key)
         if done is not None and axis == 0 and scheme.holds(done, arr.shape):
-            stored_q = done  # quantized by sequential calibration (calibration.sequential_statistics)
+            stored_q = done  # quantized by sequential calibration (calibration.statistics)
         else:
-            grams = None if stats is None else stats.grams.get(path)
+            grams = None if stats is None else stats.grams.get(key)
             stored_q = scheme.quantize(arr, options.method, grams, axis=axis)
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
                                    scheme.stored_nbytes(tuple(arr.shape), axis, self.graph.scales_in_segment),

@@ -2,12 +2,14 @@
 
 A pass is a function ``fn(program, options)`` over an ``AtenProgram`` (its own copy of the
 exported graph), registered with ``@rewrite(name)``; ``run_passes`` runs them in the order
-of ``ORDER``.  A pass either rewrites the graph (removing a node, folding constants into
-a new constant placeholder) or notes a decision on a node for its lowering
-(``node.meta[key]``, read through ``LoweringContext.annotation``).  Each pass that can
-refuse to rewrite has a guard returning the reason (``batch_norm.can_fold``), and tests pin
-its refusals.  Lowerings then see a graph in which every rewrite is already done, so no
-lowering needs to know about another.
+of ``ORDER``.  An export with calibration runs them in two parts: ``BEFORE_CALIBRATION``,
+then the calibration batches through the program so far (``calibration.py``), then
+``AFTER_CALIBRATION``, which reads the statistics.  A pass either rewrites the graph
+(removing a node, folding constants into a new constant placeholder) or notes a decision
+on a node for its lowering (``node.meta[key]``, read through ``LoweringContext.annotation``).
+Each pass that can refuse to rewrite has a guard returning the reason
+(``batch_norm.can_fold``), and tests pin its refusals.  Lowerings then see a graph in
+which every rewrite is already done, so no lowering needs to know about another.
 
 =================  =================================================================
 ``cleanup``        drops the nodes that compute nothing: runtime checks
@@ -42,6 +44,9 @@ PassFn = Callable[[AtenProgram, Any], None]
 
 #: The passes, in the order they run (module names in this package).
 ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "partition")
+#: The passes whose program the calibration batches run on, and those that use the statistics.
+BEFORE_CALIBRATION = ORDER[:3]
+AFTER_CALIBRATION = ORDER[3:]
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,12 @@ def load_passes() -> dict[str, Pass]:
     return PASSES
 
 
-def run_passes(program: AtenProgram, options: Any) -> None:
-    """Run every pass over ``program``, in ``ORDER``."""
+def run_passes(program: AtenProgram, options: Any, names: tuple[str, ...] = ORDER) -> None:
+    """Run the passes ``names`` (default: every pass) over ``program``, in ``ORDER``."""
     load_passes()
     for name in ORDER:
-        PASSES[name].fn(program, options)
+        if name in names:
+            PASSES[name].fn(program, options)
     program.graph.lint()
 
 

@@ -8,7 +8,9 @@
   input already has (a memory-format change: layouts are the lowering's business): their
   users read their input instead;
 * ``to.dtype`` to another dtype (what torch.export keeps of ``.to(dtype)`` before
-  decompositions) becomes ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run.
+  decompositions) becomes ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run;
+* nodes whose result nothing reads (torch.export leaves them where no decomposition ran):
+  erased, unless they mutate or have other effects (``torch.fx``'s own rule).
 """
 
 from __future__ import annotations
@@ -63,3 +65,4 @@ def cleanup(program: AtenProgram, options: Any) -> None:
                 copy = program.graph.call_function(aten._to_copy.default, (node.args[0],), {"dtype": _dtype(node)})
             copy.meta = dict(node.meta)
             replace_uses(node, copy)
+    program.graph.eliminate_dead_code()

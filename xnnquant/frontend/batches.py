@@ -1,0 +1,284 @@
+"""Calibration batches: the inputs an export runs its program on, checked once, and the
+program they run on.
+
+``CalibrationData.parse(batches, mask)`` takes ``calibration=`` and ``calibration_mask=`` of
+``xq.export`` as given and either returns the batches (each a tuple of torch tensors, the
+module's positional inputs) with one bool mask per batch (or none), or raises
+``XnnquantError`` naming the batch that is wrong.  A mask marks the rows that count
+(True: a real token; False: padding): it is
+
+* a sequence of masks, one per batch, each bool or numeric with values 0 and 1 only; or
+* an int ``i``: input ``i`` of every batch is the mask (a model that takes its padding
+  mask as an input, as a BERT encoder does, needs nothing else).
+
+``check_fits(example)`` checks the batches against the example inputs (count, dtype,
+rank).  ``programs_for(module, lowered)`` gives the ``AtenProgram`` to evaluate each batch
+on: the lowering's own program for a batch of the shapes it was traced at (or that its
+dynamic dims allow), else ``module`` traced again, statically at each other shape of the
+batches when they are few (``STATIC_SHAPES``), or once with every dim that differs between
+batches dynamic; each decomposed as the export decomposes (size arithmetic aside, which
+torch computes as it is) and rewritten by the same passes (``passes.BEFORE_CALIBRATION``),
+so that all have the same layers, constants and names, node for node (``isomorphic``).
+
+This module knows nothing of what the batches are used for: weight statistics
+(``calibration.py``) or anything else that runs a program on inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import XnnquantError
+from .program import AtenProgram
+
+#: Batches of at most this many shapes are traced once per shape; more, once with dynamic dims
+#: (a dynamic trace costs about as much as two or three static ones: see the README).
+STATIC_SHAPES = 2
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    """Checked batches (tuples of torch tensors) and their bool masks (None: every row counts)."""
+
+    batches: tuple[tuple[Any, ...], ...]
+    masks: tuple[Any, ...] | None = None
+
+    @classmethod
+    def parse(cls, batches: Any, mask: Any = None) -> CalibrationData:
+        """``calibration=`` and ``calibration_mask=`` as given (module docstring)."""
+        parsed = calibration_batches(batches)
+        return cls(parsed, None if mask is None else parse_masks(mask, parsed))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def check_fits(self, example: tuple[Any, ...]) -> None:
+        """Each batch has the example inputs' count, dtypes and ranks."""
+        check_batches_fit(self.batches, example)
+
+    def fits(self, program: AtenProgram, batch: int | None = None) -> bool:
+        """True when batch ``batch`` (default: every batch) has the shapes ``program``'s inputs
+        were traced at (a dynamic dim takes any size)."""
+        placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+        for inputs in self.batches if batch is None else (self.batches[batch],):
+            for name, x in zip(program.inputs, inputs):
+                val = placeholders[name].meta.get("val")
+                shape = tuple(getattr(val, "shape", ()))
+                if getattr(val, "dtype", x.dtype) != x.dtype or len(shape) != x.dim():
+                    return False
+                if any(isinstance(d, int) and d != n for d, n in zip(shape, x.shape)):
+                    return False
+        return True
+
+    def programs_for(self, module: Any, lowered: AtenProgram) -> tuple[AtenProgram, ...]:
+        """The program to run each batch on (module docstring), all with the same nodes in
+        the same order (``isomorphic``): the lowering's own for the batches that fit it; for
+        the others, when they come in at most ``STATIC_SHAPES`` shapes, one program traced
+        at each shape, else one program traced with the dims that differ dynamic."""
+        shapes = [tuple(tuple(x.shape) for x in batch) for batch in self.batches]
+        by_shape: dict[Any, AtenProgram] = {}
+        for b, shape in enumerate(shapes):
+            if shape not in by_shape and self.fits(lowered, b):
+                by_shape[shape] = lowered
+        missing = sorted({shape for shape in shapes if shape not in by_shape}, key=shapes.index)
+        if len(missing) <= STATIC_SHAPES:
+            for shape in missing:
+                by_shape[shape] = self._traced(module, shapes.index(shape), dynamic=False)
+            programs = tuple(by_shape[shape] for shape in shapes)
+            if all(isomorphic(programs[0], p) for p in programs[1:]):
+                return programs
+        dynamic = self._traced(module, 0, dynamic=True)
+        return (dynamic,) * len(self.batches)
+
+    def _traced(self, module: Any, index: int, dynamic: bool) -> AtenProgram:
+        """``module`` traced on batch ``index``'s inputs (with the dims that differ between
+        batches dynamic), decomposed and rewritten by the passes before calibration."""
+        import torch
+
+        from .api import decomposition_table, needs_decomposition
+        from .passes import BEFORE_CALIBRATION, run_passes
+
+        first = self.batches[index]
+        varying = [{d for d in range(x.dim()) if any(b[i].shape[d] != x.shape[d] for b in self.batches)}
+                   for i, x in enumerate(first)] if dynamic else [set() for _ in first]
+        spec = tuple(dict.fromkeys(sorted(dims), torch.export.Dim.AUTO) or None for dims in varying)
+        try:
+            with _without_stack_traces():
+                exported = torch.export.export(module, first, dynamic_shapes=spec if any(varying) else None,
+                                               strict=False)
+        except Exception as exc:  # torch's tracing errors come in many types; say where they came from
+            raise _misfit(module, index, first, exc) from None
+        if needs_decomposition(exported):
+            exported = exported.run_decompositions(decomposition_table())
+        program = AtenProgram.of(exported)
+        run_passes(program, None, BEFORE_CALIBRATION)
+        if dynamic:
+            for b in range(len(self.batches)):
+                if not self.fits(program, b):
+                    self._refuse(program, b, index)
+        return program
+
+    def _refuse(self, program: AtenProgram, b: int, index: int) -> None:
+        placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+        for i, (name, x) in enumerate(zip(program.inputs, self.batches[b])):
+            for d, size in enumerate(tuple(placeholders[name].meta["val"].shape)):
+                if isinstance(size, int) and size != x.shape[d]:
+                    raise XnnquantError(
+                        f"calibration batch {b}, input {i} has shape {tuple(x.shape)}: the module traced on "
+                        f"calibration batch {index} ({_shapes(self.batches[index])}) fixes dim {d} at {size} (its "
+                        f"code specializes it); expected batches whose dim {d} is {size}, or a first batch with a "
+                        "size other than 0 or 1 there")
+
+
+def isomorphic(a: AtenProgram, b: AtenProgram) -> bool:
+    """True when ``a`` and ``b`` have the same nodes in the same order: each pair with the
+    same op and target, reading the nodes at the same positions, constants of the same
+    names (two traces of one module at two input shapes differ only in size arguments)."""
+    if a is b:
+        return True
+    nodes_a, nodes_b = list(a.graph.nodes), list(b.graph.nodes)
+    if len(nodes_a) != len(nodes_b):
+        return False
+    index_a = {n: i for i, n in enumerate(nodes_a)}
+    index_b = {n: i for i, n in enumerate(nodes_b)}
+    for x, y in zip(nodes_a, nodes_b):
+        if x.op != y.op or x.target != y.target or a.is_constant(x) != b.is_constant(y):
+            return False
+        if x.op == "placeholder" and x.name != y.name:
+            return False
+        if [index_a[n] for n in x.all_input_nodes] != [index_b[n] for n in y.all_input_nodes]:
+            return False
+    return True
+
+
+@contextmanager
+def _without_stack_traces() -> Iterator[None]:
+    """torch.fx records no Python stack trace per node inside the block (a calibration
+    program is only run, never shown: a third of a trace's time saved)."""
+    import torch.fx.config
+
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = before
+
+
+def _misfit(module: Any, index: int, batch: tuple[Any, ...], exc: Exception) -> XnnquantError:
+    """The error for a batch the module could not be traced on, naming the innermost module
+    that fails when the batch runs through it eagerly (when one does)."""
+    import torch
+
+    names = {m: name for name, m in module.named_modules()}
+    running: list[Any] = []  # the modules entered and not yet left, innermost last
+
+    def enter(m: Any, _: Any) -> None:
+        running.append(m)
+
+    def leave(m: Any, _: Any, __: Any) -> None:  # returns None: a value would replace the output
+        running.pop()
+
+    hooks = [m.register_forward_pre_hook(enter) for m in names] + [m.register_forward_hook(leave) for m in names]
+    failure: Exception = exc
+    try:
+        with torch.no_grad():
+            module(*batch)
+        running.clear()  # the module runs it: tracing itself failed
+    except Exception as eager:  # the module's own error on a batch that does not fit it
+        failure = eager
+    finally:
+        for hook in hooks:
+            hook.remove()
+    text = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+    if running:
+        layer = running[-1]
+        return XnnquantError(
+            f"calibration batch {index} ({_shapes(batch)}) does not fit the module: layer "
+            f"{names[layer] or '<top level>'!r} ({type(layer).__name__}) fails on it: {text}")
+    return XnnquantError(f"calibration batch {index} ({_shapes(batch)}) has other shapes than the example inputs, "
+                         f"and tracing {type(module).__name__} on it failed: {text}")
+
+
+def _shapes(batch: tuple[Any, ...]) -> str:
+    return ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in batch)
+
+
+def calibration_batches(batches: Any) -> tuple[tuple[Any, ...], ...]:
+    """``calibration=`` as a tuple of input tuples (torch tensors; numpy arrays are converted),
+    at least one; ``XnnquantError`` naming the first batch that is not."""
+    import numpy as np
+    import torch
+
+    if isinstance(batches, (str, bytes, torch.Tensor, np.ndarray)) or not hasattr(batches, "__iter__"):
+        raise XnnquantError(f"calibration must be an iterable of input tuples (one tuple of the module's positional "
+                            f"inputs per batch): got {type(batches).__name__}")
+    out = []
+    for i, batch in enumerate(batches):
+        inputs = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        converted = []
+        for j, x in enumerate(inputs):
+            if isinstance(x, np.ndarray):
+                x = torch.from_numpy(np.ascontiguousarray(x))
+            if not isinstance(x, torch.Tensor):
+                raise XnnquantError(f"calibration batch {i}, input {j}: expected a torch tensor or a numpy array, "
+                                    f"got {type(x).__name__}")
+            if x.numel() == 0:
+                raise XnnquantError(f"calibration batch {i}, input {j} has no elements (shape {tuple(x.shape)}): "
+                                    "expected every dim >= 1")
+            converted.append(x)
+        out.append(tuple(converted))
+    if not out:
+        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
+    return tuple(out)
+
+
+def check_batches_fit(batches: tuple[tuple[Any, ...], ...], example: tuple[Any, ...]) -> None:
+    """Each calibration batch has the example inputs' count, dtypes and ranks."""
+    for i, batch in enumerate(batches):
+        if len(batch) != len(example):
+            raise XnnquantError(f"calibration batch {i} has {len(batch)} input(s): expected {len(example)}, as the "
+                                "example inputs")
+        for j, (x, e) in enumerate(zip(batch, example)):
+            if x.dtype != e.dtype or x.dim() != e.dim():
+                raise XnnquantError(f"calibration batch {i}, input {j} is {x.dtype} of shape {tuple(x.shape)}: "
+                                    f"expected {e.dtype} of rank {e.dim()}, as example input {j} "
+                                    f"{tuple(e.shape)}")
+
+
+def parse_masks(mask: Any, batches: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``calibration_mask=`` as one bool tensor per batch (module docstring)."""
+    import numpy as np
+    import torch
+
+    single = isinstance(mask, (bool, str, bytes, torch.Tensor, np.ndarray))
+    if single or not (isinstance(mask, int) or hasattr(mask, "__iter__")):
+        raise XnnquantError(f"calibration_mask must be a sequence of masks, one per calibration batch, or the index "
+                            f"of the input that is the mask: got {type(mask).__name__}")
+    if isinstance(mask, int) and not isinstance(mask, bool):
+        width = min(len(b) for b in batches)
+        if not 0 <= mask < width:
+            raise XnnquantError(f"calibration_mask={mask} names input {mask}, but the batches have {width} input(s)")
+        given: list[Any] = [b[mask] for b in batches]
+    else:
+        given = list(mask)
+    if len(given) != len(batches):
+        raise XnnquantError(f"calibration_mask has {len(given)} mask(s): expected one per calibration batch "
+                            f"({len(batches)})")
+    out = []
+    for i, m in enumerate(given):
+        if isinstance(m, np.ndarray):
+            m = torch.from_numpy(np.ascontiguousarray(m))
+        if not isinstance(m, torch.Tensor):
+            raise XnnquantError(f"calibration_mask of batch {i}: expected a tensor or numpy array, got "
+                                f"{type(m).__name__}")
+        if m.dtype != torch.bool:
+            if m.dtype.is_complex or not bool(((m == 0) | (m == 1)).all()):
+                raise XnnquantError(f"calibration_mask of batch {i} is {m.dtype} with values other than 0 and 1: "
+                                    "expected bool, or 0 (padding) and 1 (a real row)")
+            m = m != 0
+        out.append(m)
+    return tuple(out)
