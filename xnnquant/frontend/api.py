@@ -175,7 +175,9 @@ def _unrunnable(program: Any) -> dict[Any, Any]:
     from .passes.partition import portable_refusal
 
     lowerings = load_lowerings()
-    table = torch._decomp.core_aten_decompositions()  # into core ATen ops (never into prims)
+    table = dict(torch._decomp.core_aten_decompositions().items())  # into core ATen ops (never into prims)
+    norm = torch.ops.aten.linalg_vector_norm.default  # core ATen, so the core table has none of it
+    table.setdefault(norm, torch._decomp.decomposition_table[norm])  # torch's own: into sum and pow
     ops = {n.target for n in program.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
     return {op: table[op] for op in ops if op not in lowerings and op in table
             and portable_refusal_of(op, portable_refusal) is not None}
