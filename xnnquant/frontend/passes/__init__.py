@@ -20,6 +20,8 @@ lowering needs to know about another.
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
 ``masks``          a boolean attention mask the program computes becomes the float
                    mask it stands for (0 / -inf), so the attention stays in XNNPACK
+``embeddings``     with ``embeddings=``: a lookup in a constant table becomes a lookup in
+                   the table quantized for ExecuTorch's quantized embedding kernels
 ``partition``      which nodes run in XNNPACK delegates (and which delegate), which on
                    ExecuTorch's portable kernels
 =================  =================================================================
@@ -40,7 +42,7 @@ from ..program import AtenProgram
 PassFn = Callable[[AtenProgram, Any], None]
 
 #: The passes, in the order they run (module names in this package).
-ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "partition")
+ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "embeddings", "partition")
 
 
 @dataclass(frozen=True)
