@@ -622,8 +622,8 @@ def test_torchao_arguments() -> None:
                                "positional inputs): got 5")
     with pytest.raises(XnnquantError) as info:
         calibrate(module, [torch.zeros(2, 63)])
-    assert str(info.value) == ("calibration batch 0: the input of layer '0': calibration has the wrong width: got 63 "
-                               "features (shape (2, 63)), expected in_features=64")
+    assert str(info.value) == ("calibration batch 0: the input of layer '0' is not usable: calibration has the wrong "
+                               "width: got 63 features (shape (2, 63)), expected in_features=64")
     quantize_(module, XnnquantConfig(weights="qc8w"))
     with pytest.raises(XnnquantError) as info:  # torchao's tensor subclass: once is enough
         quantize_(module, XnnquantConfig(weights="qc8w"))

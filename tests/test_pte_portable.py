@@ -39,7 +39,10 @@ def _fully_connected_payload(shape: tuple[int, ...], weight: np.ndarray, bias: n
 def test_registered_operators_are_the_runtimes() -> None:
     from executorch.extension.pybindings import portable_lib
 
-    assert registered_operators() == frozenset(portable_lib._get_operator_names())
+    # the quantized kernels library adds its quantized_decomposed:: kernels once a program needing
+    # them was run in this process (pte/quantized.py): the portable ones are the rest
+    names = frozenset(n for n in portable_lib._get_operator_names() if not n.startswith("quantized_decomposed::"))
+    assert registered_operators() == names
     assert len(registered_operators()) == 240
 
 

@@ -97,7 +97,8 @@ def _export(args: argparse.Namespace) -> None:
         fallback = None if args.fallback.strip().lower() == "none" else args.fallback
         exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=fallback,
                              target=args.target, progress=not args.no_progress, state_dict=args.weights_from,
-                             dynamic_shapes=dynamic_shapes(args.dynamic, len(example or ())))
+                             dynamic_shapes=dynamic_shapes(args.dynamic, len(example or ())),
+                             embeddings=args.embeddings)
         path = exported.save(args.output)  # a streaming export quantizes here
     if args.json:
         print(exported.to_json())
@@ -251,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "(bare XNNGraph payload)")
     export.add_argument("--weights", default="qb4w:32", help="fp32, qc8w, qc4w or qb4w:G (default qb4w:32)")
     export.add_argument("--method", default="mse", help="scale choice: minmax or mse (default mse)")
+    export.add_argument("--embeddings", default=None, help="embedding tables: fp32 (default), int8 (per row) or "
+                        "int4:G (groups of G along the embedding dim), on ExecuTorch's quantized embedding kernels")
     export.add_argument("--fallback", default="auto", help="schemes for layers that cannot take --weights: auto "
                         "(default: the most compact scheme each layer takes), none (refuse them), or schemes tried in "
                         "order, e.g. qc8w,fp32")

@@ -226,7 +226,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
            check: bool = True, dynamic_shapes: Any = None, calibration_mask: Any = None,
-           strict: bool = False) -> Exported:
+           strict: bool = False, embeddings: Any = None) -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -268,6 +268,13 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     comparisons, index arithmetic, ...) run on ExecuTorch's portable kernels in the same
     ``.pte``, and everything else goes into as few XNNPACK delegates as the graph allows
     (``passes/partition.py``); ``print(exported)`` says which op ran where and why.
+    ``embeddings``: None (default: embedding tables stay float32), ``"int8"`` (int8 codes, one
+    float32 scale per row) or ``"int4:G"`` (int4 codes, one bf16 scale per group of G values
+    along the embedding dim): every lookup of a constant table (``aten.embedding``) then reads
+    the table quantized so, on ExecuTorch's quantized embedding kernels
+    (``passes/embeddings.py``; a device runtime must link ExecuTorch's ``quantized_ops_lib``).
+    Scales by ``method`` (``"minmax"``, else ``"mse"``), symmetric as qc8w and qb4w; each table
+    is a report row.  Refused with ``strict=True`` (the kernels run outside XNNPACK).
     ``check``: compare the lowered graph with the module on the example inputs before
     returning (``selfcheck.py``); a mismatch raises ``SelfCheckError`` naming the first
     diverging node.  A streaming export cannot run its module and skips it (the report
@@ -279,7 +286,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
                                   progress=progress, dynamic_shapes=dynamic_shapes,
-                                  calibration_mask=calibration_mask, strict=strict)
+                                  calibration_mask=calibration_mask, strict=strict, embeddings=embeddings)
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -292,6 +299,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     from .lowering.context import WeightOptions
     from .lowering.walk import Lowered, lower
     from .passes import AFTER_CALIBRATION, BEFORE_CALIBRATION, run_passes
+    from .passes.embeddings import embedding_rows
 
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
@@ -299,7 +307,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
     statistics = _statistics(eager, program, options, timings)
     with stage("passes", timings):
-        pass_options = _PassOptions(statistics, options.strict)
+        pass_options = _PassOptions(statistics, options.strict, options.embeddings, options.method)
         run_passes(program, pass_options, AFTER_CALIBRATION)
         partition = _partitioned(program, options, pass_options)
         partition.raise_problems()
@@ -316,10 +324,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
             delegates = [None if group is None else lower(program, options.target, replace(weights, rows=rows),
                                                           members=group) for group in members]
     if members is None:
-        exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
-                            lowered.inputs, lowered.outputs, timings, lowered.sources)
+        exported = Exported(lowered.graph, embedding_rows(program) + lowered.rows, options.policy.weights,
+                            options.method, options.target, lowered.inputs, lowered.outputs, timings, lowered.sources)
     else:
-        exported = _mixed(program, delegates, rows, options, timings)
+        exported = _mixed(program, delegates, embedding_rows(program) + rows, options, timings)
+    exported.embeddings = options.embeddings
     _warn_fallbacks(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
@@ -381,7 +390,7 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
         float_io = all(_dtype(n) == "float32" for n in program.graph.nodes if n.op == "placeholder"
                        and n.name in program.inputs)
         if options.strict or (not portable and phases in ([], [0]) and float_io):
-            return Partition(None, [])
+            return Partition(None, list(pass_options.problems))
         groups: list[set[Any] | None] = [None] * (max(phases, default=-1) + 1)
         for phase in phases:
             groups[phase] = {n for n in calls if n.meta.get(PARTITION) == phase}
@@ -397,6 +406,7 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
                 f"{n.target} (node {n.name}, module {AtenProgram.module_path(n) or '<top level>'}): neither XNNPACK "
                 f"({n.meta.get('xnnquant_why_portable', '')}) nor ExecuTorch's portable kernels ({why}) run it"
                 for n in portable if (why := portable_refusal(n)) is not None]
+            problems = pass_options.problems + problems
             if not phases and not problems:
                 shown = "; ".join(f"{n.name}: {n.meta.get('xnnquant_why_portable', '')}" for n in portable[:3])
                 shown += "; ..." if len(portable) > 3 else ""
@@ -454,12 +464,19 @@ def _warn_fallbacks(exported: Exported) -> None:
 
 class _PassOptions:
     """What the passes read of an export's options: the calibration statistics, ``strict``,
-    and the nodes the partition must send to the portable kernels (name -> why)."""
+    ``embeddings`` (an ``EmbeddingScheme`` or None) and ``method``, ``dry_run`` (``xq.check``:
+    nothing quantized), the nodes the partition must send to the portable kernels (name ->
+    why), and the passes' refusals (``problems``, one line each, raised with the partition's)."""
 
-    def __init__(self, statistics: Any, strict: bool = False) -> None:
+    def __init__(self, statistics: Any, strict: bool = False, embeddings: Any = None, method: str = "mse",
+                 dry_run: bool = False) -> None:
         self.statistics = statistics
         self.strict = strict
+        self.embeddings = embeddings
+        self.method = method
+        self.dry_run = dry_run
         self.portable: dict[str, str] = {}
+        self.problems: list[str] = []
 
 
 def _check_streamed(module: Any, path: str) -> None:
@@ -473,7 +490,8 @@ def _check_streamed(module: Any, path: str) -> None:
 
 
 def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", fallback: Any = "auto",
-          target: Any = "1.4.1", dynamic_shapes: Any = None, strict: bool = False) -> CheckReport:
+          target: Any = "1.4.1", dynamic_shapes: Any = None, strict: bool = False,
+          embeddings: Any = None) -> CheckReport:
     """What ``xq.export`` would do with ``module``, without quantizing or writing anything.
 
     The module is traced, rewritten and partitioned as ``export`` does; each delegate's
@@ -484,7 +502,7 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     layer's scheme with the reason when it falls back.  Arguments as for ``export``.
     """
     options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False,
-                                  dynamic_shapes=dynamic_shapes, strict=strict)
+                                  dynamic_shapes=dynamic_shapes, strict=strict, embeddings=embeddings)
     timings: dict[str, float] = {}
     _, traced = _traced(module, example_inputs, options, timings)
     from .emit import placements
@@ -494,16 +512,18 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
 
     program = AtenProgram.of(traced)
     program.name_dims(options.dynamic_shapes, module)
-    pass_options = _PassOptions(None, options.strict)
+    pass_options = _PassOptions(None, options.strict, options.embeddings, dry_run=True)
     run_passes(program, pass_options)
     partition = _partitioned(program, options, pass_options)
     dry = WeightOptions(options.policy, dry_run=True)
     if partition.delegates is None:
         lowered = lower(program, options.target, dry, raise_refusals=False)
-        return CheckReport(lowered.lowered_ops, lowered.refusals, lowered.rows, [])
+        return CheckReport(lowered.lowered_ops, partition.problems + lowered.refusals, lowered.rows, [])
+    from .passes.embeddings import embedding_rows
+
     ops: list[str] = []
     refusals = list(partition.problems)
-    rows: list[ReportRow] = []
+    rows: list[ReportRow] = embedding_rows(program)
     for group in partition.delegates:
         if group is not None:
             lowered = lower(program, options.target, replace(dry, rows=rows), members=group, raise_refusals=False)

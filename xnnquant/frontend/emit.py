@@ -9,13 +9,14 @@
 
 A portable node becomes a call of ExecuTorch's portable kernel for its ATen op
 (``pte.portable.portable_call``: the out variant, arguments in schema order, the out tensor
-made from torch's meta kernel); a constant it reads becomes a constant tensor of the
-program; a static size it reads is the traced int, and a dynamic one is computed when the
-program runs, where it is first needed: ``aten::sym_size.int`` reads a tensor's dim into an
-``Int`` value, and arithmetic on sizes (``operator.mul``, ``torch.sym_max``, ...) is
-ExecuTorch's ``executorch_prim::`` kernels on ``Int`` values (``SIZE_KERNELS``).  A
-delegate reads the tensors of its input nodes and writes new float32 tensors for its output
-nodes (``lowering.walk.Lowered``).
+made from torch's meta kernel), and a quantized embedding lookup (``passes/embeddings.py``)
+the calls of ``pte.quantized.embedding_call`` on its table's codes, scales and guard; a
+constant it reads becomes a constant tensor of the program; a static size it reads is the
+traced int, and a dynamic one is computed when the program runs, where it is first needed:
+``aten::sym_size.int`` reads a tensor's dim into an ``Int`` value, and arithmetic on sizes
+(``operator.mul``, ``torch.sym_max``, ...) is ExecuTorch's ``executorch_prim::`` kernels on
+``Int`` values (``SIZE_KERNELS``).  A delegate reads the tensors of its input nodes and
+writes new float32 tensors for its output nodes (``lowering.walk.Lowered``).
 Memory is planned by the program builder from the instructions' order.
 """
 
@@ -123,6 +124,7 @@ class _Emitter:
         self.method = method
         self.values: dict[Any, Any] = {}  # ATen node -> value index (or tuple of them)
         self.constants: dict[str, int] = {}
+        self.tables: dict[int, tuple[int, int, int]] = {}  # id(QuantizedEmbedding) -> (codes, scales, guard)
 
     def tensor_of(self, spec: TensorIO) -> int:
         return self.method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=bool(spec.dynamic))
@@ -179,7 +181,11 @@ class _Emitter:
         import torch
 
         from ..pte.portable import portable_call
+        from .passes.embeddings import QuantizedEmbedding
 
+        if isinstance(node.target, QuantizedEmbedding):
+            self.values[node] = self.quantized_embedding(node, node.target)
+            return
         args = torch.fx.node.map_arg(node.args, self.operand)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.operand)
         try:
@@ -188,6 +194,27 @@ class _Emitter:
             where = AtenProgram.module_path(node) or "<top level>"
             raise UnsupportedConfigError(f"{node.target} (node {node.name}, module {where}) runs on ExecuTorch's "
                                          f"portable kernels, and cannot: {exc}") from None
+
+    def quantized_embedding(self, node: Any, table: Any) -> int:
+        """A lookup in a quantized table (a ``QuantizedEmbedding``): its codes, scales and guard as constants (once per
+        table), then the kernel calls (``pte.quantized.embedding_call``)."""
+        import numpy as np
+
+        from ..pte.quantized import embedding_call
+
+        m = self.method
+        if id(table) not in self.tables:
+            codes, scales = table.weight(), table.scales()
+            guard = np.zeros((table.shape[0], 1), np.bool_)
+            self.tables[id(table)] = (m.tensor(codes.dtype, codes.shape, data=codes),
+                                      m.tensor(scales.dtype, scales.shape, data=scales),
+                                      m.tensor(np.bool_, guard.shape, data=guard))
+        codes_index, scales_index, guard_index = self.tables[id(table)]
+        low, high = table.scheme.quant_range
+        out = self.results(node)
+        assert isinstance(out, int)
+        return embedding_call(m, table.scheme.bits, codes_index, scales_index, self.operand(node.args[0]), out,
+                              quant_min=low, quant_max=high, guard=guard_index)
 
     def results(self, node: Any) -> int | list[int]:
         """The out tensors of a portable node, as torch traced its results (dtype, dim order;

@@ -120,6 +120,8 @@ class Exported:
     delegate_sources: list[list[tuple[str, str, str]]] = field(default_factory=list)
     placement: list[Any] = field(default_factory=list)
     builder: Any = None
+    #: how embedding tables are stored (``weights.EmbeddingScheme``; None: float32)
+    embeddings: Any = None
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -238,7 +240,9 @@ class Exported:
     def summary(self) -> dict[str, Any]:
         """Totals of the report, the options, the payload's size and the stage timings."""
         graphs = self.delegates if self.mixed else [self.graph]
-        return {"weights": str(self.weights), "method": self.method, "target": str(self.target),
+        return {"weights": str(self.weights),
+                "embeddings": None if self.embeddings is None else str(self.embeddings),
+                "method": self.method, "target": str(self.target),
                 "delegates": len(graphs), "portable_nodes": sum(p.where == "portable kernels" for p in self.placement),
                 "nodes": sum(len(g.nodes) for g in graphs), "values": sum(len(g.values) for g in graphs),
                 **totals(self.report), "timings": dict(self.timings)}
@@ -253,10 +257,14 @@ class Exported:
 
     def __str__(self) -> str:
         if not self.mixed:
-            head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
-                    f"{len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
+            head = (f"xnnquant export: weights {self.weights}{self._tables}, method {self.method}, target "
+                    f"{self.target}; {len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
             return head + "\n" + format_report(self.report)
         return self.delegation_report() + "\n" + format_report(self.report)
+
+    @property
+    def _tables(self) -> str:
+        return "" if self.embeddings is None else f", embeddings {self.embeddings}"
 
     def delegation_report(self) -> str:
         """How many delegates, which ops ran where and why."""
@@ -269,7 +277,7 @@ class Exported:
 
         delegated = Counter(p.where for p in self.placement if p.where != "portable kernels")
         portable = Counter((p.op, p.why) for p in self.placement if p.where == "portable kernels")
-        lines = [f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
+        lines = [f"xnnquant export: weights {self.weights}{self._tables}, method {self.method}, target {self.target}; "
                  f"{len(self.delegates)} XNNPACK delegate(s) ({sum(delegated.values())} ATen nodes), "
                  f"{sum(portable.values())} node(s) on ExecuTorch's portable kernels"]
         for (op, why), n in sorted(portable.items()):

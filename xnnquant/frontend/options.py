@@ -3,7 +3,8 @@
 ``ExportOptions.parse`` takes the keyword arguments as the user gave them and either
 returns frozen, typed options or raises ``XnnquantError`` saying which argument was
 wrong, what it got and what it expects; nothing past this point checks an argument
-again.  ``weights`` and ``fallback`` become the ``WeightPolicy`` (``weights.py``).
+again.  ``weights`` and ``fallback`` become the ``WeightPolicy`` (``weights.py``), ``embeddings``
+an ``EmbeddingScheme`` or None.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..errors import XnnquantError
 from ..graph import Target
 from ..schemes.checks import ACTIVATION_AWARE_METHODS, check_method
 from .batches import CalibrationData
-from .weights import WeightPolicy
+from .weights import EmbeddingScheme, WeightPolicy
 
 #: What ``activations=`` takes: per-token int8 quantized at run time, the only kind so far.
 ACTIVATIONS = ("dynamic",)
@@ -38,13 +39,16 @@ class ExportOptions:
     progress: bool
     dynamic_shapes: Any = None
     strict: bool = False
+    embeddings: EmbeddingScheme | None = None
 
     @classmethod
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,
               fallback: Any = "auto", activations: Any = "dynamic", target: Any = "1.4.1",
               state_dict: Any = None, check: Any = True, progress: Any = True,
-              dynamic_shapes: Any = None, calibration_mask: Any = None, strict: Any = False) -> ExportOptions:
+              dynamic_shapes: Any = None, calibration_mask: Any = None, strict: Any = False,
+              embeddings: Any = None) -> ExportOptions:
         policy = WeightPolicy(weights, fallback)
+        tables = EmbeddingScheme.parse(embeddings)
         if not isinstance(method, str):
             raise XnnquantError(f"method must be a string: got {type(method).__name__} {method!r}")
         chosen = check_method(method)
@@ -55,6 +59,10 @@ class ExportOptions:
         for name, flag in (("check", check), ("progress", progress), ("strict", strict)):
             if not isinstance(flag, bool):
                 raise XnnquantError(f"{name} must be True or False: got {type(flag).__name__} {flag!r}")
+        if tables is not None and strict:
+            raise XnnquantError(f"embeddings={str(tables)!r} stores the tables for ExecuTorch's quantized embedding "
+                                "kernels, which run outside XNNPACK, and strict=True keeps one pure XNNPACK graph: "
+                                "expected embeddings=None with strict=True, or strict=False")
         quantized = policy.weights.is_quantized
         if chosen in ACTIVATION_AWARE_METHODS and calibration is None and quantized:
             raise XnnquantError(f"method {chosen!r} chooses scales from activations: pass calibration= "
@@ -80,4 +88,4 @@ class ExportOptions:
                                 f"torch.export.Dim}} per input): got {type(dynamic_shapes).__name__}")
         return cls(policy, chosen, chosen_target, str(activations),
                    None if calibration is None else CalibrationData.parse(calibration, calibration_mask), path, check,
-                   progress, dynamic_shapes, strict)
+                   progress, dynamic_shapes, strict, tables)

@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -347,3 +347,86 @@ def _rows(q: QuantizedTensor, start: int, stop: int) -> QuantizedTensor:
     scale = np.asarray(q.scale)[start:stop]
     return QuantizedTensor(q.datatype, codes, scale, q.zero_point, channel_dim=q.channel_dim,
                            group_size=q.group_size)
+
+
+EMBEDDING_FORMS = ("None (float32 tables), 'int8' (int8 codes, one float32 scale per row) or 'int4:G' (int4 codes, "
+                   "one bf16 scale per group of G values along the embedding dim, e.g. 'int4:32')")
+
+
+@dataclass(frozen=True)
+class EmbeddingScheme:
+    """How ``embeddings=`` stores an embedding table ``(V, D)`` for ExecuTorch's quantized
+    embedding kernels (``passes/embeddings.py``; ``pte/quantized.py`` for what they compute).
+
+    ==========  ================================  =====================================  ===============
+    spelling    codes                             scales                                 bytes (V, D)
+    ==========  ================================  =====================================  ===============
+    ``int8``    int8 in [-128, 127], per row:     float32 (V,), qc8w's (``minmax``:      V * D + 4 V
+                the qcint8 codes of the table     ``max|row| / 127.5``, or ``mse``)
+    ``int4:G``  int4 in [-8, 7], two a byte,      bf16 (V, D / G), qb4w's rule for any   V * D / 2 +
+                high nibble first                 G dividing D (``minmax``: bf16 of      2 V D / G
+                                                  ``max|group| / 7.5``, or ``mse``)
+    ==========  ================================  =====================================  ===============
+
+    Both symmetric (zero point 0, no zero points passed), as qc8w and qb4w.  The program
+    also stores a ``(V, 1)`` bool guard table (V bytes, ``pte/quantized.py``), not counted here.
+    """
+
+    bits: int
+    group_size: int | None = None
+
+    def __str__(self) -> str:
+        return "int8" if self.bits == 8 else f"int4:{self.group_size}"
+
+    @classmethod
+    def parse(cls, value: Any) -> EmbeddingScheme | None:
+        """``embeddings=`` as given: None (float32 tables), an ``EmbeddingScheme``, or its spelling
+        (case and spaces ignored; ``"fp32"`` is None)."""
+        if value is None or isinstance(value, EmbeddingScheme):
+            return value
+        if isinstance(value, str):
+            text = value.strip().lower().replace(" ", "")
+            head, sep, tail = text.partition(":")
+            if text == "fp32":
+                return None
+            if text == "int8":
+                return cls(8)
+            if sep and head == "int4" and tail.isascii() and tail.isdigit() and int(tail) > 0:
+                return cls(4, int(tail))
+        raise XnnquantError(f"unknown embeddings scheme: got {value!r}, expected {EMBEDDING_FORMS}")
+
+    @property
+    def quant_range(self) -> tuple[int, int]:
+        """The codes' range."""
+        return (-128, 127) if self.bits == 8 else (-8, 7)
+
+    def refusal(self, shape: tuple[int, ...]) -> str | None:
+        """Why a table of ``shape`` cannot be stored so (None: it can)."""
+        if len(shape) != 2 or 0 in shape:
+            return f"expected a table (num_embeddings, embedding_dim) of rank 2 and no empty dim, got shape {shape}"
+        dim = shape[1]
+        if self.bits == 4 and dim % 2:
+            return (f"int4 codes are packed two a byte along the embedding dim, which must be even: got "
+                    f"embedding_dim {dim}")
+        if self.group_size is not None and dim % self.group_size:
+            divisors = ", ".join(str(g) for g in range(1, dim + 1) if dim % g == 0)
+            return (f"the group size must divide the embedding dim: got group size {self.group_size}, embedding_dim "
+                    f"{dim} (group sizes that do: {divisors})")
+        return None
+
+    def quantize(self, table: np.ndarray, method: str) -> QuantizedTensor:
+        """The table's ``QuantizedTensor`` (qcint8 per row, or qbint4 in groups; see the class
+        docstring); ``method``: ``"minmax"``, else ``"mse"``."""
+        from ..schemes.blockwise import quantize_groups
+
+        chosen: Literal["minmax", "mse"] = "minmax" if method == "minmax" else "mse"
+        if self.bits == 8:
+            return quantize_per_channel(table, bits=8, axis=0, method=chosen)
+        return quantize_groups(table, int(self.group_size or 0), chosen)
+
+    def stored_nbytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes of the codes and scales of a table of ``shape`` (the class docstring)."""
+        rows, dim = shape
+        if self.bits == 8:
+            return rows * dim + 4 * rows
+        return rows * dim // 2 + 2 * rows * (dim // int(self.group_size or 1))

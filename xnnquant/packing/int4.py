@@ -37,6 +37,30 @@ def pack_int4(codes: ArrayInput) -> np.ndarray:
     return _pack_even(np.ascontiguousarray(arr))
 
 
+def pack_int4_high_first(codes: ArrayInput) -> np.ndarray:
+    """Pack signed 4-bit codes two to a byte, the first of each pair in the HIGH nibble: the
+    order of ExecuTorch's quantized embedding kernel (``quantized_decomposed::embedding_4bit``,
+    measured on the 1.4.1 runtime: its element ``2j`` is ``(byte[j] >> 4) - 8``).
+
+    ``codes``: integers in [-8, 7], shape ``(..., K)`` with K even.  Returns uint8 ``(..., K / 2)``::
+
+        byte[r, j] = (q[r, 2j] + 8) << 4 | (q[r, 2j + 1] + 8)
+
+          bit  7   6   5   4   3   2   1   0
+              [  q[r,2j] + 8 ][ q[r,2j+1] + 8 ]
+                high nibble      low nibble
+
+    ``pack_int4`` (XNNPACK's order) with the two nibbles of every byte swapped.  An odd K
+    has no such layout (the kernel reads ``2 * bytes`` codes per row): refused.
+    """
+    arr = to_numpy(codes, "codes")
+    if arr.ndim == 0 or arr.shape[-1] % 2:
+        raise XnnquantError(f"codes packed high nibble first need an even last dim (two codes a byte): got shape "
+                            f"{arr.shape}")
+    packed = pack_int4(arr)
+    return (packed << 4) | (packed >> 4)
+
+
 def _pack_even(q: np.ndarray) -> np.ndarray:
     """``pack_int4`` of C-contiguous int8 codes with an even last dim, in cache-sized
     pieces on every core; the range check runs on each piece as it is packed."""

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import UnsupportedConfigError, XnnquantError, missing_extra
 from .builder import MethodBuilder
+from .quantized import OutKernel
 from .values import NUMPY_DTYPES, IntList, ScalarType, ShapeDynamism, Tensor
 
 #: The runtime's operator registry (executorch 1.4.1 pybindings), one "name.overload" a line.
@@ -277,6 +278,9 @@ def portable_call(method: MethodBuilder, op: Any, args: Sequence[Any] = (),
                   kwargs: Mapping[str, Any] | None = None, out: int | Sequence[int] | None = None) -> Any:
     """Append the portable kernel call of the ATen operator ``op`` to ``method``.
 
+    ``op`` may also be an ``OutKernel`` (a kernel outside ATen, ``quantized.py``): it is its
+    own out variant, and ``out`` must be given (no meta kernel makes its out tensor).
+
     ``args`` / ``kwargs``: the functional operator's arguments, tensors as value indices
     of ``method``.  ``out``: the value index of the out tensor, or a sequence of them for
     an operator with several outputs (a list output: the tensors of that list); None
@@ -284,11 +288,13 @@ def portable_call(method: MethodBuilder, op: Any, args: Sequence[Any] = (),
     of indices when there are several.  Raises ``UnsupportedConfigError`` when the
     runtime has no kernel for ``op`` (module docstring).
     """
-    target = out_variant(op)
+    target = op if isinstance(op, OutKernel) else out_variant(op)
     where = kernel_name(op)
     bound = _bind(op, args, kwargs or {})
     out_args = [a for a in target._schema.arguments if a.is_out]
     if out is None:
+        if isinstance(op, OutKernel):
+            raise XnnquantError(f"{where}: a kernel outside ATen has no meta kernel here: pass out=")
         outs = _meta_outputs(method, op, bound)
     else:
         outs = [_tensor_index(method, o, where) for o in ([out] if isinstance(out, (int, np.integer)) else out)]

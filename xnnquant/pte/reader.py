@@ -106,7 +106,8 @@ class PteProgram:
     of delegates of other backends (not read).  ``named_data``: every named blob of the
     program and its data files, key -> bytes; ``named_data_origin``: key -> ``"program"`` or
     the data file it came from.  ``data``: the ``.pte`` bytes; ``data_files``: the bytes of
-    each data file given.
+    each data file given.  ``operators``: every ``name.overload`` its methods call kernels of
+    (``"aten::embedding.out"``; the name alone for an empty overload), in the program's order.
     """
 
     methods: tuple[str, ...]
@@ -116,6 +117,7 @@ class PteProgram:
     named_data_origin: dict[str, str] = field(repr=False)
     data: Blob = field(repr=False)
     data_files: tuple[Blob, ...] = field(repr=False, default=())
+    operators: tuple[str, ...] = ()
 
     def method_delegates(self, method: str) -> tuple[Delegate, ...]:
         """The XNNPACK delegates of ``method``, by index."""
@@ -297,7 +299,7 @@ def read_pte(source: Source, data_files: Source | Iterable[Source] = (), *,
             f"delegate with backend id {XNNPACK_BACKEND_ID!r} (lower with ExecuTorch's XnnpackPartitioner)"
         )
     return PteProgram(tuple(program.methods), delegates, tuple(program.others), named, origin, data,
-                      tuple(file_bytes))
+                      tuple(file_bytes), tuple(program.operators))
 
 
 @dataclass
@@ -318,6 +320,7 @@ class _Walk:
         self.xnnpack: list[_Found] = []
         self.others: list[tuple[str, int, str]] = []
         self.named_data: dict[str, Blob] = {}
+        self.operators: list[str] = []
         try:
             self._walk()
         except (ProgramError, MemoryError):
@@ -348,6 +351,13 @@ class _Walk:
             plan = root.ExecutionPlan(p)
             method = _text(plan.Name(), f"{self.name}: execution_plan[{p}].name")
             self.methods.append(method)
+            for k in range(self.fb_bounds.count(plan.OperatorsLength(), f"method {method!r} operators")):
+                operator = plan.Operators(k)
+                op_name = _text(operator.Name(), f"{self.name}: method {method!r} operator {k} name")
+                overload = "" if operator.Overload() is None else _text(operator.Overload(), "an overload")
+                named_op = f"{op_name}.{overload}" if overload else op_name
+                if named_op not in self.operators:
+                    self.operators.append(named_op)
             for j in range(self.fb_bounds.count(plan.DelegatesLength(), f"method {method!r} delegates")):
                 delegate = plan.Delegates(j)
                 where = f"method {method!r} delegate {j}"

@@ -23,7 +23,10 @@ payload value it feeds (the XNNPACK runtime indexes the call's arguments by exte
 Methods with control flow (``JumpFalseCall``) or several chains are refused.
 
 Programs are loaded with ``executorch.extension.pybindings.portable_lib
-._load_for_executorch_from_buffer``, which also takes one ``.ptd`` data file.
+._load_for_executorch_from_buffer``, which also takes one ``.ptd`` data file.  A program that
+calls ExecuTorch's quantized kernels (``quantized_decomposed::*``, e.g. a quantized embedding
+table) is loaded after ``import executorch.kernels.quantized``, which registers them
+(``quantized.load_quantized_kernels``); a device runtime must link them (``quantized_ops_lib``).
 
 What this checks, and what it cannot: that each payload computes, on the real runtime and
 inside its program, what its own values and nodes say (the reference interpreter).  A
@@ -47,6 +50,7 @@ from ..arrays import to_numpy
 from ..errors import ProgramError, UnsupportedConfigError, XnnquantError, missing_extra
 from ..graph.divergence import TOLERANCE
 from ..graph.worker import DEFAULT_TIMEOUT, worker
+from .quantized import calls_quantized_kernels, load_quantized_kernels
 from .reader import Delegate, PteProgram, Source, read_pte
 
 #: ExecuTorch ScalarType codes -> numpy dtypes (runtime/core/portable_type/scalar_type.h).
@@ -109,9 +113,12 @@ def _runtime_errors(what: str) -> Iterator[None]:
         raise UnsupportedConfigError(f"the ExecuTorch runtime failed {what}: {exc}") from None
 
 
-def _load(program_bytes: bytes, data_map: bytes | None) -> Any:
-    """The runtime's module; both buffers must outlive it (see ``_runtime_bytes``)."""
+def _load(program_bytes: bytes, data_map: bytes | None, operators: Sequence[str] = ()) -> Any:
+    """The runtime's module; both buffers must outlive it (see ``_runtime_bytes``).  A program
+    calling ExecuTorch's quantized kernels (``operators``) has them registered first."""
     lib = _portable_lib()
+    if calls_quantized_kernels(operators):
+        load_quantized_kernels()
     with _runtime_errors("to load the program"):
         return lib._load_for_executorch_from_buffer(program_bytes, data_map)
 
@@ -128,7 +135,7 @@ def method_inputs(program: PteProgram | Source, method: str, data_files: Any = (
     """The shapes and dtypes a method takes, from the runtime's ``MethodMeta``."""
     program = _as_program(program, data_files)
     _check_method(program, method)
-    module = _load(_runtime_bytes(program)[0], _data_map(program))
+    module = _load(_runtime_bytes(program)[0], _data_map(program), program.operators)
     meta = module.method_meta(method)
     specs = []
     for i in range(meta.num_inputs()):
@@ -184,7 +191,7 @@ def run_method(program: PteProgram | Source, method: str, inputs: Sequence[Any],
     """Outputs of ``method`` on the real runtime, as numpy arrays (inputs: arrays or tensors)."""
     program = _as_program(program, data_files)
     _check_method(program, method)
-    return _execute(_load(_runtime_bytes(program)[0], _data_map(program)), method, inputs)
+    return _execute(_load(_runtime_bytes(program)[0], _data_map(program), program.operators), method, inputs)
 
 
 class _Cutter:
@@ -263,7 +270,7 @@ def delegate_io(program: PteProgram | Source, delegate: Delegate | str, inputs: 
         raise XnnquantError(f"delegate {delegate.name}: its external ids {slots} do not fit the "
                             f"{len(args)} arguments its method passes")
     cut = cutter.cut(delegate.method, at + 1, [args[s] for s in slots])
-    values = _execute(_load(cut, _data_map(program)), delegate.method, inputs)
+    values = _execute(_load(cut, _data_map(program), program.operators), delegate.method, inputs)
     n = len(graph.inputs)
     return values[:n], values[n:]
 

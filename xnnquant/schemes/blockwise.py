@@ -42,11 +42,17 @@ def valid_group_sizes(in_features: int) -> list[int]:
     return [g for g in range(XNN_MIN_BLOCKSIZE, in_features + 1, XNN_MIN_BLOCKSIZE) if in_features % g == 0]
 
 
-def _prepare(w: ArrayInput, group_size: object, method: object) -> tuple[np.ndarray, PerGroup, Method]:
+def _prepare(w: ArrayInput, group_size: object, method: object, *,
+             any_divisor: bool = False) -> tuple[np.ndarray, PerGroup, Method]:
     arr = float_source(w, "w", min_rank=2, max_rank=2)
     in_features = arr.shape[1]
-    valid = valid_group_sizes(in_features)
     size = int(group_size) if is_int(group_size) else 0
+    if any_divisor:
+        if not 0 < size <= in_features or in_features % size:
+            raise XnnquantError(f"group_size must be a positive divisor of the row length: got group_size="
+                                f"{group_size!r}, row length {in_features}")
+        return arr, PerGroup(size), check_method(method)
+    valid = valid_group_sizes(in_features)
     if size not in valid:
         listed = ", ".join(map(str, valid)) if valid else (
             f"none: in_features must be a multiple of {XNN_MIN_BLOCKSIZE} for blockwise int4; use per-channel int4"
@@ -114,6 +120,24 @@ def quantize(w: ArrayInput, group_size: int = 32, method: Method = "minmax", *,
     """
     arr, granularity, method = _prepare(w, group_size, method)
     check_calibration_use(method, calibration, scale)
+    return _quantize(arr, granularity, method, scale, calibration)
+
+
+def quantize_groups(w: ArrayInput, group_size: int, method: Method = "minmax") -> QuantizedTensor:
+    """qbint4's numbers (codes in [-8, 7], bf16-exact scales, zero point 0) for ``w`` ``[C, K]``
+    in groups of any ``group_size`` that divides K, by a weight-only ``method`` ("minmax" or
+    "mse").  ``quantize`` keeps to XNNPACK's group sizes (multiples of 32); ExecuTorch's
+    quantized embedding kernels take any (``frontend/passes/embeddings.py``).
+    """
+    arr, granularity, method = _prepare(w, group_size, method, any_divisor=True)
+    if method in ACTIVATION_AWARE_METHODS:
+        raise XnnquantError(f"quantize_groups takes a weight-only method: got {method!r}, expected 'minmax' or 'mse'")
+    return _quantize(arr, granularity, method, None, None)
+
+
+def _quantize(arr: np.ndarray, granularity: PerGroup, method: str, scale: ArrayInput | None,
+              calibration: Calibration | ArrayInput | None) -> QuantizedTensor:
+    """The qbint4 ``QuantizedTensor`` of the checked ``arr`` (``quantize``'s arguments)."""
     if calibration is not None:
         codes, scales = activation_aware.quantize_linear(as_float32(arr, "w"), calibration, Datatype.qbint4,
                                                          granularity.group_size, method)

@@ -23,6 +23,8 @@ which every rewrite is already done, so no lowering needs to know about another.
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
 ``masks``          a boolean attention mask the program computes becomes the float
                    mask it stands for, so the attention stays in XNNPACK (mixed programs)
+``embeddings``     with ``embeddings=``: a lookup in a constant table becomes a lookup in
+                   the table quantized for ExecuTorch's quantized embedding kernels
 ``partition``      which nodes run in XNNPACK delegates (and which delegate), which on
                    ExecuTorch's portable kernels
 =================  =================================================================
@@ -43,7 +45,7 @@ from ..program import AtenProgram
 PassFn = Callable[[AtenProgram, Any], None]
 
 #: The passes, in the order they run (module names in this package).
-ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "partition")
+ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "embeddings", "partition")
 #: The passes whose program the calibration batches run on, and those that use the statistics.
 BEFORE_CALIBRATION = ORDER[:3]
 AFTER_CALIBRATION = ORDER[3:]

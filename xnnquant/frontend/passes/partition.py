@@ -5,7 +5,9 @@ takes it, its activations are float32 (XNNPACK's external values are), and its l
 did not refuse it (``options.portable``: the nodes an earlier lowering refused, which the
 export loop sends back here).  Every other node runs on ExecuTorch's portable kernels,
 when the 1.4.1 runtime has a kernel for its op (``pte.portable``); a node with neither is
-refused by name.  ``strict=True`` sends nothing to the portable kernels.
+refused by name.  A quantized embedding lookup (``embeddings.py``) runs on ExecuTorch's
+quantized kernels, among the portable nodes.  ``strict=True`` sends nothing to the portable
+kernels.
 
 Delegates.  XNNPACK nodes are grouped into as few delegates as the graph allows: a
 node's *phase* is the number of times a path from the inputs to it leaves XNNPACK for a
@@ -77,10 +79,21 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
     return None
 
 
+def outside_xnnpack(node: Any) -> str | None:
+    """Why a node of a pass's own making runs outside XNNPACK (a quantized embedding lookup)."""
+    from .embeddings import QuantizedEmbedding
+
+    return node.target.why if isinstance(node.target, QuantizedEmbedding) else None
+
+
 def portable_refusal(node: Any) -> str | None:
     """Why ExecuTorch's portable kernels cannot run ``node`` (None: they can)."""
     from ...errors import XnnquantError
     from ...pte.portable import out_variant
+    from .embeddings import QuantizedEmbedding
+
+    if isinstance(node.target, QuantizedEmbedding):  # ExecuTorch's quantized kernels run it
+        return None
 
     try:
         out_variant(node.target)
@@ -120,7 +133,7 @@ def partition(program: AtenProgram, options: Any) -> None:
         if node.target is operator.getitem:
             node.meta[PARTITION] = node.args[0].meta.get(PARTITION, PORTABLE)
             continue
-        why = forced.get(node.name) or xnnpack_refusal(program, node)
+        why = forced.get(node.name) or outside_xnnpack(node) or xnnpack_refusal(program, node)
         if why is None:
             node.meta[PARTITION] = 0
             continue
