@@ -614,7 +614,7 @@ def test_torchao_arguments() -> None:
                                "(see calibrate)")
     with pytest.raises(XnnquantError) as info:
         XnnquantConfig(weights="qb4w:\u00b2")
-    assert str(info.value).startswith("unknown weights scheme: got 'qb4w:\u00b2', expected one of ")
+    assert str(info.value).startswith("unknown weights scheme: got 'qb4w:\u00b2', expected 'fp32', 'qc8w'")
     module = small_module()
     with pytest.raises(XnnquantError) as info:
         calibrate(module, 5)

@@ -105,3 +105,8 @@ def test_generated_tags_and_enums() -> None:
     assert [getattr(fb.InstructionArguments, k) for k in calls] == list(range(1, 6))
     assert (fb.ScalarType.LONG, fb.ScalarType.FLOAT, fb.ScalarType.BOOL, fb.ScalarType.UINT64) == (4, 6, 11, 29)
     assert (fb.TensorShapeDynamism.DYNAMIC_BOUND, fb.DataLocation.SEGMENT) == (1, 1)
+    # the writer's typed enums restate the schema's numbers: each as the generated code has it
+    from xnnquant.pte.values import ScalarType, ShapeDynamism
+
+    assert all(getattr(fb.ScalarType, t.name) == t for t in ScalarType)
+    assert all(getattr(fb.TensorShapeDynamism, d.name) == d for d in ShapeDynamism)

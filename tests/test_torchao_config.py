@@ -31,7 +31,7 @@ except ImportError:
         raise
     pytest.skip("needs torch and torchao (the torchao extra)", allow_module_level=True)
 
-from xnnquant.torchao import WeightScheme, XnnquantConfig, calibrate
+from xnnquant.torchao import XnnquantConfig, calibrate, executorch_quantize, parse_scheme
 
 #: (method, layer) -> (config, datatype and group size ExecuTorch 1.4.1 writes), as in the oracle.
 EXPECTED = {
@@ -57,7 +57,7 @@ def test_the_pte_holds_exactly_our_codes_and_scales(et_programs: Path) -> None:
     weights[("head", "proj")] = fc_weights(program, "head")[0]
     for (method, layer), (config, datatype, group) in EXPECTED.items():
         value = weights[(method, layer)]
-        ours = config.scheme.quantize(np.load(et_programs / f"float_{method}_{layer}.npy"), config.method)
+        ours = executorch_quantize(config.scheme, np.load(et_programs / f"float_{method}_{layer}.npy"), config.method)
         assert value.datatype is datatype and getattr(value.quant, "group_size", None) == group, layer
         assert value.constant == ours.to_bytes(), layer  # the codes, byte for byte
         # the scales, byte for byte, as read from the named data the payload points at
@@ -134,7 +134,7 @@ def test_quantize_swaps_in_torchaos_tensor_with_our_numbers(weights: str, target
     quantize_(model, XnnquantConfig(weights, method="mse"))
     tensor = model.fc1.weight
     assert isinstance(tensor, IntxUnpackedToInt8Tensor)
-    ours = WeightScheme.parse(weights).quantize(w, "mse")
+    ours = executorch_quantize(parse_scheme(weights), w, "mse")
     np.testing.assert_array_equal(tensor.qdata.numpy(), ours.codes)
     np.testing.assert_array_equal(tensor.scale.numpy(), ours.scale.reshape(64, -1))
     assert not tensor.zero_point.any() and tensor.zero_point.dtype == torch.int8
@@ -152,9 +152,9 @@ def test_weight_only_keeps_the_activations_float() -> None:
 
 def test_a_layer_that_does_not_fit_is_refused_by_name_or_skipped_by_the_filter() -> None:
     config = XnnquantConfig("qb4w:32")
-    with pytest.raises(XnnquantError, match=r"layer 'fc2' does not fit weights='qb4w:32': in_features=48 is not "
-                                            r"divisible by the group size 32 \(XNNPACK's int4 blocks are multiples of "
-                                            r"32; fits: qc8w only\); to skip such layers pass filter_fn=config.fits"):
+    with pytest.raises(XnnquantError, match=r"layer 'fc2' does not fit weights='qb4w:32': group size 32 does not "
+                                            r"divide in_features 48 \(group sizes that do: none\); to skip such layers "
+                                            r"pass filter_fn=config.fits"):
         quantize_(Mlp(k2=48), config)
     model = Mlp(k2=48)
     quantize_(model, config, filter_fn=config.fits)
@@ -164,20 +164,22 @@ def test_a_layer_that_does_not_fit_is_refused_by_name_or_skipped_by_the_filter()
                                             r"multiple of 32 \(ExecuTorch 1.4.1 writes qc4w as qbint4 with one group "
                                             r"per row; XNNPACK's int4 blocks are multiples of 32; fits: qc8w only\)"):
         quantize_(Mlp(k2=48), XnnquantConfig("qc4w"))
-    with pytest.raises(XnnquantError, match=r"layer 'fc1' does not fit weights='qb4w:256': in_features=128 is not "
-                                            r"divisible by the group size 256 .* fits: qb4w:32, qb4w:64, qb4w:128"):
+    with pytest.raises(XnnquantError, match=r"layer 'fc1' does not fit weights='qb4w:256': group size 256 does not "
+                                            r"divide in_features 128 \(group sizes that do: 32, 64, 128\)"):
         quantize_(Mlp(), XnnquantConfig("qb4w:256"))
 
 
 def test_bad_config_values() -> None:
-    with pytest.raises(XnnquantError, match=r"unknown weights scheme: got 'qb4w:48', expected one of "
-                                            r"qb4w:<group size>, qc4w, qc8w \(group size a positive multiple of 32"):
+    with pytest.raises(XnnquantError, match=r"qb4w group size must be a positive multiple of 32: got 48"):
         XnnquantConfig("qb4w:48")
     with pytest.raises(XnnquantError, match="unknown method: got 'hqq', expected one of minmax, mse"):
         XnnquantConfig(method="hqq")
     with pytest.raises(XnnquantError, match="unknown activations: got 'int4', expected 'int8_dynamic' or None"):
         XnnquantConfig(activations="int4")
-    assert str(WeightScheme.parse("qb4w:64")) == "qb4w:64" and str(WeightScheme.parse("qc4w")) == "qc4w"
+    with pytest.raises(XnnquantError, match=r"weights='fp32' quantizes nothing: expected one of qb4w:<group size>, "
+                                            r"qc4w, qc8w"):
+        XnnquantConfig("fp32")
+    assert str(parse_scheme("qb4w:64")) == "qb4w:64" and str(parse_scheme("qc4w")) == "qc4w"
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:

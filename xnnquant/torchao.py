@@ -85,7 +85,8 @@ import numpy as np
 from . import arguments
 from .constants import XNN_MIN_BLOCKSIZE
 from .errors import XnnquantError, missing_extra
-from .schemes import quantize_blockwise, quantize_per_channel
+from .frontend.weights import Layer, LayerKind, SchemeKind, WeightScheme
+from .schemes import quantize_blockwise
 from .schemes.blockwise import valid_group_sizes
 from .schemes.calibration import Calibration
 from .schemes.checks import ACTIVATION_AWARE_METHODS, Method
@@ -109,59 +110,39 @@ ACTIVATIONS = {"int8_dynamic": IntxUnpackedToInt8TensorActivationQuantization.IN
 METHODS = ("minmax", "mse", *ACTIVATION_AWARE_METHODS)
 
 
-@dataclass(frozen=True)
-class WeightScheme:
-    """A parsed ``weights=`` string: bits, and the group size (None: one group per row)."""
+def parse_scheme(text: Any) -> WeightScheme:
+    """``weights=`` as the export's ``WeightScheme``: a quantized one (``WEIGHT_SCHEMES``)."""
+    scheme = WeightScheme.parse(text)
+    if not scheme.is_quantized:
+        raise XnnquantError(f"weights={text!r} quantizes nothing: expected one of {', '.join(WEIGHT_SCHEMES)} "
+                            "(leave the layers out of quantize_ to keep them float)")
+    return scheme
 
-    bits: int
-    group_size: int | None
 
-    @classmethod
-    def parse(cls, text: Any) -> WeightScheme:
-        if isinstance(text, str):
-            if text == "qc8w":
-                return cls(8, None)
-            if text == "qc4w":
-                return cls(4, None)
-            head, _, tail = text.partition(":")
-            group = int(tail) if tail.isascii() and tail.isdigit() else 0
-            if head == "qb4w" and group > 0 and group % XNN_MIN_BLOCKSIZE == 0:
-                return cls(4, group)
-        raise XnnquantError(
-            f"unknown weights scheme: got {text!r}, expected one of {', '.join(WEIGHT_SCHEMES)} "
-            f"(group size a positive multiple of {XNN_MIN_BLOCKSIZE}, e.g. 'qb4w:32')"
-        )
-
-    def __str__(self) -> str:
-        if self.bits == 8:
-            return "qc8w"
-        return "qc4w" if self.group_size is None else f"qb4w:{self.group_size}"
-
-    def refusal(self, shape: tuple[int, ...]) -> str | None:
-        """Why a weight of ``shape`` cannot take this scheme, or None when it can."""
-        if len(shape) != 2:
-            return f"expected a 2-D linear weight [out_features, in_features], got shape {list(shape)}"
-        k = shape[1]
-        if self.bits == 8:
-            return None
+def executorch_refusal(scheme: WeightScheme, shape: tuple[int, ...]) -> str | None:
+    """Why a linear weight of ``shape`` cannot take ``scheme`` through ExecuTorch's lowering
+    (the export's refusals, and ExecuTorch 1.4.1 writing qc4w as qbint4 with one group per
+    row, so that ``in_features`` must be a multiple of 32), or None when it can."""
+    if len(shape) != 2:
+        return f"expected a 2-D linear weight [out_features, in_features], got shape {list(shape)}"
+    k = shape[1]
+    if scheme.kind is SchemeKind.QC4W and k % XNN_MIN_BLOCKSIZE:
         fits = ", ".join(f"qb4w:{g}" for g in valid_group_sizes(k)) or "qc8w only"
-        if self.group_size is None:
-            if k % XNN_MIN_BLOCKSIZE:
-                return (f"in_features={k} is not a multiple of {XNN_MIN_BLOCKSIZE} (ExecuTorch 1.4.1 writes qc4w as "
-                        f"qbint4 with one group per row; XNNPACK's int4 blocks are multiples of {XNN_MIN_BLOCKSIZE}; "
-                        f"fits: {fits})")
-        elif k % self.group_size:
-            return (f"in_features={k} is not divisible by the group size {self.group_size} (XNNPACK's int4 "
-                    f"blocks are multiples of {XNN_MIN_BLOCKSIZE}; fits: {fits})")
-        return None
+        return (f"in_features={k} is not a multiple of {XNN_MIN_BLOCKSIZE} (ExecuTorch 1.4.1 writes qc4w as "
+                f"qbint4 with one group per row; XNNPACK's int4 blocks are multiples of {XNN_MIN_BLOCKSIZE}; "
+                f"fits: {fits})")
+    return scheme.refusal(Layer(LayerKind.LINEAR, k))
 
-    def quantize(self, w: Any, method: Method, calibration: Calibration | Any = None) -> QuantizedTensor:
-        """Codes and scales of ``w`` ``[N, K]``: qcint8, or qbint4 (group K for ``qc4w``);
-        ``calibration`` for the activation-aware methods."""
-        if self.bits == 8:
-            return quantize_per_channel(w, bits=8, axis=0, method=method, calibration=calibration)
-        return quantize_blockwise(w, group_size=self.group_size or int(w.shape[1]), method=method,
-                                  calibration=calibration)
+
+def executorch_quantize(scheme: WeightScheme, w: Any, method: Method,
+                        calibration: Calibration | Any = None) -> QuantizedTensor:
+    """Codes and scales of ``w`` ``[N, K]`` as ExecuTorch stores ``scheme``: qcint8, or qbint4
+    (qc4w: one group of K per row)."""
+    if scheme.kind is SchemeKind.QC4W:
+        return quantize_blockwise(w, group_size=int(w.shape[1]), method=method, calibration=calibration)
+    q = scheme.quantize(w, method, calibration)
+    assert isinstance(q, QuantizedTensor)
+    return q
 
 
 @dataclass(frozen=True)
@@ -182,7 +163,7 @@ class XnnquantConfig(AOBaseConfig):
     calibration: Mapping[Any, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        WeightScheme.parse(self.weights)
+        parse_scheme(self.weights)
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise XnnquantError(f"unknown method: got {arguments.shown(self.method)}, expected one of "
                                 f"{', '.join(METHODS)}")
@@ -208,11 +189,12 @@ class XnnquantConfig(AOBaseConfig):
 
     @property
     def scheme(self) -> WeightScheme:
-        return WeightScheme.parse(self.weights)
+        return parse_scheme(self.weights)
 
     def fits(self, module: Any, fqn: str = "") -> bool:
         """A ``quantize_`` filter: True for linears this config can quantize, False otherwise."""
-        return isinstance(module, torch.nn.Linear) and self.scheme.refusal(tuple(module.weight.shape)) is None
+        return (isinstance(module, torch.nn.Linear)
+                and executorch_refusal(self.scheme, tuple(module.weight.shape)) is None)
 
     def calibration_for(self, module: Any, name: str | None) -> Any:
         """This layer's calibration (keyed by module, else by name), or None."""
@@ -227,7 +209,7 @@ class XnnquantConfig(AOBaseConfig):
         """torchao's tensor holding our codes and scales for ``weight`` ``[N, K]`` (no checks
         beyond the scheme's own)."""
         scheme = self.scheme
-        qt = scheme.quantize(weight.detach(), self.method, calibration)
+        qt = executorch_quantize(scheme, weight.detach(), self.method, calibration)
         codes = torch.from_numpy(np.ascontiguousarray(qt.codes))
         scale = torch.from_numpy(np.ascontiguousarray(qt.scale.reshape(qt.codes.shape[0], -1)))
         group = qt.codes.shape[1] // scale.shape[1]
@@ -235,7 +217,7 @@ class XnnquantConfig(AOBaseConfig):
             qdata=codes,
             scale=scale,
             zero_point=torch.zeros(scale.shape, dtype=torch.int8),
-            target_dtype=torch.int8 if scheme.bits == 8 else torch.int4,
+            target_dtype=torch.int8 if scheme.kind is SchemeKind.QC8W else torch.int4,
             block_size=(1, group),
             dtype=weight.dtype,
             activation_quantization=ACTIVATIONS[self.activations],
@@ -276,7 +258,7 @@ def _quantize_module(module: Any, config: XnnquantConfig, *, parameter_name: str
         raise XnnquantError(f"layer {_describe(module, fqn)} is quantized already: its {parameter_name} is a "
                             f"{type(weight).__name__} of {weight.dtype}, expected a float tensor (apply quantize_ to "
                             "the float model, once)")
-    why = config.scheme.refusal(tuple(weight.shape))
+    why = executorch_refusal(config.scheme, tuple(weight.shape))
     if why is not None:
         raise XnnquantError(
             f"layer {_describe(module, fqn)} does not fit weights={config.weights!r}: {why}; "
