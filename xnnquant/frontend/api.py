@@ -324,10 +324,13 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
             delegates = [None if group is None else lower(program, options.target, replace(weights, rows=rows),
                                                           members=group) for group in members]
     if members is None:
-        exported = Exported(lowered.graph, embedding_rows(program) + lowered.rows, options.policy.weights,
-                            options.method, options.target, lowered.inputs, lowered.outputs, timings, lowered.sources)
+        rows = lowered.rows
+    rows[:0] = embedding_rows(program)  # in place: a streaming export fills its rows in when it writes
+    if members is None:
+        exported = Exported(lowered.graph, rows, options.policy.weights, options.method, options.target,
+                            lowered.inputs, lowered.outputs, timings, lowered.sources)
     else:
-        exported = _mixed(program, delegates, embedding_rows(program) + rows, options, timings)
+        exported = _mixed(program, delegates, rows, options, timings)
     exported.embeddings = options.embeddings
     _warn_fallbacks(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved

@@ -135,14 +135,14 @@ class WeightFile:
         """A layer weight as a ``Deferred`` constant: read, laid out, quantized when written.
 
         A report row is appended now (bytes known, SQNR ``nan``) and replaced with the
-        measured one when the weight is made.
+        measured one each time the weight is made (found by identity: rows may be put before it).
         """
         self.check(name, shape, f"the weight of {path!r}")
         from .weights import weight_sqnr
 
         dims = laid_out_shape(shape, layout)
-        row_index = len(rows)
-        rows.append(ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis), math.nan, note))
+        row = [ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis), math.nan, note)]
+        rows.append(row[0])
         where = f"{self.path}: tensor {name!r}"
         position = len(self.order)
         self.order.append(name)
@@ -156,8 +156,9 @@ class WeightFile:
                 stored = scheme.quantize(weight, method, None, axis=axis)
             except XnnquantError as exc:
                 raise XnnquantError(f"{where}: {exc}") from None
-            rows[row_index] = ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis),
-                                        weight_sqnr(weight, stored), note)
+            at = next(i for i, r in enumerate(rows) if r is row[0])
+            row[0] = rows[at] = ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis),
+                                          weight_sqnr(weight, stored), note)
             return stored
 
         return Deferred(scheme.datatype, dims, make, where, group_size=scheme.group_size, channel_dim=axis)

@@ -4,11 +4,12 @@
   (``_assert_tensor_metadata`` for ``.to()`` calls, ``_assert_scalar``, range constraints):
   erased;
 * copies and aliases (``clone``, ``alias``, ``detach``, ``lift_fresh_copy``,
-  ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` / ``to.dtype`` to the dtype the
-  input already has (a memory-format change: layouts are the lowering's business): their
+  ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` / ``to`` to the dtype the
+  input already has, on its device (a memory-format change: layouts are the lowering's business): their
   users read their input instead;
-* ``to.dtype`` to another dtype (what torch.export keeps of ``.to(dtype)`` before
-  decompositions) becomes ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run;
+* ``to`` to another dtype (``to.dtype``, ``to.dtype_layout``, ``to.device``, ``to.other``:
+  what torch.export keeps of ``.to(...)`` before decompositions) becomes
+  ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run;
 * nodes whose result nothing reads (torch.export leaves them where no decomposition ran):
   erased, unless they mutate or have other effects (``torch.fx``'s own rule).
 """
@@ -27,6 +28,9 @@ aten = torch.ops.aten
 #: Ops with no result that only check at run time.
 CHECKS = (aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten._assert_async.msg,
           aten.sym_constrain_range.default, aten.sym_constrain_range_for_size.default)
+#: ``Tensor.to`` as torch.export keeps it, and the conversion ExecuTorch's kernels run.
+TO = (aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.to.other)
+CONVERSIONS = (*TO, aten._to_copy.default)
 #: Ops whose result is their first argument's value.
 IDENTITIES = (aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
               aten.contiguous.default)
@@ -42,16 +46,23 @@ def passes_through(node: Any) -> bool:
         return True
     if node.target is aten.dropout.default:
         return not (node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
-    if node.target is aten.to.dtype:
-        return _dtype(node) is not None and _dtype(node) == _dtype(node.args[0])
-    if node.target is aten._to_copy.default:
-        device = node.kwargs.get("device")
-        same_device = device is None or torch.device(device).type == "cpu"
-        return same_device and _dtype(node) is not None and _dtype(node) == _dtype(node.args[0])
+    if node.target in CONVERSIONS:
+        return _same_device(node) and _dtype(node) is not None and _dtype(node) == _dtype(node.args[0])
     return False
 
 
-@rewrite("cleanup", handles=CHECKS + IDENTITIES + (aten.dropout.default, aten.to.dtype))
+def _same_device(node: Any) -> bool:
+    """The result is on its input's device (a program runs on one)."""
+    devices = [getattr(getattr(n, "meta", {}).get("val"), "device", None) for n in (node, node.args[0])]
+    return devices[0] == devices[1]
+
+
+def _converts(node: Any) -> bool:
+    """A ``to`` node that changes the dtype only (made a ``_to_copy``)."""
+    return node.target in TO and _same_device(node) and _dtype(node) is not None
+
+
+@rewrite("cleanup", handles=CHECKS + IDENTITIES + TO + (aten.dropout.default,))
 def cleanup(program: AtenProgram, options: Any) -> None:
     for node in list(program.graph.nodes):
         if node.op != "call_function":
@@ -60,7 +71,7 @@ def cleanup(program: AtenProgram, options: Any) -> None:
             program.graph.erase_node(node)
         elif passes_through(node):
             replace_uses(node, node.args[0])
-        elif node.target is aten.to.dtype:
+        elif _converts(node):
             with program.graph.inserting_before(node):
                 copy = program.graph.call_function(aten._to_copy.default, (node.args[0],), {"dtype": _dtype(node)})
             copy.meta = dict(node.meta)
