@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import Exported, check, export
+from .frontend import Exported, StaticInt8, check, export
 from .frontend.divergence import VerifyReport, verify
 from .schemes import (
     Calibration,
@@ -44,6 +44,7 @@ __all__ = [
     "QuantizedTensor",
     "RuntimeCrashError",
     "RuntimeTimeoutError",
+    "StaticInt8",
     "UnsupportedConfigError",
     "VerifyReport",
     "XnnquantError",

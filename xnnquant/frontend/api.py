@@ -10,9 +10,12 @@ Stages, each timed in ``Exported.timings`` (seconds):
                 skipped when every op already has one (``needs_decomposition``)
 ``calibrate``   running the module on ``calibration`` batches (when given); for an
                 activation-aware method, sequentially, quantizing each linear on
-                the way (``calibration.sequential_statistics``)
+                the way (``calibration.sequential_statistics``); for static int8,
+                running the float graph on the real XNNPACK (``static_int8``)
 ``passes``      the rewrites before lowering (``passes/``)
 ``lower``       lowering node by node, quantizing each weight on the way
+``quantize``    static int8 only: the float graph rewritten into int8, biases
+                corrected (``static_int8``)
 ``write``       the payload bytes (``Graph.to_bytes``)
 ``check``       the self-check: the graph against the module (``selfcheck.py``)
 ==============  ===============================================================
@@ -28,7 +31,7 @@ from typing import Any
 
 from ..errors import XnnquantError, missing_extra
 from .exported import Exported
-from .options import ExportOptions, check_batches_fit
+from .options import ExportOptions, StaticInt8, check_batches_fit
 from .report import stage
 
 
@@ -152,8 +155,8 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
 
 def _statistics(module: Any, options: ExportOptions, timings: dict[str, float]) -> Any:
     """Calibration statistics of the linears (None without ``calibration=``)."""
-    if options.calibration is None:
-        return None
+    if options.calibration is None or options.static_int8 is not None:
+        return None  # static int8 calibrates the lowered graph itself (static_int8.calibrate)
     from ..schemes.checks import ACTIVATION_AWARE_METHODS
     from . import calibration as calibrating
 
@@ -193,7 +196,13 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     ``fallback``: what a layer that cannot take ``weights`` gets: ``"auto"`` (default: the
     most compact scheme XNNPACK computes right for it), None (refuse it), or the scheme(s)
     to try in order; the report names every fallback and its reason.
-    ``activations``: ``"dynamic"`` (int8 per token, quantized at run time).
+    ``activations``: ``"dynamic"`` (int8 per token, quantized at run time), or ``"qint8"``
+    (full-integer static int8, with ``weights="qc8w"`` and ``calibration=``: every activation
+    gets one scale and zero point chosen from the calibration batches, every node XNNPACK
+    computes in int8 runs in int8, converts stand only at the graph's edges and around the
+    nodes that have no int8 form, each listed in ``Exported.boundaries`` with its reason;
+    ``xq.StaticInt8(ranges=..., equalize=..., bias_correction=...)`` spells out the
+    choices, see ``static_int8``).
     ``target``: ``"1.4.1"`` (default; uses XNNGelu, XNNTanh, ...) or ``"xn01"`` (the XN01
     schema's node kinds only; ``"seed"`` is the same).
     ``state_dict``: a safetensors file holding the module's parameters and buffers, for a
@@ -234,15 +243,25 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     from .passes import run_passes
     from .program import AtenProgram
 
+    static = options.static_int8
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
         program.name_dims(options.dynamic_shapes, eager)
-        run_passes(program, _PassOptions(statistics))
+        run_passes(program, _PassOptions(statistics, equalize=static is not None and static.equalize))
+    policy = options.policy if static is None else _float_policy()
     with stage("lower", timings):
-        lowered = lower(program, options.target, WeightOptions(options.policy, options.method, statistics),
+        lowered = lower(program, options.target, WeightOptions(policy, options.method, statistics),
                         _progress(options.progress, f"export {options.policy.weights}"))
-    exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
-                        lowered.inputs, lowered.outputs, timings, lowered.sources)
+    int8 = None
+    if static is not None:
+        assert options.calibration is not None  # ExportOptions.parse requires it
+        int8 = _static_int8(lowered, options.calibration, static, options.method, timings)
+        exported = Exported(int8.graph, int8.rows, options.policy.weights, options.method, options.target,
+                            lowered.inputs, lowered.outputs, timings, lowered.sources,
+                            activations=str(static), boundaries=[str(b) for b in int8.boundaries])
+    else:
+        exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
+                            lowered.inputs, lowered.outputs, timings, lowered.sources)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
             exported.to_bytes()
@@ -255,15 +274,39 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         from .selfcheck import self_check
 
         with stage("check", timings):
-            exported.self_check = self_check(eager, example_inputs, traced, program, lowered)
+            exported.self_check = self_check(eager, example_inputs, traced, program, lowered, int8)
     return exported
+
+
+def _float_policy() -> Any:
+    """Static int8 lowers every layer in fp32 first; its rewrite quantizes them (``static_int8``)."""
+    from .weights import WeightPolicy
+
+    return WeightPolicy("fp32", None)
+
+
+def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str, timings: dict[str, float]) -> Any:
+    """The float graph ``lowered`` as a static int8 graph (``static_int8``); stages ``calibrate`` and
+    ``quantize``."""
+    from . import static_int8
+
+    batches = static_int8.graph_batches(calibration, lowered.inputs)
+    with stage("calibrate", timings):
+        stats = static_int8.calibrate(lowered.graph, batches, lowered.sources, lowered.inputs)
+    with stage("quantize", timings):
+        result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters,
+                                      lowered.inputs, batches, ranges=static.ranges, percentile=static.percentile,
+                                      method=method, bias_correction=static.bias_correction, stats=stats)
+    return result.int8
 
 
 class _PassOptions:
     """What the passes read of an export's options."""
 
-    def __init__(self, statistics: Any) -> None:
+    def __init__(self, statistics: Any, equalize: bool = False) -> None:
         self.statistics = statistics
+        #: cross-layer equalization of convolution pairs (static int8)
+        self.equalize = equalize
 
 
 def _check_streamed(module: Any) -> None:

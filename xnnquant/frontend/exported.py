@@ -111,6 +111,10 @@ class Exported:
     sources: list[tuple[str, str, str]] = field(default_factory=list)
     #: what the self-check found (``selfcheck.SelfCheck``), or why it did not run
     self_check: Any = None
+    #: ``"dynamic"``, or the static int8 choices (``"qint8"``, ``StaticInt8``'s spelling)
+    activations: str = "dynamic"
+    #: static int8: where the graph converts between fp32 and qint8, and why (one line each)
+    boundaries: list[str] = field(default_factory=list)
     _payload: bytes | None = field(default=None, repr=False)
 
     def to_bytes(self) -> bytes:
@@ -185,6 +189,7 @@ class Exported:
     def summary(self) -> dict[str, Any]:
         """Totals of the report, the options, the payload's size and the stage timings."""
         return {"weights": str(self.weights), "method": self.method, "target": str(self.target),
+                "activations": self.activations, "boundaries": list(self.boundaries),
                 "nodes": len(self.graph.nodes), "values": len(self.graph.values),
                 **totals(self.report), "timings": dict(self.timings)}
 
@@ -193,9 +198,14 @@ class Exported:
         return json.dumps({"summary": self.summary, "rows": [r.as_dict() for r in self.report]}, indent=2)
 
     def __str__(self) -> str:
-        head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}; "
-                f"{len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
-        return head + "\n" + format_report(self.report)
+        head = (f"xnnquant export: weights {self.weights}, method {self.method}, target {self.target}"
+                + ("" if self.activations == "dynamic" else f", activations {self.activations}")
+                + f"; {len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
+        text = head + "\n" + format_report(self.report)
+        if self.activations != "dynamic":
+            text += f"\nfp32 <-> qint8 boundaries ({len(self.boundaries)}):" + "".join(
+                f"\n  {b}" for b in self.boundaries)
+        return text
 
     def __repr__(self) -> str:
         return (f"Exported(weights={str(self.weights)!r}, method={self.method!r}, target={str(self.target)!r}, "

@@ -25,11 +25,18 @@ The bound is ``graph.divergence.TOLERANCE`` (1e-4) relative to the larger of the
 largest magnitude and 1% of its inputs' largest magnitude: one node's float32 sums taken
 in another order, or a subtraction's rounding of large inputs, stay far below it, while
 a wrong lowering is off by about its value's size.
+
+A static int8 export (``activations="qint8"``) is judged on its int8 graph the same way,
+every value in real units (codes dequantized); an ATen node whose output is qint8 is
+computed by torch in float64 on the dequantized int8 inputs it reads, with its stored
+filter and bias, and must lie within half an output step (plus its kernel's fixed-point
+slack) of the graph's value: ``static_int8/check.py`` says why that bound holds.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
@@ -45,20 +52,28 @@ from .lowering import op_name
 from .lowering.context import Activation, QuantizedReference, inverse
 from .lowering.walk import Lowered
 from .program import AtenProgram
+from .static_int8.check import Int8Check, int8_check
+from .static_int8.rewrite import Int8Graph
 
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """What the self-check compared (``print`` it)."""
+    """What the self-check compared (``print`` it).  ``int8_nodes``: of ``nodes``, those with a
+    qint8 output, judged within their bound (``worst_int8_steps``: the largest difference in
+    output steps)."""
 
     nodes: int
     worst_node_error: float
     eager_error: float
+    int8_nodes: int = 0
+    worst_int8_steps: float = 0.0
 
     def __str__(self) -> str:
+        int8 = (f"; {self.int8_nodes} of them int8, within {self.worst_int8_steps:.3g} output steps of torch on "
+                "their dequantized inputs" if self.int8_nodes else "")
         return (f"self-check passed: {self.nodes} nodes of the graph agree with torch on their own inputs (worst "
-                f"relative error {self.worst_node_error:.2g}), the program agrees with the module's eager forward "
-                f"({self.eager_error:.2g}); tolerance {TOLERANCE:g}")
+                f"relative error {self.worst_node_error:.2g}{int8}), the program agrees with the module's eager "
+                f"forward ({self.eager_error:.2g}); tolerance {TOLERANCE:g}")
 
 
 def relative_error(got: np.ndarray, ref: np.ndarray, scale: float) -> float:
@@ -164,7 +179,7 @@ def _quantized_input(x: Any, reference: QuantizedReference) -> Any:
     return torch.from_numpy(np.ascontiguousarray(np.transpose(rows, inverse(reference.input_layout))))
 
 
-def _unfused(lowered: Lowered, env: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _unfused(lowered: Lowered, env: dict[int, np.ndarray], int8: Int8Check | None = None) -> dict[int, np.ndarray]:
     """``env``, with each value whose producer took in fused clamps recomputed with the
     producer's bounds as they were before the first (``LoweringContext.fuse_clamp``)."""
     views = dict(env)
@@ -174,43 +189,58 @@ def _unfused(lowered: Lowered, env: dict[int, np.ndarray]) -> dict[int, np.ndarr
         node.output_min, node.output_max = bounds
         results = evaluate_node(lowered.graph, node, [env[i] for i in node.inputs])
         views[vid] = results[list(node.outputs).index(vid)]
+        if int8 is not None:
+            views[vid] = int8.real(vid, views[vid])
     return views
 
 
-def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray],
-              reference: QuantizedReference | None) -> tuple[Any, Any, list[np.ndarray]]:
+def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference: QuantizedReference | None,
+              int8: Int8Check | None = None) -> tuple[Any, Any, list[np.ndarray]]:
     """``node``'s arguments for torch: each activation as the interpreter computed it (the first
     one quantized as the graph does when the lowering quantized), each constant as it is (the
-    quantized filter as its stored values); and the activations' values."""
+    quantized filter as its stored values); and the activations' values.
+
+    ``int8`` (a node with a qint8 output): each activation is the qint8 value the int8 graph
+    reads, dequantized, the filter the stored one, and every tensor float64."""
     import torch
 
     activations: list[np.ndarray] = []
+    stored = int8.filters.get(node.name) if int8 is not None else None
 
     def operand(arg: Any) -> Any:
         value = lowered.values.get(arg)
         if isinstance(value, Activation):
+            if int8 is not None:
+                value = Activation(int8.int8_version.get(value.id, value.id), value.shape, value.perm, value.sym)
             x = torch.from_numpy(np.ascontiguousarray(_logical(env, value)))
             if reference is not None and not activations:
                 x = _quantized_input(x, reference)
             activations.append(x.numpy())
-            return x
+            return x.double() if int8 is not None else x
         if reference is not None and value is reference.weight:
             return torch.from_numpy(np.ascontiguousarray(reference.dequantized))
+        if stored is not None and value is stored[0]:
+            return torch.from_numpy(np.ascontiguousarray(stored[1], np.float64))
         if isinstance(value, torch.SymInt):  # a dynamic size: its value at the example inputs
             return int(value.node.hint)
+        if int8 is not None and isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+            return value.double()
         return value
 
     return torch.fx.node.map_arg(node.args, operand), torch.fx.node.map_arg(node.kwargs, operand), activations
 
 
-def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> tuple[int, float]:
-    """Comparison 2 (module docstring) on the interpreter's values ``env``; returns (nodes
-    compared, worst relative error)."""
+def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray],
+                   int8: Int8Check | None = None) -> tuple[int, float, int, float]:
+    """Comparison 2 (module docstring) on the interpreter's values ``env`` (real values: a static
+    int8 graph's codes dequantized); returns (nodes compared, worst relative error, nodes with a
+    qint8 output, their worst difference in output steps)."""
     import torch
 
-    views = _unfused(lowered, env)
+    views = _unfused(lowered, env, int8)
     clamps = {node: (vid, low, high) for vid, (_, fused) in lowered.fused.items() for node, low, high in fused}
-    compared, worst = 0, 0.0
+    producers = {vid: n for n in lowered.graph.nodes for vid in n.outputs}
+    compared, worst, int8_nodes, worst_steps = 0, 0.0, 0, 0.0
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
             continue
@@ -218,7 +248,9 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
         outs = result if isinstance(result, tuple) else (result,)
         if not any(isinstance(o, Activation) for o in outs):
             continue
-        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node))
+        first = next(o for o in outs if isinstance(o, Activation))
+        quantized = int8 if int8 is not None and int8.is_int8(first.id) else None
+        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node), quantized)
         with torch.no_grad():
             want = _torch_op(node.target)(*args, **kwargs)
         wants = want if isinstance(want, (tuple, list)) else (want,)
@@ -229,21 +261,47 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
             ref_arr = ref.detach().numpy().astype(np.float64)
             fused = clamps.get(node)
             if fused is not None and fused[0] == out.id:  # the producer's bounds as this node left them
-                views[out.id] = np.clip(views[out.id], fused[1], fused[2]).astype(np.float32)
+                views[out.id] = np.clip(views[out.id], fused[1], fused[2])
             got = _logical(views, out)
+            compared += 1
+            if quantized is not None:
+                delta = quantized.bias_delta.get(node.name)
+                if delta is not None:  # along the output channels: the graph value's last dim
+                    ref_arr = ref_arr + delta.reshape([-1 if d == out.perm[-1] else 1 for d in range(out.rank)])
+                producer = producers.get(out.id)
+                bounds = lowered.fused[out.id][0] if out.id in lowered.fused else \
+                    ((producer.output_min, producer.output_max) if producer is not None else (None, None))
+                expected = quantized.grid_clip(out.id, ref_arr, bounds)
+                step = float(np.float32(_int8_scale(quantized, out.id)))
+                bound = quantized.tolerance(out.id, _magnitude(ref_arr), TOLERANCE)
+                diff = float(np.max(np.abs(got - expected), initial=0.0)) if got.shape == expected.shape else math.inf
+                int8_nodes += 1
+                worst_steps = max(worst_steps, diff / step if math.isfinite(diff) else worst_steps)
+                if not diff <= bound:
+                    _fail(node, lowered, k, f"{diff / step:.3g} output steps (bound {bound / step:.3g} steps: half a "
+                                            "step, the kernel's slack and torch's float error)")
+                continue
             error = relative_error(got, ref_arr, max(_magnitude(ref_arr), inputs_scale))
             worst = max(worst, error if math.isfinite(error) else worst)
-            compared += 1
             if not error <= TOLERANCE:
-                emitted = sorted({n.kind for n in lowered.graph.nodes if n.debug_handle and
-                                  lowered.sources[n.debug_handle - 1][1] == node.name})
-                raise SelfCheckError(
-                    f"self-check failed at {op_name(node.target)} (node {node.name}, module "
-                    f"{AtenProgram.module_path(node) or '<top level>'}): output {k} of the lowered graph "
-                    f"({', '.join(emitted) or 'no node of its own'}) differs from torch on the same inputs by "
-                    f"{error:.3g} (relative; tolerance {TOLERANCE:g}): the lowering of this node is wrong; "
-                    "please report it (check=False skips this check)")
-    return compared, worst
+                _fail(node, lowered, k, f"{error:.3g} (relative; tolerance {TOLERANCE:g})")
+    return compared, worst, int8_nodes, worst_steps
+
+
+def _int8_scale(check: Int8Check, vid: int) -> float:
+    from ..graph import int8
+
+    return int8.quant(check.graph.value(vid))[0]
+
+
+def _fail(node: Any, lowered: Lowered, k: int, how: str) -> None:
+    emitted = sorted({n.kind for n in lowered.graph.nodes if n.debug_handle and
+                      lowered.sources[n.debug_handle - 1][1] == node.name})
+    raise SelfCheckError(
+        f"self-check failed at {op_name(node.target)} (node {node.name}, module "
+        f"{AtenProgram.module_path(node) or '<top level>'}): output {k} of the lowered graph "
+        f"({', '.join(emitted) or 'no node of its own'}) differs from torch on the same inputs by {how}: the "
+        "lowering of this node is wrong; please report it (check=False skips this check)")
 
 
 def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> None:
@@ -260,13 +318,36 @@ def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.n
                                  f"laid out as declared {spec.dim_order}")
 
 
-def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram, lowered: Lowered) -> SelfCheck:
-    """Run both comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``."""
+def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram, lowered: Lowered,
+               int8: Int8Graph | None = None) -> SelfCheck:
+    """Run both comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``.
+
+    ``int8``: the static int8 rewrite of ``lowered``'s graph, which is then the graph judged."""
     inputs = tuple(example_inputs)
     eager_error = _compare_with_eager(module, traced, inputs, program)
+    check = None
+    if int8 is not None:
+        check = int8_check(int8, lowered.sources, lowered.filters)
+        lowered = int8_view(lowered, int8)
     arrays = [np.ascontiguousarray(np.transpose(x.detach().numpy(), spec.dim_order))
               for x, spec in zip(inputs, lowered.inputs)]
     env = interpret_values(lowered.graph, arrays)
-    compared, worst = _compare_nodes(program, lowered, env)
+    if check is not None:
+        env = {vid: check.real(vid, x) for vid, x in env.items()}
+    compared, worst, int8_nodes, steps = _compare_nodes(program, lowered, env, check)
     _compare_outputs(program, lowered, env)
-    return SelfCheck(compared, worst, eager_error)
+    return SelfCheck(compared, worst, eager_error, int8_nodes, steps)
+
+
+def int8_view(lowered: Lowered, int8: Int8Graph) -> Lowered:
+    """``lowered`` with the int8 graph in place of the float one: each ATen node's activations
+    and fused clamps moved to the values standing for them there (``Int8Graph.primary``)."""
+    def moved(value: Any) -> Any:
+        if isinstance(value, Activation):
+            return Activation(int8.primary(value.id), value.shape, value.perm, value.sym)
+        if isinstance(value, tuple):
+            return tuple(moved(v) for v in value)
+        return value
+
+    return dataclasses.replace(lowered, graph=int8.graph, values={k: moved(v) for k, v in lowered.values.items()},
+                               fused={int8.primary(vid): f for vid, f in lowered.fused.items()}, references={})

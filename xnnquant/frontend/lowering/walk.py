@@ -55,6 +55,8 @@ class Lowered:
     refusals: list[str] = field(default_factory=list)
     #: ATen node -> its op, for every node that was lowered (not refused)
     lowered_ops: list[str] = field(default_factory=list)
+    #: graph value id of each float filter -> where it came from (``FilterOrigin``)
+    filters: dict[int, Any] = field(default_factory=dict)
 
 
 def new_graph(target: Target) -> Graph:
@@ -83,7 +85,7 @@ def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress
         raise UnsupportedConfigError(f"export refused {len(walk.refusals)} node(s) or layer(s):\n{lines}")
     ctx = walk.ctx
     return Lowered(ctx.graph, ctx.rows, walk.inputs, walk.outputs, walk.sources, walk.env, ctx.references,
-                   ctx.fused, walk.refusals, walk.lowered_ops)
+                   ctx.fused, walk.refusals, walk.lowered_ops, ctx.filters)
 
 
 class _Walk:

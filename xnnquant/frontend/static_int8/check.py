@@ -1,0 +1,126 @@
+"""What the self-check needs to judge a static int8 graph against torch (``selfcheck.py``).
+
+An ATen node whose output is a qint8 value is computed by torch in float64 on the real
+values of its inputs as the int8 graph feeds them (each int8 input dequantized exactly:
+``(code - zero_point) * scale``), with its filter replaced by the stored one (dequantized,
+in the torch argument's layout) and the bias correction added along the output
+channels.  That result, clipped to the output's grid ``[(-128 - zp) s, (127 - zp) s]``
+and to the node's output bounds, must lie within
+
+    ``(0.5 + slack(kind)) * s + TOLERANCE * max |reference|``
+
+of the graph's dequantized output.  Why half a step: every int8 node XNNPACK computes
+rounds its exact result once to the output grid (its integer accumulation is exact);
+``slack`` is what its fixed-point arithmetic adds to that rounding:
+
+=============================  =========  ==========================================================
+kinds                          slack      from
+=============================  =========  ==========================================================
+FullyConnected, Conv2d,        1e-3       a float32 multiplier ``f32(f32(s_x s_w) / s_y)`` (3 ulp) times
+DepthwiseConv2d, Multiply,                at most 2^8 codes
+Add, Subtract, lookup tables,
+GlobalAvgPooling2d
+StaticResizeBilinear2D         0.13       11-bit weights: each off by at most 2^-12 of up to 255 codes,
+                                          once per axis (2 * 255 / 4096 = 0.125)
+LeakyReLU                      0.5        8-bit multipliers ``lrintf(256 r)``: off by 1/512 of up to
+                                          255 codes
+data movement, clamps, max     0          codes moved or compared, never recomputed
+pooling
+=============================  =========  ==========================================================
+
+and ``TOLERANCE * max |reference|`` (``graph.divergence``) covers torch's own float
+sums.  A wrong scale, zero point, bias or filter layout moves outputs by a step or more,
+and is caught.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...graph import Graph, int8
+from ...graph.rules import DATA_MOVEMENT
+from .rewrite import Int8Graph
+
+SLACK = {"XNNStaticResizeBilinear2D": 0.13, "XNNLeakyReLU": 0.5}
+DEFAULT_SLACK = 1e-3
+
+
+@dataclass
+class Int8Check:
+    """The static int8 graph as the self-check reads it.
+
+    ``int8_version``: a value id of the int8 graph -> its qint8 twin (itself for a qint8
+    value; the convert's output for an fp32 value some int8 node reads).  ``filters``: ATen
+    node name -> (the torch filter tensor, the stored filter dequantized in its layout).
+    ``bias_delta``: ATen node name -> float64 ``(OC,)``, the stored bias minus the float one.
+    """
+
+    graph: Graph
+    int8_version: dict[int, int] = field(default_factory=dict)
+    filters: dict[str, tuple[Any, np.ndarray]] = field(default_factory=dict)
+    bias_delta: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def is_int8(self, vid: int) -> bool:
+        return int8.is_int8(self.graph.value(vid))
+
+    def real(self, vid: int, x: np.ndarray) -> np.ndarray:
+        """float64 real values of ``x`` held for value ``vid`` (int8 codes dequantized as XNNPACK's
+        convert does, ``f32(f32(code - zp) * s)``)."""
+        v = self.graph.value(vid)
+        if int8.is_int8(v) and np.asarray(x).dtype == np.int8:
+            return int8.dequantize(x, *int8.quant(v)).astype(np.float64)
+        return np.asarray(x, np.float64)
+
+    def tolerance(self, vid: int, magnitude: float, tolerance: float) -> float:
+        """The bound of the module docstring for qint8 value ``vid``, in real units."""
+        scale, _ = int8.quant(self.graph.value(vid))
+        return (0.5 + self.slack(vid)) * scale + tolerance * magnitude
+
+    def slack(self, vid: int) -> float:
+        """``SLACK`` of the node computing ``vid`` (through data movement), 0 when only moved."""
+        producers = {o: n for n in self.graph.nodes for o in n.outputs}
+        node = producers.get(vid)
+        while node is not None and node.kind in DATA_MOVEMENT:
+            node = producers.get(node.inputs[0])
+        if node is None:
+            return 0.0
+        if node.kind == "XNNConvert":
+            return 0.0  # fp32 -> qint8: one rounding to nearest
+        return SLACK.get(node.kind, DEFAULT_SLACK)
+
+    def grid_clip(self, vid: int, ref: np.ndarray, bounds: tuple[float | None, float | None]) -> np.ndarray:
+        """``ref`` clipped to value ``vid``'s grid and to ``bounds`` (real units)."""
+        scale, zp = int8.quant(self.graph.value(vid))
+        lo, hi = (-128 - zp) * np.float64(np.float32(scale)), (127 - zp) * np.float64(np.float32(scale))
+        if bounds[0] is not None:
+            lo = max(lo, bounds[0])
+        if bounds[1] is not None:
+            hi = min(hi, bounds[1])
+        return np.clip(ref, lo, hi)
+
+
+def int8_check(result: Int8Graph, sources: list[tuple[str, str, str]], filters: dict[int, Any]) -> Int8Check:
+    """The ``Int8Check`` of a rewrite's result; ``filters``: the float lowering's ``FilterOrigin`` by
+    float-graph filter id."""
+    check = Int8Check(result.graph)
+    for fv, vid in result.int8_of.items():
+        check.int8_version[vid] = vid
+        if fv in result.float_of:
+            check.int8_version[result.float_of[fv]] = vid
+    for layer in result.layers:
+        node = result.graph.nodes[layer.node]
+        handle = node.debug_handle
+        if not 0 < handle <= len(sources):
+            continue
+        name = sources[handle - 1][1]
+        origin = filters.get(layer.filter_id)
+        if origin is not None:
+            check.filters[name] = (origin.weight, origin.unlaid(layer.stored.dequantize()))
+        stored = result.graph.value(layer.bias_id).quantized_tensor()
+        assert stored is not None  # the rewrite stores every int8 layer's bias as a constant
+        check.bias_delta[name] = (stored.codes.astype(np.float64) * np.asarray(stored.scale, np.float64)
+                                  - layer.bias.astype(np.float64))
+    return check
