@@ -247,7 +247,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
         program.name_dims(options.dynamic_shapes, eager)
-        run_passes(program, _PassOptions(statistics, equalize=static is not None and static.equalize))
+        run_passes(program, _PassOptions(statistics))
     policy = options.policy if static is None else _float_policy()
     with stage("lower", timings):
         lowered = lower(program, options.target, WeightOptions(policy, options.method, statistics),
@@ -255,10 +255,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     int8 = None
     if static is not None:
         assert options.calibration is not None  # ExportOptions.parse requires it
-        int8 = _static_int8(lowered, options.calibration, static, options.method, timings)
+        result = _static_int8(lowered, options.calibration, static, options.method, timings)
+        int8 = result.int8
         exported = Exported(int8.graph, int8.rows, options.policy.weights, options.method, options.target,
                             lowered.inputs, lowered.outputs, timings, lowered.sources,
                             activations=str(static), boundaries=[str(b) for b in int8.boundaries])
+        exported.static_int8 = result
     else:
         exported = Exported(lowered.graph, lowered.rows, options.policy.weights, options.method, options.target,
                             lowered.inputs, lowered.outputs, timings, lowered.sources)
@@ -296,17 +298,16 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
     with stage("quantize", timings):
         result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters,
                                       lowered.inputs, batches, ranges=static.ranges, percentile=static.percentile,
-                                      method=method, bias_correction=static.bias_correction, stats=stats)
-    return result.int8
+                                      method=method, bias_correction=static.bias_correction,
+                                      equalize=static.equalize, stats=stats)
+    return result
 
 
 class _PassOptions:
     """What the passes read of an export's options."""
 
-    def __init__(self, statistics: Any, equalize: bool = False) -> None:
+    def __init__(self, statistics: Any) -> None:
         self.statistics = statistics
-        #: cross-layer equalization of convolution pairs (static int8)
-        self.equalize = equalize
 
 
 def _check_streamed(module: Any) -> None:

@@ -115,6 +115,9 @@ class Exported:
     activations: str = "dynamic"
     #: static int8: where the graph converts between fp32 and qint8, and why (one line each)
     boundaries: list[str] = field(default_factory=list)
+    #: static int8: what its stages made (``static_int8.StaticResult``: the float graph, the int8
+    #: one, the calibration statistics), for inspection; None otherwise
+    static_int8: Any = None
     _payload: bytes | None = field(default=None, repr=False)
 
     def to_bytes(self) -> bytes:

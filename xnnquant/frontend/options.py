@@ -36,7 +36,7 @@ class ActivationKind(str, Enum):
 ACTIVATIONS = tuple(k.value for k in ActivationKind)
 #: How a static int8 activation's range is chosen from its calibration histogram
 #: (``static_int8/ranges.py``).
-RANGE_METHODS = ("minmax", "percentile", "mse")
+RANGE_METHODS = ("minmax", "percentile", "mse", "output_mse")
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,9 @@ class StaticInt8:
 
     ``ranges``: each activation's range from its calibration histogram: ``"minmax"``,
     ``"percentile"`` (``percentile`` of the magnitudes on each side of zero) or ``"mse"``
-    (the range of least expected squared error, clipping included).  ``equalize``:
-    cross-layer equalization of convolution pairs (``passes/cross_layer.py``).
+    (the range of least expected squared error, clipping included) or ``"output_mse"``
+    (the same, each channel weighted by how much it moves its readers' outputs).  ``equalize``:
+    cross-layer equalization of filtered pairs (``static_int8/rewrite.py``).
     ``bias_correction``: each quantized layer's bias corrected for the mean shift its
     quantized filter causes on the calibration inputs (``static_int8/bias_correction.py``).
     """

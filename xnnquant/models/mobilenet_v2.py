@@ -159,5 +159,5 @@ def photo_batches(split: str, count: int, seed: int = 0, size: int = 224) -> lis
     batches: list[np.ndarray] = []
     for k, (path, n) in enumerate(zip(paths, per)):
         if n:
-            batches.extend(c[None] for c in crops(load_photo(path), n, seed * 1000 + k, size))
+            batches.extend(c[None].copy() for c in crops(load_photo(path), n, seed * 1000 + k, size))  # own strides
     return batches

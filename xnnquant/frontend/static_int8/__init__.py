@@ -6,16 +6,17 @@ int8 one, in stages:
 1. ``calibrate``: the float graph runs on the real XNNPACK over the calibration batches
    with every value a node computes exposed (``observe.Exposed``); ``ranges.ValueStats``
    keeps, per value, its exact bounds, its zeros and a sample of it.
-2. ``rewrite.rewrite``: a grid (scale, zero point) per value from its range
+2. ``rewrite.rewrite``: cross-layer equalization of filtered pairs (optional), a grid
+   (scale, zero point) per value from its range
    (``ranges.choose_range``), shared where XNNPACK requires it; filters quantized per
    channel, biases to int32; converts at the graph's edges and around each node that
    has no int8 form here, each a ``Boundary`` of the report.
 3. ``bias_correction.correct_biases``: one pass of the int8 graph over the calibration
    batches re-quantizes each bias for the mean shift its quantized filter causes.
 
-Cross-layer equalization happens before all this, on the ATen graph
-(``passes/cross_layer.py``), so that the exported program itself (and so the self-check's
-first comparison) holds the equalized filters.
+The self-check judges each int8 ATen node with its stored filter and bias, so it holds
+for equalized filters as for any other; ``check.py`` also verifies that the equalized
+float filters are the module's ones times their factors.
 """
 
 from __future__ import annotations
@@ -93,20 +94,47 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
 
 @dataclass
 class StaticResult:
-    """The int8 graph and how long its stages took (seconds)."""
+    """What the static int8 stages made: the int8 graph (``int8``), the float graph it came
+    from (``float_graph``) and what calibration saw of each float value (``stats``)."""
 
     int8: Int8Graph
+    float_graph: Graph
     stats: dict[int, ValueStats]
+
+    def value_sqnr(self, batches: Sequence[Sequence[np.ndarray]]) -> dict[int, float]:
+        """SQNR (dB) of every float-graph value the int8 graph computes in int8, against the float
+        graph's, over ``batches`` (as the graphs take them), both run on the real XNNPACK."""
+        from ...graph import int8 as int8_math
+
+        pairs = {fv: iv for fv, iv in self.int8.int8_of.items() if not self.float_graph.value(fv).is_constant
+                 and not self.int8.graph.value(iv).is_constant}
+        floats = Exposed(self.float_graph, [fv for fv in pairs if not self.float_graph.value(fv).flags])
+        ints = Exposed(self.int8.graph, [iv for iv in pairs.values() if not self.int8.graph.value(iv).flags])
+        factors = {e.value: e.factors for e in self.int8.equalized}
+        signal = dict.fromkeys(pairs, 0.0)
+        noise = dict.fromkeys(pairs, 0.0)
+        for batch in batches:
+            f, q = floats.run(batch), ints.run(batch)
+            for fv, iv in pairs.items():
+                if fv in f and iv in q:
+                    real = int8_math.dequantize(q[iv], *int8_math.quant(self.int8.graph.value(iv)))
+                    if fv in factors:  # held divided by its equalization factors
+                        real = real * factors[fv]
+                    ref = f[fv].astype(np.float64)
+                    signal[fv] += float(np.sum(ref * ref))
+                    noise[fv] += float(np.sum((ref - real.reshape(ref.shape)) ** 2))
+        return {fv: 10 * np.log10(signal[fv] / noise[fv]) if noise[fv] > 0 else np.inf for fv in pairs}
 
 
 def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
              inputs: Sequence[TensorIO], batches: Sequence[Sequence[np.ndarray]], *, ranges: str,
-             percentile: float, method: str, bias_correction: bool,
+             percentile: float, method: str, bias_correction: bool, equalize: bool,
              stats: dict[int, ValueStats] | None = None) -> StaticResult:
     """Stages 1 to 3 of the module docstring on float graph ``graph``."""
     if stats is None:
         stats = calibrate(graph, batches, sources, inputs)
-    result = rewrite(graph, sources, stats, rows, filters, ranges=ranges, percentile=percentile, method=method)
+    result = rewrite(graph, sources, stats, rows, filters, ranges=ranges, percentile=percentile, method=method,
+                     equalize=equalize)
     if bias_correction:
         correct_biases(result, batches)
-    return StaticResult(result, stats)
+    return StaticResult(result, graph, stats)

@@ -122,5 +122,5 @@ def int8_check(result: Int8Graph, sources: list[tuple[str, str, str]], filters: 
         stored = result.graph.value(layer.bias_id).quantized_tensor()
         assert stored is not None  # the rewrite stores every int8 layer's bias as a constant
         check.bias_delta[name] = (stored.codes.astype(np.float64) * np.asarray(stored.scale, np.float64)
-                                  - layer.bias.astype(np.float64))
+                                  - layer.float_bias.astype(np.float64))
     return check

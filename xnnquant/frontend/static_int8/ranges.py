@@ -1,9 +1,11 @@
 """Activation ranges of static int8, from what calibration saw of each value.
 
 ``ValueStats`` keeps, per graph value, the exact minimum and maximum over every
-calibration element, the count of exact zeros, and a sample of the values (every element
-of a small value, ``SAMPLES`` random ones per batch of a larger one) from which the
-histogram of ``choose_range`` is made.  A range always contains 0, so that zero (ReLU
+calibration element (overall and per channel, the last dim of the graph's layout), the
+count of exact zeros, and a sample of the values with their channels (every element of
+a small value, ``SAMPLES`` random ones per batch of a larger one) from which the
+histogram of ``choose_range`` is made.  ``scaled`` gives the statistics of the value with
+its channels divided by per-channel factors (cross-layer equalization).  A range always contains 0, so that zero (ReLU
 outputs, padding) is one exact code, and its int8 grid is::
 
     scale = (hi - lo) / 255 (float32)        zero_point = clip(round(-128 - lo / scale), -128, 127)
@@ -19,6 +21,12 @@ Methods (``StaticInt8.ranges``):
                  clipped values cost their distance to the bound squared, the others
                  ``step^2 / 12`` (uniform rounding; exact zeros cost nothing), over a
                  grid of bounds from 2 % to 100 % of each side (``MSE_GRID`` points)
+``output_mse``   the same search with each sampled value weighted by how much its
+                 channel moves what the value's readers compute (``channel_weights``:
+                 for filtered readers, the sum of the squared filter entries that
+                 multiply that channel, so the objective is the first-order squared
+                 error of the readers' outputs); plain ``mse`` where a reader is not a
+                 filtered node
 ===============  ==================================================================
 """
 
@@ -41,7 +49,10 @@ QMIN, QMAX = -128, 127
 
 @dataclass
 class ValueStats:
-    """What calibration saw of one value (see the module docstring); ``name`` says what it is."""
+    """What calibration saw of one value (see the module docstring); ``name`` says what it is.
+
+    ``channel_lo`` / ``channel_hi``: float32 ``(C,)`` bounds per channel (the last dim);
+    ``samples`` / ``channels``: per batch, float32 sampled values and int32 their channels."""
 
     name: str
     lo: float = np.inf
@@ -49,28 +60,47 @@ class ValueStats:
     count: int = 0
     zeros: int = 0
     samples: list[np.ndarray] = field(default_factory=list)
+    channels: list[np.ndarray] = field(default_factory=list)
+    channel_lo: np.ndarray | None = None
+    channel_hi: np.ndarray | None = None
 
     def add(self, x: np.ndarray, rng: np.random.Generator) -> None:
-        """Take one batch's values of this value (any shape, float32); ``XnnquantError`` when
-        one is NaN or infinite."""
-        flat = np.asarray(x, np.float32).reshape(-1)
+        """Take one batch's values of this value (any shape, float32, channels last);
+        ``XnnquantError`` when one is NaN or infinite."""
+        arr = np.asarray(x, np.float32)
+        flat = arr.reshape(-1)
         if flat.size == 0:
             return
-        lo, hi = float(flat.min()), float(flat.max())
-        if not (np.isfinite(lo) and np.isfinite(hi)):
+        rows = flat.reshape(-1, arr.shape[-1] if arr.ndim else 1)
+        lows, highs = rows.min(axis=0), rows.max(axis=0)
+        if not (np.all(np.isfinite(lows)) and np.all(np.isfinite(highs))):
             bad = int(np.flatnonzero(~np.isfinite(flat))[0])
             raise XnnquantError(f"calibration: {self.name} is not finite on calibration batch "
                                 f"{len(self.samples)} (value {flat[bad]} at flat index {bad}): static int8 needs "
                                 "finite activations to choose their ranges")
-        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        self.channel_lo = lows if self.channel_lo is None else np.minimum(self.channel_lo, lows)
+        self.channel_hi = highs if self.channel_hi is None else np.maximum(self.channel_hi, highs)
+        self.lo, self.hi = min(self.lo, float(lows.min())), max(self.hi, float(highs.max()))
         self.count += flat.size
         self.zeros += int(np.count_nonzero(flat == 0))
-        self.samples.append(flat.copy() if flat.size <= SAMPLES else flat[rng.integers(0, flat.size, SAMPLES)])
+        picked = np.arange(flat.size) if flat.size <= SAMPLES else rng.integers(0, flat.size, SAMPLES)
+        self.samples.append(flat[picked])
+        self.channels.append((picked % rows.shape[1]).astype(np.int32))
 
     def merged(self, other: ValueStats) -> ValueStats:
-        """The statistics of both values' elements together (a concatenation's output)."""
+        """The statistics of both values' elements together (a concatenation's output; the
+        per-channel bounds are dropped)."""
         return ValueStats(f"{self.name} and {other.name}", min(self.lo, other.lo), max(self.hi, other.hi),
-                          self.count + other.count, self.zeros + other.zeros, self.samples + other.samples)
+                          self.count + other.count, self.zeros + other.zeros, self.samples + other.samples,
+                          self.channels + other.channels)
+
+    def scaled(self, factors: np.ndarray) -> ValueStats:
+        """The statistics of this value with channel ``c`` divided by ``factors[c]`` (> 0)."""
+        assert self.channel_lo is not None and self.channel_hi is not None
+        lows, highs = self.channel_lo / factors, self.channel_hi / factors
+        return ValueStats(self.name, float(lows.min()), float(highs.max()), self.count, self.zeros,
+                          [s / factors[c] for s, c in zip(self.samples, self.channels)], list(self.channels),
+                          lows.astype(np.float32), highs.astype(np.float32))
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -78,8 +108,10 @@ class ValueStats:
         return min(self.lo, 0.0), max(self.hi, 0.0)
 
 
-def choose_range(stats: ValueStats, method: str, percentile: float = 99.99) -> tuple[float, float]:
-    """``(lo, hi)`` with ``lo <= 0 <= hi`` and ``hi > lo`` for ``stats`` by ``method``.
+def choose_range(stats: ValueStats, method: str, percentile: float = 99.99,
+                 channel_weights: np.ndarray | None = None) -> tuple[float, float]:
+    """``(lo, hi)`` with ``lo <= 0 <= hi`` and ``hi > lo`` for ``stats`` by ``method``
+    (``channel_weights``: float ``(C,)`` for ``output_mse``, None for uniform).
 
     ``XnnquantError`` when calibration never reached the value or saw only zeros (a
     constant activation has no range to spread 256 codes over).
@@ -97,19 +129,24 @@ def choose_range(stats: ValueStats, method: str, percentile: float = 99.99) -> t
         neg, pos = -values[values < 0], values[values > 0]
         return (-float(np.percentile(neg, percentile)) if neg.size else 0.0,
                 float(np.percentile(pos, percentile)) if pos.size else 0.0) if (neg.size or pos.size) else (lo, hi)
-    if method == "mse":
-        return _mse_range(values, lo, hi, stats.zeros / stats.count)
+    if method == "mse" or (method == "output_mse" and channel_weights is None):
+        return _mse_range(values, lo, hi)
+    if method == "output_mse":
+        assert channel_weights is not None
+        return _mse_range(values, lo, hi, np.asarray(channel_weights, np.float64)[np.concatenate(stats.channels)])
     raise XnnquantError(f"unknown range method {method!r}")
 
 
-def _mse_range(values: np.ndarray, lo: float, hi: float, zero_fraction: float) -> tuple[float, float]:
-    """The grid bounds of least expected squared error (module docstring), float64 sums."""
-    nonzero = values[values != 0].astype(np.float64)
+def _mse_range(values: np.ndarray, lo: float, hi: float, weights: np.ndarray | None = None) -> tuple[float, float]:
+    """The grid bounds of least expected squared error (module docstring), float64 sums;
+    ``weights``: one per value (None: all 1).  Exact zeros cost nothing at any bounds."""
+    keep = values != 0
+    nonzero = values[keep].astype(np.float64)
     if nonzero.size == 0:
         return lo, hi
-    counts, edges = np.histogram(nonzero, BINS, (lo, hi))
+    counts, edges = np.histogram(nonzero, BINS, (lo, hi), weights=None if weights is None else weights[keep])
     centers = (edges[:-1] + edges[1:]) / 2
-    n = counts.astype(np.float64) * (1 - zero_fraction) / max(nonzero.size, 1)  # fractions of all elements
+    n = counts.astype(np.float64)
     s0, s1, s2 = (np.concatenate([[0.0], np.cumsum(n * centers**k)]) for k in (0, 1, 2))
     los = lo * MSE_GRID if lo < 0 else np.zeros(1)
     his = hi * MSE_GRID if hi > 0 else np.zeros(1)

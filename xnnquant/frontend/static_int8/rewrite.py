@@ -31,6 +31,22 @@ An ATen node lowered to more than one computing node (``silu`` = sigmoid, multip
 int8 ATen node against torch within half an output step, which a chain of roundings
 inside one node does not keep.
 
+Cross-layer equalization (``equalize``).  Where a filtered node's output feeds nothing but
+the next filtered node's input (with at most a clamp fused between, as ReLU and ReLU6
+are), the output's channels are divided by factors ``s`` and the next filter's input
+channels multiplied by them (``W1 / s`` on output channels, ``b1 / s``, ``W2 * s`` on
+input channels): the per-tensor int8 grid of that activation then serves its small
+channels as well as its large ones.  Factors (from each channel's calibrated magnitude
+``a_c`` and the next filter's magnitude ``r_c`` along that input channel, clipped to
+``[1/64, 64]``): a depthwise reader, whose per-channel filter takes any factor without
+loss, gets ``s_c = a_c / max(a)`` (every channel spread over the whole range); a fully
+connected or regular convolution reader, whose per-output-channel filter grid the
+factors change, ``s_c = sqrt(a_c / r_c)`` (SmoothQuant's balance), normalized so that
+the largest channel keeps its magnitude.  Through a ReLU or no clamp the rewrite is
+exact; through ReLU6 it keeps the per-tensor bound 6, which then cuts an amplified
+channel ``c`` at ``6 s_c`` of its own units, at or above its calibrated maximum (no
+channel ends above ``max(a) <= 6``): an int8 approximation like the grid's own clipping.
+
 Scales.  Values that a data-movement node links share one grid (a union-find over those
 nodes); the grid's range is chosen once from all its members' statistics
 (``ranges.choose_range``).  A convolution whose ``input_scale * filter_scale /
@@ -70,6 +86,8 @@ UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeak
 COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
 #: The largest ``input_scale * filter_scale / output_scale`` XNNPACK takes is below 256.
 MAX_REQUANTIZATION = 256.0
+#: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``.
+EQUALIZATION_LIMIT = 64.0
 
 
 @dataclass(frozen=True)
@@ -86,8 +104,9 @@ class Boundary:
 
 @dataclass
 class QuantizedLayer:
-    """One int8 filtered node: its new node index, the float filter and bias (graph layout) it
-    came from, the stored filter, and the bias value to correct (``bias_correction.py``)."""
+    """One int8 filtered node: its new node index, the float filter and bias (graph layout, after
+    equalization) it came from, the stored filter, the bias value to correct
+    (``bias_correction.py``), and the float graph's own bias (``float_bias``, what torch adds)."""
 
     node: int
     filter_id: int  # in the float graph
@@ -97,6 +116,18 @@ class QuantizedLayer:
     bias_id: int  # in the int8 graph
     input_id: int  # in the int8 graph
     input_scale: float
+    float_bias: np.ndarray
+
+
+@dataclass(frozen=True)
+class Equalized:
+    """One equalized value (module docstring): the float-graph node indices of its channel group's
+    filtered producers and readers, the value, and the factors ``s`` float32 ``(C,)``."""
+
+    producers: tuple[int, ...]
+    readers: tuple[int, ...]
+    value: int
+    factors: np.ndarray
 
 
 @dataclass
@@ -116,6 +147,10 @@ class Int8Graph:
     int8_handles: set[int] = field(default_factory=set)
     layers: list[QuantizedLayer] = field(default_factory=list)
     quant: dict[int, tuple[float, int]] = field(default_factory=dict)
+    #: the equalized pairs; a float value ``v`` of ``equalized`` is held as ``v / factors`` (last dim)
+    equalized: list[Equalized] = field(default_factory=list)
+    #: float-graph filter id -> the float filter after equalization (graph layout)
+    filters: dict[int, np.ndarray] = field(default_factory=dict)
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -186,8 +221,9 @@ class Rewrite:
 
     def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
                  rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
-                 method: str) -> None:
-        self.src, self.sources, self.stats = graph, sources, stats
+                 method: str, equalize: bool = False) -> None:
+        self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.equalize = equalize
         self.rows, self.filters = list(rows), filters
         self.ranges, self.percentile, self.method = ranges, percentile, method
         self.producer = {vid: n for n in graph.nodes for vid in n.outputs}
@@ -196,6 +232,8 @@ class Rewrite:
         self.grids: dict[int, tuple[float, int]] = {}  # group -> its grid (scale, zero point)
         self.domain: dict[int, Datatype] = {}  # float value id -> what its producer computes in
         self.filter_q: dict[int, QuantizedTensor] = {}
+        self.weights: dict[int, np.ndarray] = {}  # float filter id -> its values (after equalization)
+        self.biases: dict[int, np.ndarray] = {}  # node index -> its float bias (after equalization)
         self.out = Graph(target=graph.target, write_scale_bf16=graph.write_scale_bf16,
                          scales_in_segment=graph.scales_in_segment)
         self.result = Int8Graph(self.out, self.rows, [])
@@ -217,6 +255,8 @@ class Rewrite:
                 for i in nodes:
                     self.refusal[i] = (f"lowered as a composition of {len(nodes)} computing nodes ({kinds}); an int8 "
                                        "ATen node is one computing node; computed in fp32 between converts")
+        if self.equalize:
+            self._equalize()
         self._grids()
         for i, n in enumerate(src.nodes):
             if i not in self.refusal and n.kind in WEIGHTED:
@@ -250,12 +290,36 @@ class Rewrite:
             merged = seen[0]
             for s in seen[1:]:
                 merged = merged.merged(s)
-            lo, hi = choose_range(merged, self.ranges, self.percentile)
+            weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
+            lo, hi = choose_range(merged, self.ranges, self.percentile, weights)
             for vid in vids:
                 if vid in pads:
                     lo, hi = min(lo, pads[vid]), max(hi, pads[vid])
                 self.group[vid] = root
             self.grids[root] = qparams(lo, hi)
+
+    def _channel_weights(self, vid: int) -> np.ndarray | None:
+        """float64 ``(C,)``: per channel of ``vid``, the sum of its readers' squared filter entries
+        that multiply it (``ranges``' ``output_mse``); None unless every reader is a filtered node
+        reading ``vid`` as its input."""
+        total: np.ndarray | None = None
+        for n in self.src.nodes:
+            if vid not in n.inputs:
+                continue
+            if n.kind not in WEIGHTED or n.inputs[0] != vid or vid in n.inputs[1:]:
+                return None
+            w = self._weights(n.inputs[1]).astype(np.float64) ** 2
+            if n.kind == "XNNFullyConnected":
+                per = (w.T if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else w).sum(axis=0)
+            elif n.kind == "XNNDepthwiseConv2d":
+                c = self.src.value(vid).dims[-1]
+                per = w.sum(axis=(0, 1, 2)).reshape(c, -1).sum(axis=1)
+            else:
+                groups = int(n.params.get("groups", 1))
+                oc, kh, kw, cg = w.shape
+                per = w.reshape(groups, oc // groups * kh * kw, cg).sum(axis=1).reshape(groups * cg)
+            total = per if total is None else total + per
+        return total
 
     def quant(self, vid: int) -> tuple[float, int]:
         """The grid ``(scale, zero point)`` of float-graph value ``vid``."""
@@ -267,10 +331,126 @@ class Rewrite:
                                 "calibration never observed")
         return self.quant(vid)
 
+    # -------------------------------------------------------- equalization
+
+    def _weights(self, wid: int) -> np.ndarray:
+        if wid not in self.weights:
+            self.weights[wid] = self.src.value(wid).array().astype(F32)
+        return self.weights[wid]
+
+    def _bias(self, i: int) -> np.ndarray:
+        if i not in self.biases:
+            n = self.src.nodes[i]
+            w = self._weights(n.inputs[1])
+            self.biases[i] = (self.src.value(n.inputs[2]).array().astype(F32) if len(n.inputs) > 2
+                              else np.zeros(w.shape[_out_axis(n)], F32))
+        return self.biases[i]
+
+    def _equalize(self) -> None:
+        """Equalize every channel group the module docstring allows."""
+        src = self.src
+        readers: dict[int, list[int]] = {}
+        for i, n in enumerate(src.nodes):
+            for vid in n.inputs:
+                readers.setdefault(vid, []).append(i)
+        sets = _Sets()
+        for i, n in enumerate(src.nodes):
+            if n.kind in ("XNNAdd", "XNNSubtract") and i not in self.refusal:
+                for vid in n.inputs:
+                    sets.union(vid, n.outputs[0])
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(src.nodes):
+            if i not in self.refusal and n.kind in (*WEIGHTED, "XNNAdd", "XNNSubtract"):
+                groups.setdefault(sets.find(n.outputs[0]), []).append(n.outputs[0])
+        for values in groups.values():
+            group = set(values)
+            members = self._equalizable(group, readers)
+            if members is None:
+                continue
+            producers, consumers = members
+            stats = [self.stats[v] for v in sorted(group)]
+            factors = self._factors(stats, [src.nodes[j] for j in consumers])
+            for i in producers:
+                self._scale_output(i, factors)
+            for j in consumers:
+                self._scale_input(src.nodes[j], factors)
+            for v in group:
+                self.stats[v] = self.stats[v].scaled(factors)
+            self.result.equalized.extend(Equalized(tuple(producers), tuple(consumers), v, factors)
+                                         for v in sorted(group))
+
+    def _equalizable(self, group: set[int], readers: dict[int, list[int]]) -> tuple[list[int], list[int]] | None:
+        """(filtered producers, filtered readers) of a channel group whose channels can be scaled
+        together (module docstring), or None."""
+        src = self.src
+        producers, consumers = [], []
+        for v in group:
+            n = self.producer.get(v)
+            i = src.nodes.index(n) if n is not None else -1
+            if n is None or i in self.refusal or src.value(v).is_output or v not in self.stats:
+                return None
+            if n.kind in WEIGHTED:
+                if not self._own_filter(n, readers) or not _scale_invariant(n, single=len(group) == 1):
+                    return None
+                producers.append(i)
+            elif any(u not in group for u in n.inputs) or not _scale_invariant(n, single=len(group) == 1):
+                return None  # an add of a value outside the group, or of a constant
+            for j in readers.get(v, []):
+                r = src.nodes[j]
+                if r.kind in WEIGHTED and r.inputs[0] == v and v not in r.inputs[1:] and self._own_filter(r, readers):
+                    consumers.append(j)
+                elif not (r.kind in ("XNNAdd", "XNNSubtract") and r.outputs[0] in group and j not in self.refusal):
+                    return None
+        if not consumers or j_refused(consumers, self.refusal):
+            return None
+        return sorted(set(producers)), sorted(set(consumers))
+
+    def _own_filter(self, n: Node, readers: dict[int, list[int]]) -> bool:
+        return len(readers.get(n.inputs[1], [])) == 1 and not n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS
+
+    def _factors(self, stats: list[ValueStats], consumers: list[Node]) -> np.ndarray:
+        a = np.zeros(0)
+        for st in stats:
+            assert st.channel_lo is not None and st.channel_hi is not None
+            m = np.maximum(np.abs(st.channel_lo), np.abs(st.channel_hi)).astype(np.float64)
+            a = m if a.size == 0 else np.maximum(a, m)
+        dense = [n for n in consumers if n.kind != "XNNDepthwiseConv2d"]
+        if not dense:
+            s = a / max(float(a.max()), 1e-30)
+        else:
+            r = np.max([_by_input_channel(n, self._weights(n.inputs[1])) for n in dense], axis=0).astype(np.float64)
+            balance = np.sqrt(a / np.maximum(r, 1e-30))
+            largest = float((a / np.maximum(balance, 1e-30)).max())
+            s = balance * largest / max(float(a.max()), 1e-30)
+        return np.clip(s, 1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT).astype(F32)
+
+    def _scale_output(self, i: int, factors: np.ndarray) -> None:
+        n = self.src.nodes[i]
+        w = self._weights(n.inputs[1])
+        shape = [1] * w.ndim
+        shape[_out_axis(n)] = -1
+        self.weights[n.inputs[1]] = (w / factors.reshape(shape)).astype(F32)
+        self.biases[i] = (self._bias(i) / factors).astype(F32)
+
+    def _scale_input(self, n: Node, factors: np.ndarray) -> None:
+        w = self._weights(n.inputs[1])
+        if n.kind == "XNNFullyConnected":
+            scaled = w * factors[None, :]
+        elif n.kind == "XNNDepthwiseConv2d":
+            scaled = w * np.repeat(factors, w.shape[3] // factors.size)[None, None, None, :]
+        else:
+            groups = int(n.params.get("groups", 1))
+            oc, kh, kw, cg = w.shape
+            scaled = (w.reshape(groups, oc // groups, kh, kw, cg)
+                      * factors.reshape(groups, 1, 1, 1, cg)).reshape(w.shape)
+        self.weights[n.inputs[1]] = scaled.astype(F32)
+
+    # ---------------------------------------------------------- quantizing
+
     def _filter(self, n: Node) -> QuantizedTensor:
         wid = n.inputs[1]
         if wid not in self.filter_q:
-            w = self.src.value(wid).array()
+            w = self._weights(wid)
             axis = 3 if n.kind == "XNNDepthwiseConv2d" else (1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0)
             self.filter_q[wid] = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
         return self.filter_q[wid]
@@ -343,6 +523,7 @@ class Rewrite:
         res.int8_handles = {n.debug_handle for i, n in enumerate(src.nodes) if i not in self.refusal
                             and n.kind not in DATA_MOVEMENT} - handles_float
         res.quant = {vid: self.quant(vid) for vid in self.group}
+        res.filters = dict(self.weights)
         self._rows()
         return res
 
@@ -432,13 +613,14 @@ class Rewrite:
     def _weighted_inputs(self, n: Node) -> tuple[tuple[int, ...], QuantizedLayer]:
         x = self._int8(n.inputs[0], n.debug_handle)
         stored = self._filter(n)
-        w = self.src.value(n.inputs[1]).array()
-        oc = w.shape[3] if n.kind == "XNNDepthwiseConv2d" else w.shape[1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0]
-        bias = self.src.value(n.inputs[2]).array() if len(n.inputs) > 2 else np.zeros(oc, F32)
+        w = self._weights(n.inputs[1])
+        i = self.src.nodes.index(n)
+        bias = self._bias(i)
+        original = self.src.value(n.inputs[2]).array() if len(n.inputs) > 2 else np.zeros_like(bias)
         s_x = self.quant(n.inputs[0])[0]
         wid = self.out.constant(stored)
         bid = self.out.constant(quantize_bias(bias, s_x, stored.scale))
-        return (x, wid, bid), QuantizedLayer(-1, n.inputs[1], w, bias, stored, bid, x, s_x)
+        return (x, wid, bid), QuantizedLayer(-1, n.inputs[1], w, bias, stored, bid, x, s_x, original)
 
     def _rows(self) -> None:
         """The report rows of quantized filters: scheme, bytes, SQNR; fp32 ones say why."""
@@ -449,7 +631,7 @@ class Rewrite:
                 stored = self.filter_q[vid]
                 nbytes = int(stored.codes.size) + 4 * int(np.size(stored.scale))
                 self.rows[origin.row] = ReportRow(row.path, tuple(int(d) for d in stored.shape), "qc8w", nbytes,
-                                                  weight_sqnr(self.src.value(vid).array(), stored), "")
+                                                  self._filter_sqnr(vid, stored), "")
             else:
                 reasons = {self.refusal[i] for i, n in enumerate(self.src.nodes) if vid in n.inputs[1:]
                            and i in self.refusal}
@@ -457,8 +639,52 @@ class Rewrite:
                     row, fallback="static int8: its node is computed in fp32 (" + "; ".join(sorted(reasons)) + ")")
 
 
+    def _filter_sqnr(self, vid: int, stored: QuantizedTensor) -> float:
+        """SQNR of the stored filter against the module's (equalization undone on both sides)."""
+        original = self.src.value(vid).array()
+        equalized = self.weights[vid]
+        if np.array_equal(original, equalized):
+            return weight_sqnr(original, stored)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(equalized != 0, original / equalized, 1.0)  # the factors, broadcast
+        restored = stored.dequantize().astype(np.float64) * ratio
+        noise = float(np.sum((original - restored) ** 2))
+        return math.inf if noise == 0 else 10 * math.log10(float(np.sum(original.astype(np.float64) ** 2)) / noise)
+
+
+def j_refused(nodes: list[int], refusal: dict[int, str]) -> bool:
+    return any(j in refusal for j in nodes)
+
+
+def _scale_invariant(n: Node, single: bool) -> bool:
+    """Whether ``n``'s output bounds commute with a positive per-channel scaling: none, or a lower
+    bound of 0 and no upper one (ReLU); a finite upper bound (ReLU6) only for a lone value
+    (module docstring)."""
+    lo, hi = n.output_min, n.output_max
+    lower_ok = lo is None or lo == 0 or lo == -math.inf
+    upper_ok = hi is None or hi == math.inf or (single and hi > 0)
+    return lower_ok and upper_ok
+
+
+def _out_axis(n: Node) -> int:
+    """The output-channel axis of a filtered node's filter (graph layout)."""
+    if n.kind == "XNNDepthwiseConv2d":
+        return 3
+    return 1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0
+
+
+def _by_input_channel(n: Node, w: np.ndarray) -> np.ndarray:
+    """``max |w|`` per input channel of a fully connected or regular convolution's filter ``(C,)``."""
+    if n.kind == "XNNFullyConnected":
+        return np.abs(w).max(axis=0)
+    groups = int(n.params.get("groups", 1))
+    oc, kh, kw, cg = w.shape
+    return np.abs(w.reshape(groups, oc // groups, kh * kw, cg)).max(axis=(1, 2)).reshape(groups * cg)
+
+
 def rewrite(graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
             rows: list[ReportRow], filters: dict[int, Any], *, ranges: str = "mse", percentile: float = 99.99,
-            method: str = "mse") -> Int8Graph:
+            method: str = "mse", equalize: bool = False) -> Int8Graph:
     """The static int8 graph of float graph ``graph`` (module docstring)."""
-    return Rewrite(graph, sources, stats, rows, filters, ranges=ranges, percentile=percentile, method=method).run()
+    return Rewrite(graph, sources, stats, rows, filters, ranges=ranges, percentile=percentile, method=method,
+                   equalize=equalize).run()
