@@ -294,12 +294,11 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
 
     batches = static_int8.graph_batches(calibration, lowered.inputs)
     with stage("calibrate", timings):
-        stats = static_int8.calibrate(lowered.graph, batches, lowered.sources, lowered.inputs)
+        seen = static_int8.calibrate(lowered.graph, batches, lowered.sources, lowered.inputs)
     with stage("quantize", timings):
-        result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters,
-                                      lowered.inputs, batches, ranges=static.ranges, percentile=static.percentile,
-                                      method=method, bias_correction=static.bias_correction,
-                                      equalize=static.equalize, stats=stats)
+        result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters, seen,
+                                      ranges=static.ranges, percentile=static.percentile, method=method,
+                                      bias_correction=static.bias_correction, equalize=static.equalize)
     return result
 
 

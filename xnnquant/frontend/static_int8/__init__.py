@@ -31,12 +31,12 @@ from ...errors import XnnquantError
 from ...graph import Graph
 from ...graph.rules import DATA_MOVEMENT
 from ..exported import TensorIO
-from .bias_correction import correct_biases
+from .bias_correction import correct_biases, tap_means
 from .observe import Exposed
 from .ranges import ValueStats
-from .rewrite import Boundary, Int8Graph, rewrite
+from .rewrite import WEIGHTED, Boundary, Int8Graph, rewrite
 
-__all__ = ["Boundary", "Int8Graph", "calibrate", "describe", "graph_batches", "quantize"]
+__all__ = ["Boundary", "Calibration", "Int8Graph", "calibrate", "describe", "graph_batches", "quantize"]
 
 
 def describe(graph: Graph, vid: int, sources: Sequence[tuple[str, str, str]], inputs: Sequence[TensorIO]) -> str:
@@ -75,21 +75,42 @@ def graph_batches(batches: Sequence[Sequence[Any]], inputs: Sequence[TensorIO]) 
     return out
 
 
+@dataclass
+class Calibration:
+    """What calibration saw: ``stats`` by float value id, and ``means``: per filtered node (by
+    index) the per-tap means of its input over the batches (``bias_correction.tap_means``)."""
+
+    stats: dict[int, ValueStats]
+    means: dict[int, np.ndarray]
+
+
 def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Sequence[tuple[str, str, str]],
-              inputs: Sequence[TensorIO], seed: int = 0) -> dict[int, ValueStats]:
-    """``ValueStats`` of every float input and every value a computing node writes, by value id."""
+              inputs: Sequence[TensorIO], seed: int = 0) -> Calibration:
+    """``ValueStats`` of every float input and every value a computing node writes, by value id,
+    and the input means of every filtered node (one run of the float graph per batch)."""
+    if not batches:
+        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
+    filtered = [(i, n) for i, n in enumerate(graph.nodes) if n.kind in WEIGHTED]
     watched = [vid for n in graph.nodes if n.kind not in DATA_MOVEMENT for vid in n.outputs
                if not graph.value(vid).is_output]
+    watched += [n.inputs[0] for _, n in filtered if n.inputs[0] not in watched and
+                not graph.value(n.inputs[0]).flags]
     stats = {vid: ValueStats(describe(graph, vid, sources, inputs)) for vid in [*graph.inputs, *watched,
                                                                               *graph.outputs]}
     exposed = Exposed(graph, watched)
     rng = np.random.default_rng(seed)
+    means: dict[int, np.ndarray] = {}
+    images = 0
     for batch in batches:
         values = exposed.run(batch)
         for vid, s in stats.items():
             if vid in values and values[vid].dtype == np.float32:
                 s.add(values[vid], rng)
-    return stats
+        for i, n in filtered:
+            m = tap_means(n, values[n.inputs[0]])
+            means[i] = m if i not in means else means[i] + m
+        images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
+    return Calibration(stats, {i: m / images for i, m in means.items()})
 
 
 @dataclass
@@ -127,14 +148,11 @@ class StaticResult:
 
 
 def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
-             inputs: Sequence[TensorIO], batches: Sequence[Sequence[np.ndarray]], *, ranges: str,
-             percentile: float, method: str, bias_correction: bool, equalize: bool,
-             stats: dict[int, ValueStats] | None = None) -> StaticResult:
-    """Stages 1 to 3 of the module docstring on float graph ``graph``."""
-    if stats is None:
-        stats = calibrate(graph, batches, sources, inputs)
-    result = rewrite(graph, sources, stats, rows, filters, ranges=ranges, percentile=percentile, method=method,
-                     equalize=equalize)
+             calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
+             equalize: bool) -> StaticResult:
+    """Stages 2 and 3 of the module docstring on float graph ``graph``."""
+    result = rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
+                     method=method, equalize=equalize)
     if bias_correction:
-        correct_biases(result, batches)
-    return StaticResult(result, graph, stats)
+        correct_biases(result, calibration.means)
+    return StaticResult(result, graph, calibration.stats)

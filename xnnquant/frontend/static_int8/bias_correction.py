@@ -16,32 +16,41 @@ batches, dequantized), per tap of the window::
 ``(i, j)`` of the window (zero where the window reads padding, as XNNPACK reads the zero
 point there), ``m[k]`` the mean of input feature ``k`` over rows.  The bias is then
 quantized again from ``b + delta`` (float64 sums).  The correction leaves every other
-value of the graph (scales, zero points, filters) as it is, so it needs one pass of the
-int8 graph over the calibration batches.
+value of the graph (scales, zero points, filters) as it is.  The int8 graph's own input
+means would differ from the float ones only by what upstream quantization shifts, a
+second-order change of ``delta``; the float ones cost no second pass over the batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
-from ...graph import int8
-from ...graph.shapes import Window, windows
+from ...graph.model import Node
+from ...graph.shapes import Window
 from ...schemes import quantize_bias
-from .observe import Exposed
 from .rewrite import Int8Graph, QuantizedLayer
 
 
-def _tap_means(layer: QuantizedLayer, graph: Int8Graph, codes: np.ndarray) -> np.ndarray:
-    """float64 ``[KH, KW, C]`` (convolutions) or ``[K]`` (fully connected) input means of one batch."""
-    node = graph.graph.nodes[layer.node]
-    x = int8.dequantize(codes, *int8.quant(graph.graph.value(layer.input_id))).astype(np.float64)
+def tap_means(node: Node, x: np.ndarray) -> np.ndarray:
+    """float64 ``[KH, KW, C]`` (convolutions) or ``[K]`` (fully connected): the sum over the images
+    of ``x`` (float, NHWC or ``[..., K]``) of the per-tap input means of filtered node ``node``
+    (module docstring)."""
+    x = np.asarray(x, np.float64)
     if node.kind == "XNNFullyConnected":
-        return x.reshape(-1, x.shape[-1]).mean(axis=0)
+        rows = x.reshape(-1, x.shape[-1])
+        return rows.mean(axis=0) * (x.shape[0] if x.ndim > 2 else 1)
     window = Window.of_conv(node.params).with_padding_for(node.flags, x.shape)
-    return windows(x, window, 0.0, node.kind).mean(axis=(0, 1, 2))
+    top, right, bottom, left = window.padding
+    oh, ow = window.output_hw(node.kind, x.shape)
+    padded = np.pad(x.sum(axis=0), ((top, bottom), (left, right), (0, 0)))  # images summed: the means are linear
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    means = np.empty((kh, kw, x.shape[3]))
+    for i in range(kh):
+        for j in range(kw):  # tap (i, j) reads padded rows i*dh + oy*sh, columns j*dw + ox*sw
+            tap = padded[i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+            means[i, j] = tap.sum(axis=(0, 1)) / (oh * ow)
+    return means
 
 
 def _delta(layer: QuantizedLayer, kind: str, flags: int, means: np.ndarray, groups: int) -> np.ndarray:
@@ -57,26 +66,19 @@ def _delta(layer: QuantizedLayer, kind: str, flags: int, means: np.ndarray, grou
     return per_group[np.arange(oc), np.arange(oc) // (oc // groups)]
 
 
-def correct_biases(graph: Int8Graph, batches: Sequence[Sequence[np.ndarray]]) -> None:
+def correct_biases(graph: Int8Graph, means: dict[int, np.ndarray]) -> None:
     """Re-quantize every int8 layer's bias of ``graph`` from ``b + delta`` (module docstring);
-    ``batches``: the calibration inputs as the graph takes them."""
-    if not graph.layers:
-        return
+    ``means``: float-graph node index -> the float input's per-tap means (``tap_means``, averaged
+    over the calibration batches), before equalization."""
     g = graph.graph
-    exposed = Exposed(g, sorted({layer.input_id for layer in graph.layers
-                                 if not g.value(layer.input_id).is_input}))
-    sums: list[np.ndarray] = []
-    for b, batch in enumerate(batches):
-        values = exposed.run(batch)
-        for k, layer in enumerate(graph.layers):
-            m = _tap_means(layer, graph, values[layer.input_id])
-            if b == 0:
-                sums.append(m)
-            else:
-                sums[k] += m
-    for k, layer in enumerate(graph.layers):
+    factors = {e.value: e.factors for e in graph.equalized}
+    for layer in graph.layers:
         node = g.nodes[layer.node]
-        means = sums[k] / len(batches)
-        delta = _delta(layer, node.kind, node.flags, means, int(node.params.get("groups", 1)))
+        if layer.source not in means:
+            continue
+        m = means[layer.source]
+        if layer.input_source in factors:  # the layer reads its input divided by these
+            m = m / factors[layer.input_source].astype(np.float64)
+        delta = _delta(layer, node.kind, node.flags, m, int(node.params.get("groups", 1)))
         corrected = (layer.bias.astype(np.float64) + delta).astype(np.float32)
         g.value(layer.bias_id).constant = quantize_bias(corrected, layer.input_scale, layer.stored.scale).to_bytes()

@@ -117,6 +117,8 @@ class QuantizedLayer:
     input_id: int  # in the int8 graph
     input_scale: float
     float_bias: np.ndarray
+    source: int = -1  # the float graph's node index
+    input_source: int = -1  # the float graph's input value id
 
 
 @dataclass(frozen=True)
@@ -620,7 +622,7 @@ class Rewrite:
         s_x = self.quant(n.inputs[0])[0]
         wid = self.out.constant(stored)
         bid = self.out.constant(quantize_bias(bias, s_x, stored.scale))
-        return (x, wid, bid), QuantizedLayer(-1, n.inputs[1], w, bias, stored, bid, x, s_x, original)
+        return (x, wid, bid), QuantizedLayer(-1, n.inputs[1], w, bias, stored, bid, x, s_x, original, i, n.inputs[0])
 
     def _rows(self) -> None:
         """The report rows of quantized filters: scheme, bytes, SQNR; fp32 ones say why."""
