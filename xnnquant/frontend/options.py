@@ -124,7 +124,7 @@ class ExportOptions:
         if calibration is not None and not quantized:
             raise XnnquantError("calibration= has no use with fp32 weights: it calibrates quantized layers")
         if static is not None:
-            _check_static_int8(policy, chosen, calibration, state_dict)
+            _check_static_int8(policy, chosen, calibration, state_dict, dynamic_shapes)
         path = None
         if state_dict is not None:
             if not isinstance(state_dict, (str, os.PathLike)):
@@ -145,7 +145,8 @@ class ExportOptions:
                    dynamic_shapes, static)
 
 
-def _check_static_int8(policy: WeightPolicy, method: str, calibration: Any, state_dict: Any) -> None:
+def _check_static_int8(policy: WeightPolicy, method: str, calibration: Any, state_dict: Any,
+                       dynamic_shapes: Any) -> None:
     """What ``activations="qint8"`` needs of the other options."""
     from .weights import SchemeKind
 
@@ -161,6 +162,9 @@ def _check_static_int8(policy: WeightPolicy, method: str, calibration: Any, stat
     if state_dict is not None:
         raise XnnquantError("activations='qint8' needs the module's weights in memory to calibrate: a streaming "
                             "export (state_dict=) cannot")
+    if dynamic_shapes is not None:
+        raise XnnquantError("activations='qint8' calibrates the graph at the example inputs' shapes: dynamic_shapes= "
+                            "is not supported with it (export one program per shape)")
 
 
 def calibration_batches(batches: Any) -> tuple[tuple[Any, ...], ...]:

@@ -28,8 +28,8 @@ a wrong lowering is off by about its value's size.
 
 A static int8 export (``activations="qint8"``) is judged on its int8 graph the same way,
 every value in real units (codes dequantized); an ATen node whose output is qint8 is
-computed by torch in float64 on the dequantized int8 inputs it reads, with its stored
-filter and bias, and must lie within half an output step (plus its kernel's fixed-point
+computed by torch on the dequantized int8 inputs it reads, with its stored filter and
+bias, and must lie within half an output step (plus its kernel's fixed-point
 slack) of the graph's value: ``static_int8/check.py`` says why that bound holds.
 """
 
@@ -201,7 +201,7 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference
     quantized filter as its stored values); and the activations' values.
 
     ``int8`` (a node with a qint8 output): each activation is the qint8 value the int8 graph
-    reads, dequantized, the filter the stored one, and every tensor float64."""
+    reads, dequantized, and the filter the stored one."""
     import torch
 
     activations: list[np.ndarray] = []
@@ -216,15 +216,13 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference
             if reference is not None and not activations:
                 x = _quantized_input(x, reference)
             activations.append(x.numpy())
-            return x.double() if int8 is not None else x
+            return x.float() if int8 is not None else x
         if reference is not None and value is reference.weight:
             return torch.from_numpy(np.ascontiguousarray(reference.dequantized))
         if stored is not None and value is stored[0]:
-            return torch.from_numpy(np.ascontiguousarray(stored[1], np.float64))
+            return torch.from_numpy(np.ascontiguousarray(stored[1], np.float32))
         if isinstance(value, torch.SymInt):  # a dynamic size: its value at the example inputs
             return int(value.node.hint)
-        if int8 is not None and isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
-            return value.double()
         return value
 
     return torch.fx.node.map_arg(node.args, operand), torch.fx.node.map_arg(node.kwargs, operand), activations

@@ -12,10 +12,12 @@ lowering needs to know about another.
 =================  =================================================================
 ``cleanup``        drops the nodes that compute nothing: runtime checks
                    (``_assert_tensor_metadata``, ``_assert_scalar``, ...), copies and
-                   aliases, eval-mode dropout, conversions to the dtype already held
+                   aliases, eval-mode dropout, conversions to the dtype already held;
+                   in-place activations nothing else reads become functional
 ``constants``      computes every node whose inputs are all constants, with torch
                    (a transposed weight, a mask built from constants)
-``batch_norm``     folds an eval-mode batch norm into the convolution before it
+``batch_norm``     folds an eval-mode batch norm (either ATen op) into the convolution
+                   before it
 ``equalization``   with calibration statistics: per-channel scales for the linears
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
 =================  =================================================================

@@ -6,7 +6,10 @@
 * copies and aliases (``clone``, ``alias``, ``detach``, ``lift_fresh_copy``,
   ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` to the dtype the input already
   has (a memory-format change: layouts are the lowering's business): their users read
-  their input instead.
+  their input instead;
+* in-place activations (``relu_``, ``hardtanh_``, as ``nn.ReLU6(inplace=True)`` traces)
+  whose input nothing else reads: the functional op (no reader can tell the difference),
+  so that the program needs no decomposition (functionalization) for them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ CHECKS = (aten._assert_tensor_metadata.default, aten._assert_scalar.default, ate
 #: Ops whose result is their first argument's value.
 IDENTITIES = (aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
               aten.contiguous.default)
+#: In-place activations -> their functional op.
+IN_PLACE = {aten.relu_.default: aten.relu.default, aten.hardtanh_.default: aten.hardtanh.default}
+
+
+def functional_in_place(node: Any) -> bool:
+    """True for an in-place activation whose input only it reads (see the module docstring)."""
+    users = getattr(node.args[0], "users", None) if node.args else None
+    return node.target in IN_PLACE and users is not None and len(users) == 1
 
 
 def _dtype(node: Any) -> Any:
@@ -45,7 +56,7 @@ def passes_through(node: Any) -> bool:
     return False
 
 
-@rewrite("cleanup", handles=CHECKS + IDENTITIES + (aten.dropout.default,))
+@rewrite("cleanup", handles=CHECKS + IDENTITIES + (aten.dropout.default, *IN_PLACE))
 def cleanup(program: AtenProgram, options: Any) -> None:
     for node in list(program.graph.nodes):
         if node.op != "call_function":
@@ -54,3 +65,5 @@ def cleanup(program: AtenProgram, options: Any) -> None:
             program.graph.erase_node(node)
         elif passes_through(node):
             replace_uses(node, node.args[0])
+        elif functional_in_place(node):
+            node.target = IN_PLACE[node.target]

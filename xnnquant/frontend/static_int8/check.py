@@ -1,7 +1,7 @@
 """What the self-check needs to judge a static int8 graph against torch (``selfcheck.py``).
 
-An ATen node whose output is a qint8 value is computed by torch in float64 on the real
-values of its inputs as the int8 graph feeds them (each int8 input dequantized exactly:
+An ATen node whose output is a qint8 value is computed by torch on the real values of its
+inputs as the int8 graph feeds them (each int8 input dequantized exactly:
 ``(code - zero_point) * scale``), with its filter replaced by the stored one (dequantized,
 in the torch argument's layout) and the bias correction added along the output
 channels.  That result, clipped to the output's grid ``[(-128 - zp) s, (127 - zp) s]``
@@ -28,9 +28,9 @@ data movement, clamps, max     0          codes moved or compared, never recompu
 pooling
 =============================  =========  ==========================================================
 
-and ``TOLERANCE * max |reference|`` (``graph.divergence``) covers torch's own float
-sums.  A wrong scale, zero point, bias or filter layout moves outputs by a step or more,
-and is caught.
+and ``TOLERANCE * max |reference|`` (``graph.divergence``) covers torch's own float32
+sums (about 1e-6 of the sum of the terms' magnitudes).  A wrong scale, zero point, bias
+or filter layout moves outputs by a step or more, and is caught.
 """
 
 from __future__ import annotations
