@@ -34,7 +34,7 @@ from ..exported import TensorIO
 from .bias_correction import correct_biases, tap_means
 from .observe import Exposed
 from .ranges import ValueStats
-from .rewrite import WEIGHTED, Boundary, Int8Graph, rewrite
+from .rewrite import WEIGHTED, Boundary, Int8Graph, Rewrite
 
 __all__ = ["Boundary", "Calibration", "Int8Graph", "calibrate", "describe", "graph_batches", "quantize"]
 
@@ -93,8 +93,8 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
     filtered = [(i, n) for i, n in enumerate(graph.nodes) if n.kind in WEIGHTED]
     watched = [vid for n in graph.nodes if n.kind not in DATA_MOVEMENT for vid in n.outputs
                if not graph.value(vid).is_output]
-    watched += [n.inputs[0] for _, n in filtered if n.inputs[0] not in watched and
-                not graph.value(n.inputs[0]).flags]
+    watched += [n.inputs[0] for _, n in filtered if not graph.value(n.inputs[0]).flags]
+    watched = list(dict.fromkeys(watched))  # each value once, in order
     stats = {vid: ValueStats(describe(graph, vid, sources, inputs)) for vid in [*graph.inputs, *watched,
                                                                               *graph.outputs]}
     exposed = Exposed(graph, watched)
@@ -151,8 +151,8 @@ def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[A
              calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
              equalize: bool) -> StaticResult:
     """Stages 2 and 3 of the module docstring on float graph ``graph``."""
-    result = rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
-                     method=method, equalize=equalize)
+    result = Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
+                     method=method, equalize=equalize).run()
     if bias_correction:
         correct_biases(result, calibration.means)
     return StaticResult(result, graph, calibration.stats)

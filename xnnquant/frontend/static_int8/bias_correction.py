@@ -79,6 +79,15 @@ def correct_biases(graph: Int8Graph, means: dict[int, np.ndarray]) -> None:
         m = means[layer.source]
         if layer.input_source in factors:  # the layer reads its input divided by these
             m = m / factors[layer.input_source].astype(np.float64)
-        delta = _delta(layer, node.kind, node.flags, m, int(node.params.get("groups", 1)))
-        corrected = (layer.bias.astype(np.float64) + delta).astype(np.float32)
-        g.value(layer.bias_id).constant = quantize_bias(corrected, layer.input_scale, layer.stored.scale).to_bytes()
+        layer.means = m
+        g.value(layer.bias_id).constant = quantize_bias(corrected_bias(layer, node), layer.input_scale,
+                                                        layer.stored.scale).to_bytes()
+
+
+def corrected_bias(layer: QuantizedLayer, node: Node) -> np.ndarray:
+    """float32 ``(OC,)``: the layer's float bias plus its mean shift ``delta`` (module docstring;
+    the float bias when ``layer.means`` is None)."""
+    if layer.means is None:
+        return layer.bias
+    delta = _delta(layer, node.kind, node.flags, layer.means, int(node.params.get("groups", 1)))
+    return (layer.bias.astype(np.float64) + delta).astype(np.float32)

@@ -29,8 +29,15 @@ pooling
 =============================  =========  ==========================================================
 
 and ``TOLERANCE * max |reference|`` (``graph.divergence``) covers torch's own float32
-sums (about 1e-6 of the sum of the terms' magnitudes).  A wrong scale, zero point, bias
-or filter layout moves outputs by a step or more, and is caught.
+sums (about 1e-6 of the sum of the terms' magnitudes).  A wrong scale, zero point or
+layout moves outputs by a step or more, and is caught.
+
+The stored filters and biases, which those comparisons take as given, are checked
+against the module's own by ``check_layers``: each equalized float filter is the module's
+times its factors (float32 rounding apart), each stored filter's codes are that filter
+divided by its scales, rounded (within half a code, or saturated), and each stored bias
+is the float bias (equalized) plus the bias correction recomputed from the stored filter
+(within half a bias step).
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
+from ...errors import SelfCheckError
 from ...graph import Graph, int8
 from ...graph.rules import DATA_MOVEMENT
-from .rewrite import Int8Graph
+from .bias_correction import corrected_bias
+from .rewrite import Int8Graph, _out_axis
 
 SLACK = {"XNNStaticResizeBilinear2D": 0.13, "XNNLeakyReLU": 0.5}
 DEFAULT_SLACK = 1e-3
@@ -124,3 +134,66 @@ def int8_check(result: Int8Graph, sources: list[tuple[str, str, str]], filters: 
         check.bias_delta[name] = (stored.codes.astype(np.float64) * np.asarray(stored.scale, np.float64)
                                   - layer.float_bias.astype(np.float64))
     return check
+
+
+def _equalized(result: Int8Graph, filter_id: int, node_index: int, original: np.ndarray) -> np.ndarray:
+    """The module's filter (float graph, graph layout) times the equalization factors of its node's
+    output channels (divided) and input channels (multiplied), float64."""
+    assert result.source is not None
+    node = result.source.nodes[node_index]
+    w = original.astype(np.float64)
+    for e in result.equalized:
+        f = e.factors.astype(np.float64)
+        if node_index in e.producers and e.value == node.outputs[0]:
+            shape = [1] * w.ndim
+            shape[_out_axis(node)] = -1
+            w = w / f.reshape(shape)
+        if node_index in e.readers and e.value == node.inputs[0]:
+            if node.kind == "XNNFullyConnected":
+                w = w * (f[:, None] if node.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else f[None, :])
+            elif node.kind == "XNNDepthwiseConv2d":
+                w = w * np.repeat(f, w.shape[3] // f.size)[None, None, None, :]
+            else:
+                groups = int(node.params.get("groups", 1))
+                oc, kh, kw, cg = w.shape
+                w = (w.reshape(groups, oc // groups, kh, kw, cg) * f.reshape(groups, 1, 1, 1, cg)).reshape(w.shape)
+    return w
+
+
+def check_layers(result: Int8Graph, sources: list[tuple[str, str, str]]) -> None:
+    """``SelfCheckError`` unless every int8 layer's stored filter and bias are the module's
+    (module docstring)."""
+    assert result.source is not None
+    for layer in result.layers:
+        node = result.graph.nodes[layer.node]
+        handle = node.debug_handle
+        op, name, path = sources[handle - 1] if 0 < handle <= len(sources) else (node.kind, str(layer.node), "")
+        where = f"{op} (node {name}, module {path or '<top level>'})"
+        original = result.source.value(layer.filter_id).array()
+        expected = _equalized(result, layer.filter_id, layer.source, original)
+        equalized = layer.weights.astype(np.float64)
+        if not np.allclose(equalized, expected, rtol=1e-5, atol=1e-30 + 1e-6 * float(np.abs(expected).max())):
+            raise SelfCheckError(f"self-check failed at {where}: its equalized float filter is not the module's "
+                                 "filter times its equalization factors; please report it")
+        stored = layer.stored
+        scales = np.asarray(stored.scale, np.float64)
+        shape = [1] * equalized.ndim
+        shape[stored.channel_dim or 0] = -1
+        ideal = equalized / scales.reshape(shape)
+        codes = stored.codes.astype(np.float64)
+        inside = np.abs(ideal) < 127  # saturated codes may be clipped by the scale search
+        if not np.all(np.abs(codes - ideal)[inside] <= 0.5 + 1e-3) or np.any(np.abs(codes) > 128):
+            raise SelfCheckError(f"self-check failed at {where}: its stored int8 filter is not its float filter "
+                                 "divided by its scales and rounded; please report it")
+        bias = result.graph.value(layer.bias_id).quantized_tensor()
+        assert bias is not None
+        bias_scale = np.asarray(bias.scale, np.float64)
+        want = corrected_bias(layer, result.source.nodes[layer.source]).astype(np.float64)
+        # half a step, plus the float32 product b * (1 / scale) that xq.quantize_bias rounds (2 ulp)
+        bound = 0.5 * bias_scale + 2.5e-7 * np.abs(want)
+        off = np.abs(bias.codes.astype(np.float64) * bias_scale - want)
+        if not np.all(off <= bound):
+            c = int(np.argmax(off - bound))
+            raise SelfCheckError(f"self-check failed at {where}: its stored int32 bias is not its float bias plus "
+                                 f"its bias correction (channel {c}: {off[c]:.4g} away, bound {bound[c]:.4g}); "
+                                 "please report it")

@@ -119,6 +119,8 @@ class QuantizedLayer:
     float_bias: np.ndarray
     source: int = -1  # the float graph's node index
     input_source: int = -1  # the float graph's input value id
+    #: the bias correction's input means (``bias_correction.tap_means``, equalized), None without it
+    means: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ class Int8Graph:
     equalized: list[Equalized] = field(default_factory=list)
     #: float-graph filter id -> the float filter after equalization (graph layout)
     filters: dict[int, np.ndarray] = field(default_factory=dict)
+    #: the float graph it was made from
+    source: Graph | None = None
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -526,6 +530,7 @@ class Rewrite:
                             and n.kind not in DATA_MOVEMENT} - handles_float
         res.quant = {vid: self.quant(vid) for vid in self.group}
         res.filters = dict(self.weights)
+        res.source = self.src
         self._rows()
         return res
 
@@ -682,11 +687,3 @@ def _by_input_channel(n: Node, w: np.ndarray) -> np.ndarray:
     groups = int(n.params.get("groups", 1))
     oc, kh, kw, cg = w.shape
     return np.abs(w.reshape(groups, oc // groups, kh * kw, cg)).max(axis=(1, 2)).reshape(groups * cg)
-
-
-def rewrite(graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
-            rows: list[ReportRow], filters: dict[int, Any], *, ranges: str = "mse", percentile: float = 99.99,
-            method: str = "mse", equalize: bool = False) -> Int8Graph:
-    """The static int8 graph of float graph ``graph`` (module docstring)."""
-    return Rewrite(graph, sources, stats, rows, filters, ranges=ranges, percentile=percentile, method=method,
-                   equalize=equalize).run()
