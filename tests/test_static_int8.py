@@ -182,6 +182,8 @@ def test_calibration_choices_are_options() -> None:
         assert exported.activations == str(choice)
     assert str(xq.StaticInt8()) == "qint8"
     assert str(xq.StaticInt8(ranges="percentile", percentile=99.9)) == "qint8(ranges=percentile@99.9)"
+    assert str(xq.StaticInt8(ranges="mse", equalize=False)) == "qint8(ranges=mse, equalize=False)"
+    assert str(xq.StaticInt8(bias_correction=False)) == "qint8(bias_correction=False)"
 
 
 # ------------------------------------------------------------------ the self-check

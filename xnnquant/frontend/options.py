@@ -50,9 +50,15 @@ class StaticInt8:
     cross-layer equalization of filtered pairs (``static_int8/rewrite.py``).
     ``bias_correction``: each quantized layer's bias corrected for the mean shift its
     quantized filter causes on the calibration inputs (``static_int8/bias_correction.py``).
+
+    Defaults by measurement (``benchmarks/static_int8.py``, ``notebooks/static_int8.ipynb``):
+    with equalization and bias correction, ``percentile`` gave the best output SQNR on
+    MobileNetV2 (18.1 dB against 17.7 for ``mse``, 17.5 for ``output_mse``, 17.2 for
+    ``minmax``, 96 held-out crops) and on both small CNNs (45.8 / 45.2 dB against 45.5 /
+    45.0 for ``mse``); equalization gave +2.3 dB on MobileNetV2, bias correction +1.8 dB.
     """
 
-    ranges: str = "mse"
+    ranges: str = "percentile"
     percentile: float = 99.99
     equalize: bool = True
     bias_correction: bool = True
@@ -70,7 +76,10 @@ class StaticInt8:
     def __str__(self) -> str:
         if self == StaticInt8():
             return "qint8"
-        parts = [f"ranges={self.ranges}" + (f"@{self.percentile:g}" if self.ranges == "percentile" else "")]
+        default = StaticInt8()
+        same_ranges = (self.ranges, self.percentile) == (default.ranges, default.percentile)
+        parts = [] if same_ranges else [
+            f"ranges={self.ranges}" + (f"@{self.percentile:g}" if self.ranges == "percentile" else "")]
         parts += [f"{name}={getattr(self, name)}" for name in ("equalize", "bias_correction")
                   if getattr(self, name) != getattr(StaticInt8(), name)]
         return f"qint8({', '.join(parts)})"

@@ -33,7 +33,9 @@ inside one node does not keep.
 
 Cross-layer equalization (``equalize``).  Where a filtered node's output feeds nothing but
 the next filtered node's input (with at most a clamp fused between, as ReLU and ReLU6
-are), the output's channels are divided by factors ``s`` and the next filter's input
+are; through adds of such values, a residual stream, and through channel-wise nodes:
+global average and max pooling, a reshape or slice keeping the channels whole, a zero
+padding), the output's channels are divided by factors ``s`` and the next filter's input
 channels multiplied by them (``W1 / s`` on output channels, ``b1 / s``, ``W2 * s`` on
 input channels): the per-tensor int8 grid of that activation then serves its small
 channels as well as its large ones.  Factors (from each channel's calibrated magnitude
@@ -43,9 +45,10 @@ loss, gets ``s_c = a_c / max(a)`` (every channel spread over the whole range); a
 connected or regular convolution reader, whose per-output-channel filter grid the
 factors change, ``s_c = sqrt(a_c / r_c)`` (SmoothQuant's balance), normalized so that
 the largest channel keeps its magnitude.  Through a ReLU or no clamp the rewrite is
-exact; through ReLU6 it keeps the per-tensor bound 6, which then cuts an amplified
-channel ``c`` at ``6 s_c`` of its own units, at or above its calibrated maximum (no
-channel ends above ``max(a) <= 6``): an int8 approximation like the grid's own clipping.
+exact; through ReLU6 (a group with one filtered producer) it keeps the per-tensor bound 6,
+which then cuts an amplified channel ``c`` at ``6 s_c`` of its own units, at or above its
+calibrated maximum (no channel ends above ``max(a) <= 6``): an int8 approximation like
+the grid's own clipping.
 
 Scales.  Values that a data-movement node links share one grid (a union-find over those
 nodes); the grid's range is chosen once from all its members' statistics
@@ -361,12 +364,12 @@ class Rewrite:
                 readers.setdefault(vid, []).append(i)
         sets = _Sets()
         for i, n in enumerate(src.nodes):
-            if n.kind in ("XNNAdd", "XNNSubtract") and i not in self.refusal:
+            if (n.kind in ("XNNAdd", "XNNSubtract") or self._channelwise(n)) and i not in self.refusal:
                 for vid in n.inputs:
                     sets.union(vid, n.outputs[0])
         groups: dict[int, list[int]] = {}
         for i, n in enumerate(src.nodes):
-            if i not in self.refusal and n.kind in (*WEIGHTED, "XNNAdd", "XNNSubtract"):
+            if i not in self.refusal and (n.kind in (*WEIGHTED, "XNNAdd", "XNNSubtract") or self._channelwise(n)):
                 groups.setdefault(sets.find(n.outputs[0]), []).append(n.outputs[0])
         for values in groups.values():
             group = set(values)
@@ -374,14 +377,15 @@ class Rewrite:
             if members is None:
                 continue
             producers, consumers = members
-            stats = [self.stats[v] for v in sorted(group)]
+            stats = [self.stats[v] for v in sorted(group) if v in self.stats]
             factors = self._factors(stats, [src.nodes[j] for j in consumers])
             for i in producers:
                 self._scale_output(i, factors)
             for j in consumers:
                 self._scale_input(src.nodes[j], factors)
             for v in group:
-                self.stats[v] = self.stats[v].scaled(factors)
+                if v in self.stats:
+                    self.stats[v] = self.stats[v].scaled(factors)
             self.result.equalized.extend(Equalized(tuple(producers), tuple(consumers), v, factors)
                                          for v in sorted(group))
 
@@ -390,26 +394,43 @@ class Rewrite:
         together (module docstring), or None."""
         src = self.src
         producers, consumers = [], []
+        bounded = sum(self.producer[v].kind in WEIGHTED for v in group if v in self.producer) == 1
         for v in group:
             n = self.producer.get(v)
             i = src.nodes.index(n) if n is not None else -1
-            if n is None or i in self.refusal or src.value(v).is_output or v not in self.stats:
+            observed = v in self.stats or (n is not None and n.kind in DATA_MOVEMENT)
+            if n is None or i in self.refusal or src.value(v).is_output or not observed:
                 return None
             if n.kind in WEIGHTED:
-                if not self._own_filter(n, readers) or not _scale_invariant(n, single=len(group) == 1):
+                if not self._own_filter(n, readers) or not _scale_invariant(n, single=bounded):
                     return None
                 producers.append(i)
-            elif any(u not in group for u in n.inputs) or not _scale_invariant(n, single=len(group) == 1):
+            elif any(u not in group for u in n.inputs) or not _scale_invariant(n, single=bounded):
                 return None  # an add of a value outside the group, or of a constant
             for j in readers.get(v, []):
                 r = src.nodes[j]
                 if r.kind in WEIGHTED and r.inputs[0] == v and v not in r.inputs[1:] and self._own_filter(r, readers):
                     consumers.append(j)
-                elif not (r.kind in ("XNNAdd", "XNNSubtract") and r.outputs[0] in group and j not in self.refusal):
+                elif not ((r.kind in ("XNNAdd", "XNNSubtract") or self._channelwise(r)) and r.outputs[0] in group
+                          and j not in self.refusal):
                     return None
         if not consumers or j_refused(consumers, self.refusal):
             return None
         return sorted(set(producers)), sorted(set(consumers))
+
+    def _channelwise(self, n: Node) -> bool:
+        """Whether ``n`` computes each channel (the last dim) from the same channel alone and
+        commutes with a positive scaling of the channels: global average pooling, max pooling, a
+        copy, a reshape or slice that keeps the last dim whole, a zero padding."""
+        if n.kind in ("XNNGlobalAvgPooling2d", "XNNMaxPooling2d", "XNNCopy"):
+            return True
+        dims_in, dims_out = self.src.value(n.inputs[0]).dims, self.src.value(n.outputs[0]).dims
+        last_kept = bool(dims_in) and bool(dims_out) and dims_in[-1] == dims_out[-1]
+        if n.kind in ("XNNStaticReshape", "XNNStaticSlice"):
+            return last_kept
+        if n.kind == "XNNStaticConstantPad":
+            return last_kept and n.params.get("padding_value", 0.0) == 0.0
+        return False
 
     def _own_filter(self, n: Node, readers: dict[int, list[int]]) -> bool:
         return len(readers.get(n.inputs[1], [])) == 1 and not n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS
