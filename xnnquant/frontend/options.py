@@ -52,11 +52,12 @@ class StaticInt8:
     quantized filter causes on the calibration inputs (``static_int8/bias_correction.py``).
 
     Defaults by measurement (MobileNetV2's logits on 96 held-out photo crops, the small
-    CNNs' outputs; ``notebooks/static_int8.ipynb``): with equalization and bias correction,
-    ``percentile`` gave the best SQNR on MobileNetV2 (18.1 dB; ``mse`` 17.7, ``output_mse``
-    17.6, ``minmax`` 17.2) and on both CNNs (45.8 / 45.2 dB; ``mse`` 45.5 / 45.0).  Both
-    together gain 1.7 dB for ``percentile`` (16.5 dB without either), 3.6 dB for ``mse``
-    and 5.1 dB for ``minmax`` (12.1 dB without either); bias correction alone gives 0.9 dB,
+    CNNs' outputs on 8 random inputs; ``notebooks/static_int8.ipynb``): with equalization
+    and bias correction, ``percentile`` gave the best SQNR on MobileNetV2 (18.1 dB; ``mse``
+    17.7, ``output_mse`` 17.6, ``minmax`` 17.2) and the four are within 0.2 dB of each
+    other on the CNNs (``percentile`` 47.5 / 46.4 dB).  Both together gain 1.7 dB for
+    ``percentile`` on MobileNetV2 (16.5 dB without either), 5.1 dB for ``minmax`` (12.1 dB),
+    and 2 to 4 dB on the CNNs; bias correction alone gives 0.9 dB on MobileNetV2,
     equalization alone nothing: its amplified channels meet their readers' filter errors,
     whose mean shift the correction removes.
     """
