@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from ...constants import MAX_NUM_EXTERNS
+from ...errors import UnsupportedConfigError
 from ...graph import Graph
 from ...graph.divergence import observable
+from ...graph.program import _captured_stderr
 
 
 class Exposed:
@@ -45,8 +47,19 @@ class Exposed:
             exposed.load_info = None
             for vid in chunk:
                 exposed.output(vid)
-            program = Runtime.get().load_program(to_pte(exposed.to_bytes(), dynamic=False))
-            self.methods.append((program, program.load_method("forward"), chunk))  # the program outlives its method
+            pte = to_pte(exposed.to_bytes(), dynamic=False)
+            with _captured_stderr() as log:  # the runtime's CPU probe and errors: kept out of the user's stderr
+                try:
+                    program = Runtime.get().load_program(pte)
+                    method = program.load_method("forward")
+                except RuntimeError as exc:
+                    failure: Exception | None = exc
+                else:
+                    failure = None
+            if failure is not None:
+                raise UnsupportedConfigError(f"the ExecuTorch runtime refused the graph exposed for calibration: "
+                                             f"{failure}; runtime log: {' | '.join(log[0].splitlines()[-8:])}")
+            self.methods.append((program, method, chunk))  # the program outlives its method
 
     def run(self, inputs: Sequence[np.ndarray]) -> dict[int, np.ndarray]:
         """Every exposed value and every graph output on ``inputs`` (as ``graph.run`` takes them, at
@@ -57,7 +70,17 @@ class Exposed:
         tensors = [torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
         found: dict[int, np.ndarray] = {}
         for _, method, chunk in self.methods:
-            results = [r.numpy() for r in method.execute(tensors)]
+            with _captured_stderr() as log:
+                try:
+                    results = [r.numpy() for r in method.execute(tensors)]
+                except RuntimeError as exc:
+                    failure: Exception | None = exc
+                else:
+                    failure = None
+            if failure is not None:
+                raise UnsupportedConfigError(f"the ExecuTorch runtime failed to run the graph exposed for "
+                                             f"calibration: {failure}; runtime log: "
+                                             f"{' | '.join(log[0].splitlines()[-8:])}")
             outputs = len(results) - len(chunk)
             found.update(zip(self.graph.outputs, results[:outputs]))
             found.update(zip(chunk, results[outputs:]))
