@@ -40,7 +40,7 @@ channels multiplied by them (``W1 / s`` on output channels, ``b1 / s``, ``W2 * s
 input channels): the per-tensor int8 grid of that activation then serves its small
 channels as well as its large ones.  Factors (from each channel's calibrated magnitude
 ``a_c`` and the next filter's magnitude ``r_c`` along that input channel, clipped to
-``[1/64, 64]``): a depthwise reader, whose per-channel filter takes any factor without
+``[1/16, 16]``): a depthwise reader, whose per-channel filter takes any factor without
 loss, gets ``s_c = a_c / max(a)`` (every channel spread over the whole range); a fully
 connected or regular convolution reader, whose per-output-channel filter grid the
 factors change, ``s_c = sqrt(a_c / r_c)`` (SmoothQuant's balance), normalized so that
@@ -89,8 +89,9 @@ UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeak
 COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
 #: The largest ``input_scale * filter_scale / output_scale`` XNNPACK takes is below 256.
 MAX_REQUANTIZATION = 256.0
-#: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``.
-EQUALIZATION_LIMIT = 64.0
+#: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``: MobileNetV2's
+#: logits SQNR (96 held-out crops) is flat from 4 to 16 (18.5 dB), lower at 32 (18.3) and 64 (18.1).
+EQUALIZATION_LIMIT = 16.0
 
 
 @dataclass(frozen=True)
