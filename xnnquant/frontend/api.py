@@ -274,8 +274,9 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
                                else "skipped: a saved program has no module to compare with")
     else:
         from .selfcheck import self_check
+        from .static_int8.observe import one_torch_thread
 
-        with stage("check", timings):
+        with stage("check", timings), one_torch_thread():  # numpy's BLAS threads need the cores torch's spin on
             exported.self_check = self_check(eager, example_inputs, traced, program, lowered, int8)
     return exported
 

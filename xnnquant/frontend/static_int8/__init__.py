@@ -32,7 +32,7 @@ from ...graph import Graph
 from ...graph.rules import DATA_MOVEMENT
 from ..exported import TensorIO
 from .bias_correction import correct_biases, tap_means
-from .observe import Exposed
+from .observe import Exposed, one_torch_thread
 from .ranges import ValueStats
 from .rewrite import WEIGHTED, Boundary, Int8Graph, Rewrite
 
@@ -101,15 +101,16 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
     rng = np.random.default_rng(seed)
     means: dict[int, np.ndarray] = {}
     images = 0
-    for batch in batches:
-        values = exposed.run(batch)
-        for vid, s in stats.items():
-            if vid in values and values[vid].dtype == np.float32:
-                s.add(values[vid], rng)
-        for i, n in filtered:
-            m = tap_means(n, values[n.inputs[0]])
-            means[i] = m if i not in means else means[i] + m
-        images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
+    with one_torch_thread():
+        for batch in batches:
+            values = exposed.run(batch)
+            for vid, s in stats.items():
+                if vid in values and values[vid].dtype == np.float32:
+                    s.add(values[vid], rng)
+            for i, n in filtered:
+                m = tap_means(n, values[n.inputs[0]])
+                means[i] = m if i not in means else means[i] + m
+            images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
     return Calibration(stats, {i: m / images for i, m in means.items()})
 
 
@@ -135,7 +136,8 @@ class StaticResult:
         signal = dict.fromkeys(pairs, 0.0)
         noise = dict.fromkeys(pairs, 0.0)
         for batch in batches:
-            f, q = floats.run(batch), ints.run(batch)
+            with one_torch_thread():
+                f, q = floats.run(batch), ints.run(batch)
             for fv, iv in pairs.items():
                 if fv in f and iv in q:
                     real = int8_math.dequantize(q[iv], *int8_math.quant(self.int8.graph.value(iv)))
