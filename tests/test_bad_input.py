@@ -495,7 +495,7 @@ def test_verify_module_must_be_callable(exported: xq.Exported) -> None:
      "calibration batch 0, input 0 is torch.int64 of shape (2, 64): expected torch.float32 of rank 2, as example "
      "input 0 (2, 64)"),
     (dict(activations=np.zeros(2)), "unknown activations: got ndarray of shape (2,) float64, expected one of "
-                                    "'dynamic'"),
+                                    "'dynamic', 'qint8' or an xq.StaticInt8(...)"),
 ])
 def test_export_arguments(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(XnnquantError) as info:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-EXPECTED = ("scheme_accuracy", "bf16_scales", "activations", "outliers", "activation_aware", "executorch_flow")
+EXPECTED = ("scheme_accuracy", "bf16_scales", "activations", "outliers", "activation_aware", "executorch_flow",
+            "static_int8")
 
 
 def _cells(name: str) -> list[dict]:

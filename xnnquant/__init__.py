@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import Exported, FallbackWarning, check, export
+from .frontend import Exported, FallbackWarning, StaticInt8, check, export
 from .frontend.divergence import VerifyReport, verify
 from .schemes import (
     Calibration,
@@ -45,6 +45,7 @@ __all__ = [
     "QuantizedTensor",
     "RuntimeCrashError",
     "RuntimeTimeoutError",
+    "StaticInt8",
     "UnsupportedConfigError",
     "VerifyReport",
     "XnnquantError",

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 from ..arguments import MAX_SECONDS
 from ..errors import XnnquantError
@@ -95,16 +96,41 @@ def _export(args: argparse.Namespace) -> None:
     module, example = load_model(args.model)
     with contextlib.redirect_stderr(args.terminal):  # the progress bar shows; libraries' chatter does not
         fallback = None if args.fallback.strip().lower() == "none" else args.fallback
+        calibration = load_calibration(args.calibration) if args.calibration else None
         exported = xq.export(module, example, weights=args.weights, method=args.method, fallback=fallback,
                              target=args.target, progress=not args.no_progress, state_dict=args.weights_from,
                              dynamic_shapes=dynamic_shapes(args.dynamic, len(example or ())),
-                             embeddings=args.embeddings)
+                             embeddings=args.embeddings, activations=args.activations,
+                             calibration=calibration)
         path = exported.save(args.output)  # a streaming export quantizes here
     if args.json:
         print(exported.to_json())
         return
     seconds = sum(exported.timings.values())
     print(f"{exported}\nwrote {path} ({Path(path).stat().st_size:,} bytes), exported in {seconds:.2f} s")
+
+
+def load_calibration(spec: str) -> Any:
+    """The calibration batches of ``--calibration package.module:function`` (the function's
+    return value: an iterable of input tuples)."""
+    import importlib
+
+    expected = "expected package.module:function, a callable returning an iterable of input tuples"
+    name, sep, attr = spec.partition(":")
+    if not sep or not name or not attr:
+        raise XnnquantError(f"--calibration {spec!r} does not resolve: {expected}")
+    try:
+        function = getattr(importlib.import_module(name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise XnnquantError(f"--calibration {spec!r} does not resolve: {exc} ({expected})") from None
+    if not callable(function):
+        raise XnnquantError(f"--calibration {spec!r}: {attr!r} is {type(function).__name__}, not callable ({expected})")
+    try:
+        return function()
+    except XnnquantError:
+        raise
+    except Exception as exc:  # whatever the user's function raises: say which one it was
+        raise XnnquantError(f"--calibration {spec!r}: the function raised {type(exc).__name__}: {exc}") from exc
 
 
 def dynamic_shapes(specs: list[str], inputs: int) -> tuple[dict[int, object], ...] | None:
@@ -261,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a dynamic dim: torch.export.Dim(NAME, min=MIN, max=MAX) for dim DIM of input INPUT "
                              "(0-based), e.g. seq:1:128:0.1,1.1; repeat for several dims")
     export.add_argument("--target", default="1.4.1", help="1.4.1 (default) or xn01 (XN01 node kinds only)")
+    export.add_argument("--activations", default="dynamic", choices=("dynamic", "qint8"),
+                        help="dynamic (int8 per token at run time, default) or qint8 (full-integer static int8: "
+                             "needs --weights qc8w and --calibration)")
+    export.add_argument("--calibration", default=None, metavar="package.module:function",
+                        help="a callable returning the calibration batches (an iterable of input tuples)")
     export.add_argument("--weights-from", default=None, metavar="FILE.safetensors",
                         help="streaming export: the module is built on the meta device and its tensors are read "
                              "from this file one at a time while the output is written")

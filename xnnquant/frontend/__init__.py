@@ -9,7 +9,8 @@ Data flows one way::
 ``api`` runs the stages; ``options`` parses every argument once; ``weights`` is the one
 weight policy (the scheme table and the fallback rule); ``calibration`` gathers the
 linears' input statistics; ``streaming`` reads a meta module's weights from a
-safetensors file; ``selfcheck`` compares the result with the module; ``exported`` is
+safetensors file; ``static_int8`` turns the float graph into a full-integer int8
+one; ``selfcheck`` compares the result with the module; ``exported`` is
 what ``xq.export`` returns; ``divergence`` is ``xq.verify``.
 
 Importing this package does not import torch: ``export`` does, on first call.
@@ -17,8 +18,9 @@ Importing this package does not import torch: ``export`` does, on first call.
 
 from .api import CheckReport, FallbackWarning, check, export
 from .exported import Exported, TensorIO
+from .options import StaticInt8
 from .report import ReportRow
 from .weights import SchemeKind, WeightScheme
 
-__all__ = ["CheckReport", "Exported", "FallbackWarning", "ReportRow", "SchemeKind", "TensorIO", "WeightScheme",
-           "check", "export"]
+__all__ = ["CheckReport", "Exported", "FallbackWarning", "ReportRow", "SchemeKind", "StaticInt8", "TensorIO",
+           "WeightScheme", "check", "export"]

@@ -17,6 +17,10 @@ Stages, each timed in ``Exported.timings`` (seconds):
                 when the batches' shapes differ from the example's
                 (``batches.CalibrationData.programs_for``)
 ``lower``       lowering node by node, quantizing each weight on the way
+``calibrate``   static int8 only: the float graph run on the real XNNPACK on the
+                ``calibration`` batches (``static_int8``)
+``quantize``    static int8 only: the float graph rewritten into int8, biases
+                corrected (``static_int8``)
 ``write``       the payload bytes (``Graph.to_bytes``)
 ``check``       the self-check: the graph against the module (``selfcheck.py``)
 ==============  ===============================================================
@@ -34,7 +38,7 @@ from typing import Any
 
 from ..errors import XnnquantError, missing_extra
 from .exported import Exported
-from .options import ExportOptions
+from .options import ExportOptions, StaticInt8
 from .program import AtenProgram
 from .report import ReportRow, stage
 
@@ -213,8 +217,8 @@ def _statistics(module: Any, program: Any, options: ExportOptions, timings: dict
     """Calibration statistics of the layers (None without ``calibration=``), from the batches
     run through ``program`` (after the passes before calibration) or, when their shapes
     differ from the example's, through the module traced on them."""
-    if options.calibration is None:
-        return None
+    if options.calibration is None or options.static_int8 is not None:
+        return None  # static int8 calibrates the lowered graph itself (static_int8.calibrate)
     from .calibration import statistics
 
     with stage("calibrate", timings):
@@ -248,7 +252,13 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     ``fallback``: what a layer that cannot take ``weights`` gets: ``"auto"`` (default: the
     most compact scheme XNNPACK computes right for it), None (refuse it), or the scheme(s)
     to try in order; the report names every fallback and its reason.
-    ``activations``: ``"dynamic"`` (int8 per token, quantized at run time).
+    ``activations``: ``"dynamic"`` (int8 per token, quantized at run time), or ``"qint8"``
+    (full-integer static int8, with ``weights="qc8w"`` and ``calibration=``: every activation
+    gets one scale and zero point chosen from the calibration batches, every node XNNPACK
+    computes in int8 runs in int8, converts stand only at the graph's edges and around the
+    nodes that have no int8 form, each listed in ``Exported.boundaries`` with its reason;
+    ``xq.StaticInt8(ranges=..., equalize=..., bias_correction=...)`` spells out the
+    choices, see ``static_int8``; the whole program must run in XNNPACK).
     ``target``: ``"1.4.1"`` (default; uses XNNGelu, XNNTanh, ...) or ``"xn01"`` (the XN01
     schema's node kinds only; ``"seed"`` is the same).
     ``state_dict``: a safetensors file holding the module's parameters and buffers, for a
@@ -312,7 +322,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         partition = _partitioned(program, options, pass_options)
         partition.raise_problems()
         members = partition.delegates
-    weights = WeightOptions(options.policy, options.method, statistics)
+    static = options.static_int8
+    if static is not None and members is not None:
+        _refuse_mixed_static(program)
+    policy = options.policy if static is None else _float_policy()
+    weights = WeightOptions(policy, options.method, statistics)
     bar = _progress(options.progress, f"export {options.policy.weights}")
     delegates: list[Lowered | None]
     with stage("lower", timings):
@@ -326,7 +340,16 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if members is None:
         rows = lowered.rows
     rows[:0] = embedding_rows(program)  # in place: a streaming export fills its rows in when it writes
-    if members is None:
+    int8 = None
+    if static is not None:
+        assert options.calibration is not None  # ExportOptions.parse requires it
+        result = _static_int8(lowered, options.calibration.batches, static, options.method, timings)
+        int8 = result.int8
+        exported = Exported(int8.graph, int8.rows, options.policy.weights, options.method, options.target,
+                            lowered.inputs, lowered.outputs, timings, lowered.sources,
+                            activations=str(static), boundaries=[str(b) for b in int8.boundaries])
+        exported.static_int8 = result
+    elif members is None:
         exported = Exported(lowered.graph, rows, options.policy.weights, options.method, options.target,
                             lowered.inputs, lowered.outputs, timings, lowered.sources)
     else:
@@ -347,8 +370,46 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
         with stage("check", timings), single_threaded():
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
-                                             exported if members is not None else None)
+                                             exported if members is not None else None, int8)
     return exported
+
+
+def _float_policy() -> Any:
+    """Static int8 lowers every layer in fp32 first; its rewrite quantizes them (``static_int8``)."""
+    from .weights import WeightPolicy
+
+    return WeightPolicy("fp32", None)
+
+
+def _refuse_mixed_static(program: AtenProgram) -> None:
+    """Static int8 rewrites one XNNPACK graph: a program with nodes outside XNNPACK is refused."""
+    from ..errors import UnsupportedConfigError
+    from .lowering import op_name
+    from .passes.partition import PARTITION, PORTABLE, WHY
+
+    outside = [n for n in program.graph.nodes if n.op == "call_function" and n.meta.get(PARTITION) == PORTABLE]
+    lines = "\n".join(f"  - {op_name(n.target)} ({n.meta.get(WHY, 'not lowered')}; module "
+                      f"{AtenProgram.module_path(n) or '<top level>'})" for n in outside[:8])
+    more = f"\n  ... and {len(outside) - 8} more" if len(outside) > 8 else ""
+    raise UnsupportedConfigError(
+        f"activations='qint8' rewrites one XNNPACK graph into int8, and {len(outside)} node(s) of this program "
+        f"would run on ExecuTorch's portable kernels:\n{lines}{more}\nexpected a program XNNPACK runs whole "
+        "(as strict=True requires), or activations='dynamic'")
+
+
+def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str, timings: dict[str, float]) -> Any:
+    """The float graph ``lowered`` as a static int8 graph (``static_int8``); stages ``calibrate`` and
+    ``quantize``."""
+    from . import static_int8
+
+    batches = static_int8.graph_batches(calibration, lowered.inputs)
+    with stage("calibrate", timings):
+        seen = static_int8.calibrate(lowered.graph, batches, lowered.sources, lowered.inputs)
+    with stage("quantize", timings):
+        result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters, seen,
+                                      ranges=static.ranges, percentile=static.percentile, method=method,
+                                      bias_correction=static.bias_correction, equalize=static.equalize)
+    return result
 
 
 #: Partition rounds: each sends the nodes a delegate's lowering refused to the portable kernels.

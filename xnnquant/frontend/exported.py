@@ -122,6 +122,13 @@ class Exported:
     builder: Any = None
     #: how embedding tables are stored (``weights.EmbeddingScheme``; None: float32)
     embeddings: Any = None
+    #: ``"dynamic"``, or the static int8 choices (``"qint8"``, ``StaticInt8``'s spelling)
+    activations: str = "dynamic"
+    #: static int8: where the graph converts between fp32 and qint8, and why (one line each)
+    boundaries: list[str] = field(default_factory=list)
+    #: static int8: what its stages made (``static_int8.StaticResult``: the float graph, the int8
+    #: one, the calibration statistics), for inspection; None otherwise
+    static_int8: Any = None
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -243,6 +250,7 @@ class Exported:
         return {"weights": str(self.weights),
                 "embeddings": None if self.embeddings is None else str(self.embeddings),
                 "method": self.method, "target": str(self.target),
+                "activations": str(self.activations), "boundaries": list(self.boundaries),
                 "delegates": len(graphs), "portable_nodes": sum(p.where == "portable kernels" for p in self.placement),
                 "nodes": sum(len(g.nodes) for g in graphs), "values": sum(len(g.values) for g in graphs),
                 **totals(self.report), "timings": dict(self.timings)}
@@ -258,8 +266,13 @@ class Exported:
     def __str__(self) -> str:
         if not self.mixed:
             head = (f"xnnquant export: weights {self.weights}{self._tables}, method {self.method}, target "
-                    f"{self.target}; {len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
-            return head + "\n" + format_report(self.report)
+                    f"{self.target}" + ("" if self.activations == "dynamic" else f", activations {self.activations}")
+                    + f"; {len(self.graph.nodes)} nodes, {len(self.graph.values)} values")
+            text = head + "\n" + format_report(self.report)
+            if self.activations != "dynamic":
+                text += f"\nfp32 <-> qint8 boundaries ({len(self.boundaries)}):" + "".join(
+                    f"\n  {b}" for b in self.boundaries)
+            return text
         return self.delegation_report() + "\n" + format_report(self.report)
 
     @property

@@ -27,11 +27,18 @@ The bound is ``graph.divergence.TOLERANCE`` (1e-4) relative to the larger of the
 largest magnitude and 1% of its inputs' largest magnitude: one node's float32 sums taken
 in another order, or a subtraction's rounding of large inputs, stay far below it, while
 a wrong lowering is off by about its value's size.
+
+A static int8 export (``activations="qint8"``) is judged on its int8 graph the same way,
+every value in real units (codes dequantized); an ATen node whose output is qint8 is
+computed by torch on the dequantized int8 inputs it reads, with its stored filter and
+bias, and must lie within half an output step (plus its kernel's fixed-point
+slack) of the graph's value: ``static_int8/check.py`` says why that bound holds.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import operator
 from collections.abc import Sequence
@@ -49,20 +56,28 @@ from .lowering import op_name
 from .lowering.context import Activation, QuantizedReference, inverse
 from .lowering.walk import Lowered
 from .program import AtenProgram
+from .static_int8.check import Int8Check, check_layers, int8_check
+from .static_int8.rewrite import Int8Graph
 
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """What the self-check compared (``print`` it)."""
+    """What the self-check compared (``print`` it).  ``int8_nodes``: of ``nodes``, those with a
+    qint8 output, judged within their bound (``worst_int8_steps``: the largest difference in
+    output steps)."""
 
     nodes: int
     worst_node_error: float
     eager_error: float
+    int8_nodes: int = 0
+    worst_int8_steps: float = 0.0
 
     def __str__(self) -> str:
+        int8 = (f"; {self.int8_nodes} of them int8, within {self.worst_int8_steps:.3g} output steps of torch on "
+                "their dequantized inputs" if self.int8_nodes else "")
         return (f"self-check passed: {self.nodes} nodes of the graph agree with torch on their own inputs (worst "
-                f"relative error {self.worst_node_error:.2g}), the program agrees with the module's eager forward "
-                f"({self.eager_error:.2g}); tolerance {TOLERANCE:g}")
+                f"relative error {self.worst_node_error:.2g}{int8}), the program agrees with the module's eager "
+                f"forward ({self.eager_error:.2g}); tolerance {TOLERANCE:g}")
 
 
 def relative_error(got: np.ndarray, ref: np.ndarray, scale: float) -> float:
@@ -165,7 +180,7 @@ def _quantized_input(x: Any, reference: QuantizedReference) -> Any:
     return torch.from_numpy(np.ascontiguousarray(np.transpose(rows, inverse(reference.input_layout))))
 
 
-def _unfused(lowered: Lowered, env: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _unfused(lowered: Lowered, env: dict[int, np.ndarray], int8: Int8Check | None = None) -> dict[int, np.ndarray]:
     """``env``, with each value whose producer took in fused clamps recomputed with the
     producer's bounds as they were before the first (``LoweringContext.fuse_clamp``)."""
     views = dict(env)
@@ -175,28 +190,38 @@ def _unfused(lowered: Lowered, env: dict[int, np.ndarray]) -> dict[int, np.ndarr
         node.output_min, node.output_max = bounds
         results = evaluate_node(lowered.graph, node, [env[i] for i in node.inputs])
         views[vid] = results[list(node.outputs).index(vid)]
+        if int8 is not None:
+            views[vid] = int8.real(vid, views[vid])
     return views
 
 
-def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray],
-              reference: QuantizedReference | None) -> tuple[Any, Any, list[np.ndarray]]:
+def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference: QuantizedReference | None,
+              int8: Int8Check | None = None) -> tuple[Any, Any, list[np.ndarray]]:
     """``node``'s arguments for torch: each activation as the interpreter computed it (the first
     one quantized as the graph does when the lowering quantized), each constant as it is (the
-    quantized filter as its stored values); and the activations' values."""
+    quantized filter as its stored values); and the activations' values.
+
+    ``int8`` (a node with a qint8 output): each activation is the qint8 value the int8 graph
+    reads, dequantized, and the filter the stored one."""
     import torch
 
     activations: list[np.ndarray] = []
+    stored = int8.filters.get(node.name) if int8 is not None else None
 
     def operand(arg: Any) -> Any:
         value = lowered.values.get(arg, arg.meta.get("val"))  # a size is read as traced
         if isinstance(value, Activation):
+            if int8 is not None:
+                value = Activation(int8.int8_version.get(value.id, value.id), value.shape, value.perm, value.sym)
             x = torch.from_numpy(np.ascontiguousarray(_logical(env, value)))
             if reference is not None and not activations:
                 x = _quantized_input(x, reference)
             activations.append(x.numpy())
-            return x
+            return x.float() if int8 is not None else x
         if reference is not None and value is reference.weight:
             return torch.from_numpy(np.ascontiguousarray(reference.dequantized))
+        if stored is not None and value is stored[0]:
+            return torch.from_numpy(np.ascontiguousarray(stored[1], np.float32))
         if isinstance(value, torch.SymInt):  # a dynamic size: its value at the example inputs
             return int(value.node.hint)
         return value
@@ -205,14 +230,16 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray],
 
 
 def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray],
-                   members: set[Any] | None = None) -> tuple[int, float]:
-    """Comparison 2 (module docstring) on the interpreter's values ``env``, for the nodes of
-    ``members`` (a delegate) or all; returns (nodes compared, worst relative error)."""
+                   members: set[Any] | None = None, int8: Int8Check | None = None) -> tuple[int, float, int, float]:
+    """Comparison 2 (module docstring) on the interpreter's values ``env`` (real values: a static
+    int8 graph's codes dequantized), for the nodes of ``members`` (a delegate) or all; returns
+    (nodes compared, worst relative error, nodes with a qint8 output, their worst difference in
+    output steps)."""
     import torch
 
-    views = _unfused(lowered, env)
+    views = _unfused(lowered, env, int8)
     clamps = {node: (vid, low, high) for vid, (_, fused) in lowered.fused.items() for node, low, high in fused}
-    compared, worst = 0, 0.0
+    compared, worst, int8_nodes, worst_steps = 0, 0.0, 0, 0.0
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem or (members is not None
                                                                                and node not in members):
@@ -221,7 +248,9 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
         outs = result if isinstance(result, tuple) else (result,)
         if not any(isinstance(o, Activation) for o in outs):
             continue
-        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node))
+        first = next(o for o in outs if isinstance(o, Activation))
+        quantized = int8 if int8 is not None and int8.is_int8(first.id) else None
+        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node), quantized)
         with torch.no_grad():
             want = torch_op(node.target)(*args, **kwargs)
         wants = want if isinstance(want, (tuple, list)) else (want,)
@@ -232,21 +261,46 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
             ref_arr = ref.detach().numpy().astype(np.float64)
             fused = clamps.get(node)
             if fused is not None and fused[0] == out.id:  # the producer's bounds as this node left them
-                views[out.id] = np.clip(views[out.id], fused[1], fused[2]).astype(np.float32)
+                views[out.id] = np.clip(views[out.id], fused[1], fused[2])
             got = _logical(views, out)
+            compared += 1
+            if quantized is not None:
+                delta = quantized.bias_delta.get(node.name)
+                if delta is not None:  # along the output channels: the graph value's last dim
+                    ref_arr = ref_arr + delta.reshape([-1 if d == out.perm[-1] else 1 for d in range(out.rank)])
+                # torch's op has no bounds of its own: a fused clamp is judged at its own ATen node
+                bounds = lowered.fused[out.id][0] if out.id in lowered.fused else (None, None)
+                expected = quantized.grid_clip(out.id, ref_arr, bounds)
+                step = float(np.float32(_int8_scale(quantized, out.id)))
+                bound = quantized.tolerance(out.id, _magnitude(ref_arr), TOLERANCE)
+                diff = float(np.max(np.abs(got - expected), initial=0.0)) if got.shape == expected.shape else math.inf
+                int8_nodes += 1
+                worst_steps = max(worst_steps, diff / step if math.isfinite(diff) else worst_steps)
+                if not diff <= bound:
+                    _fail(node, lowered, k, f"{diff / step:.3g} output steps (bound {bound / step:.3g} steps: half a "
+                                            "step, the kernel's slack and torch's float error)")
+                continue
             error = relative_error(got, ref_arr, max(_magnitude(ref_arr), inputs_scale))
             worst = max(worst, error if math.isfinite(error) else worst)
-            compared += 1
             if not error <= TOLERANCE:
-                emitted = sorted({n.kind for n in lowered.graph.nodes if n.debug_handle and
-                                  lowered.sources[n.debug_handle - 1][1] == node.name})
-                raise SelfCheckError(
-                    f"self-check failed at {op_name(node.target)} (node {node.name}, module "
-                    f"{AtenProgram.module_path(node) or '<top level>'}): output {k} of the lowered graph "
-                    f"({', '.join(emitted) or 'no node of its own'}) differs from torch on the same inputs by "
-                    f"{error:.3g} (relative; tolerance {TOLERANCE:g}): the lowering of this node is wrong; "
-                    "please report it (check=False skips this check)")
-    return compared, worst
+                _fail(node, lowered, k, f"{error:.3g} (relative; tolerance {TOLERANCE:g})")
+    return compared, worst, int8_nodes, worst_steps
+
+
+def _int8_scale(check: Int8Check, vid: int) -> float:
+    from ..graph import int8
+
+    return int8.quant(check.graph.value(vid))[0]
+
+
+def _fail(node: Any, lowered: Lowered, k: int, how: str) -> None:
+    emitted = sorted({n.kind for n in lowered.graph.nodes if n.debug_handle and
+                      lowered.sources[n.debug_handle - 1][1] == node.name})
+    raise SelfCheckError(
+        f"self-check failed at {op_name(node.target)} (node {node.name}, module "
+        f"{AtenProgram.module_path(node) or '<top level>'}): output {k} of the lowered graph "
+        f"({', '.join(emitted) or 'no node of its own'}) differs from torch on the same inputs by {how}: the "
+        "lowering of this node is wrong; please report it (check=False skips this check)")
 
 
 def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> None:
@@ -264,23 +318,31 @@ def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.n
 
 
 def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram,
-               delegates: Sequence[Lowered | None], mixed: Any = None) -> SelfCheck:
+               delegates: Sequence[Lowered | None], mixed: Any = None, int8: Int8Graph | None = None) -> SelfCheck:
     """Run the comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``.
 
     ``delegates``: the one lowered graph of a pure program, or a mixed program's delegates
-    by phase, whose ``Exported`` is ``mixed``.
+    by phase, whose ``Exported`` is ``mixed``.  ``int8``: the static int8 rewrite of a pure
+    program's graph, which is then the graph judged.
     """
     inputs = tuple(example_inputs)
     eager_error = _compare_with_eager(module, traced, inputs, program)
     if mixed is None:
         (lowered,) = delegates
         assert lowered is not None
+        check = None
+        if int8 is not None:
+            check_layers(int8, lowered.sources)
+            check = int8_check(int8, lowered.sources, lowered.filters)
+            lowered = int8_view(lowered, int8)
         arrays = [np.ascontiguousarray(np.transpose(x.detach().numpy(), spec.dim_order))
                   for x, spec in zip(inputs, lowered.inputs)]
         env = interpret_values(lowered.graph, arrays)
-        compared, worst = _compare_nodes(program, lowered, env)
+        if check is not None:
+            env = {vid: check.real(vid, x) for vid, x in env.items()}
+        compared, worst, int8_nodes, steps = _compare_nodes(program, lowered, env, None, check)
         _compare_outputs(program, lowered, env)
-        return SelfCheck(compared, worst, eager_error)
+        return SelfCheck(compared, worst, eager_error, int8_nodes, steps)
     compared, worst, composite = _composite(program, delegates, inputs)
     _compare_program(mixed, inputs, composite)
     return SelfCheck(compared, worst, eager_error)
@@ -339,7 +401,7 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
                       for n, spec in zip(lowered.input_nodes, lowered.inputs)]
             env = interpret_values(lowered.graph, arrays)
             members = {n for n in calls if n.meta.get(PARTITION) == phase}
-            n_compared, n_worst = _compare_nodes(program, lowered, env, members)
+            n_compared, n_worst, _, _ = _compare_nodes(program, lowered, env, members)
             compared, worst = compared + n_compared, max(worst, n_worst)
             for node, vid, spec in zip(lowered.output_nodes, lowered.graph.outputs, lowered.outputs):
                 values[node] = torch.from_numpy(np.ascontiguousarray(
@@ -378,3 +440,17 @@ def _compare_program(exported: Any, inputs: tuple[Any, ...], composite: list[Any
                 f"self-check failed: output {i} of the program on ExecuTorch's runtime differs from what its "
                 f"delegates (on the interpreter) and portable kernels (torch) compute by {error:.3g} ({how}; "
                 f"tolerance {bound:g}): the program is assembled wrongly; please report it")
+
+
+def int8_view(lowered: Lowered, int8: Int8Graph) -> Lowered:
+    """``lowered`` with the int8 graph in place of the float one: each ATen node's activations
+    and fused clamps moved to the values standing for them there (``Int8Graph.primary``)."""
+    def moved(value: Any) -> Any:
+        if isinstance(value, Activation):
+            return Activation(int8.primary(value.id), value.shape, value.perm, value.sym)
+        if isinstance(value, tuple):
+            return tuple(moved(v) for v in value)
+        return value
+
+    return dataclasses.replace(lowered, graph=int8.graph, values={k: moved(v) for k, v in lowered.values.items()},
+                               fused={int8.primary(vid): f for vid, f in lowered.fused.items()}, references={})

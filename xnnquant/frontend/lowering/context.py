@@ -131,6 +131,23 @@ class WeightRefusal(XnnquantError):
 
 
 @dataclass(frozen=True)
+class FilterOrigin:
+    """Where a float filter constant came from: the torch ``weight`` argument, the ``layout``
+    that turned its values (of ``pre_shape``) into the graph's, and the weight's own
+    ``shape``; ``row``: its report row.  ``unlaid(a)`` takes an array in the graph's layout
+    back to the weight's (what the static int8 self-check feeds torch)."""
+
+    weight: Any
+    layout: Callable[[np.ndarray], np.ndarray] | None
+    pre_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    row: int
+
+    def unlaid(self, laid: np.ndarray) -> np.ndarray:
+        return _unlaid(laid, self.layout, self.pre_shape, self.shape)
+
+
+@dataclass(frozen=True)
 class QuantizedReference:
     """How the self-check computes an ATen node whose lowering quantized: the filter argument
     ``weight`` replaced by ``dequantized`` (the stored filter's values, in that argument's
@@ -180,6 +197,8 @@ class LoweringContext:
         self._dequantized: dict[int, tuple[Any, np.ndarray]] = {}  # id(filter tensor) -> (it, its stored values)
         #: ATen node -> how the self-check computes it (nodes whose lowering quantized)
         self.references: dict[Any, QuantizedReference] = {}
+        #: graph value id of each float filter -> where it came from (read by the static int8 rewrite)
+        self.filters: dict[int, FilterOrigin] = {}
         #: graph value id -> (its producer's bounds before any clamp was fused into them, and each
         #: ATen node whose clamp was, in order, with the bounds the producer had after it), for
         #: the self-check
@@ -426,7 +445,10 @@ class LoweringContext:
             shape = tuple(int(d) for d in weight.shape) if hasattr(weight, "shape") else pre.shape
             self._dequantized[id(weight)] = (weight, _unlaid(stored_q.dequantize(), layout, pre.shape, shape))
             return self.graph.constant(stored_q), scheme
-        return self.constant(stored_q), scheme
+        vid = self.constant(stored_q)
+        shape = tuple(int(d) for d in weight.shape) if hasattr(weight, "shape") else pre.shape
+        self.filters[vid] = FilterOrigin(weight, layout, tuple(pre.shape), shape, len(self.rows) - 1)
+        return vid, scheme
 
     def note_quantized(self, weight: Any, *, input_scale: np.ndarray | None = None,
                        input_layout: tuple[int, ...], nonbatch_dims: int) -> None:

@@ -182,6 +182,18 @@ def _transposed(ctx: LoweringContext, x: Activation, weight: Any, w: np.ndarray,
     return ctx.tensor(out, (n, oc, oh, ow), NHWC)
 
 
+def _not_training(node: Any) -> str | None:
+    training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training", False)
+    return "batch norm in training mode is not supported: export the module in eval mode" if training else None
+
+
+@lowers(aten.batch_norm.default, emits=("XNNMultiply", "XNNAdd"), check=_not_training)
+def batch_norm_eval(ctx: LoweringContext, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                    training: bool, momentum: float, eps: float, cudnn_enabled: bool = True) -> Activation:
+    """``aten::batch_norm`` with ``training=False`` (torch.export's op before decomposition)."""
+    return batch_norm(ctx, x, weight, bias, running_mean, running_var, momentum, eps)[0]
+
+
 @lowers(BATCH_NORM, emits=("XNNMultiply", "XNNAdd"))
 def batch_norm(ctx: LoweringContext, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                momentum: float, eps: float) -> tuple[Activation, None, None]:

@@ -61,6 +61,8 @@ class Lowered:
     #: a mixed program: what it takes from and gives to the rest of the program)
     input_nodes: list[Any] = field(default_factory=list)
     output_nodes: list[Any] = field(default_factory=list)
+    #: graph value id of each float filter -> where it came from (``FilterOrigin``)
+    filters: dict[int, Any] = field(default_factory=dict)
 
 
 def new_graph(target: Target) -> Graph:
@@ -92,7 +94,8 @@ def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress
         raise UnsupportedConfigError(f"export refused {len(walk.refusals)} node(s) or layer(s):\n{lines}")
     ctx = walk.ctx
     return Lowered(ctx.graph, ctx.rows, walk.inputs, walk.outputs, walk.sources, walk.env, ctx.references,
-                   ctx.fused, walk.refusals, walk.lowered_ops, walk.refused, walk.input_nodes, walk.output_nodes)
+                   ctx.fused, walk.refusals, walk.lowered_ops, walk.refused, walk.input_nodes, walk.output_nodes,
+                   ctx.filters)
 
 
 class _Walk:

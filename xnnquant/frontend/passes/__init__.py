@@ -15,10 +15,12 @@ which every rewrite is already done, so no lowering needs to know about another.
 ``cleanup``        drops the nodes that compute nothing: runtime checks
                    (``_assert_tensor_metadata``, ``_assert_scalar``, ...), copies and
                    aliases, eval-mode dropout, conversions to the dtype already held;
-                   other ``to.dtype`` conversions become ``_to_copy``
+                   other ``to`` conversions become ``_to_copy``; in-place activations
+                   nothing else reads become functional
 ``constants``      computes every node whose inputs are all constants, with torch
                    (a transposed weight, a mask built from constants)
-``batch_norm``     folds an eval-mode batch norm into the convolution before it
+``batch_norm``     folds an eval-mode batch norm (either ATen op) into the convolution
+                   before it
 ``equalization``   with calibration statistics: per-channel scales for the linears
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
 ``masks``          a boolean attention mask the program computes becomes the float

@@ -31,7 +31,15 @@ from . import replace_uses, rewrite
 aten = torch.ops.aten
 
 BATCH_NORM = aten._native_batch_norm_legit_no_training.default
+#: ``aten::batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn)``,
+#: as torch.export traces ``nn.BatchNorm2d`` before any decomposition: folded alike when not training.
+BATCH_NORM_OP = aten.batch_norm.default
 CONVOLUTIONS = (aten.convolution.default, aten.conv2d.default)
+
+
+def eps_of(bn: Any) -> float:
+    """The epsilon of either batch-norm op."""
+    return float(bn.args[7] if bn.target is BATCH_NORM_OP else bn.args[6])
 
 
 def conv_parameters(conv: Any) -> tuple[Any, Any, bool, int]:
@@ -56,6 +64,8 @@ def can_fold(program: AtenProgram, conv: Any, bn: Any) -> str | None:
         return "the convolution's filter or bias is computed"
     if any(p is not None and not program.is_constant(p) for p in bn.args[1:5]):
         return "the batch norm's parameters are computed"
+    if bn.target is BATCH_NORM_OP:
+        return "the batch norm is in training mode" if bn.args[5] else None
     if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in bn.users):
         return "the batch norm's statistics outputs are used"
     return None
@@ -70,7 +80,7 @@ def _array(program: AtenProgram, node: Any, size: int, default: float, what: str
 @rewrite("batch_norm")
 def fold_batch_norms(program: AtenProgram, options: Any) -> None:
     for bn in list(program.graph.nodes):
-        if bn.op != "call_function" or bn.target is not BATCH_NORM:
+        if bn.op != "call_function" or bn.target not in (BATCH_NORM, BATCH_NORM_OP):
             continue
         conv = bn.args[0]
         if can_fold(program, conv, bn) is not None:
@@ -79,7 +89,7 @@ def fold_batch_norms(program: AtenProgram, options: Any) -> None:
         origin = program.origins.get(weight.name, "convolution")
         w = program.array(weight.name, f"the filter of {origin!r}").astype(np.float64)
         oc = w.shape[1] * groups if transposed else w.shape[0]
-        eps = float(bn.args[6])
+        eps = eps_of(bn)
         gamma, beta, mean, var = (_array(program, node, oc, default, f"batch norm parameter of {origin!r}")
                                   for node, default in zip(bn.args[1:5], (1.0, 0.0, 0.0, 1.0)))
         scale = gamma / np.sqrt(var + eps)
@@ -101,6 +111,9 @@ def fold_batch_norms(program: AtenProgram, options: Any) -> None:
             conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
         args[1], args[2] = new_weight, new_bias
         conv.args = tuple(args)
+        if bn.target is BATCH_NORM_OP:
+            replace_uses(bn, conv)
+            continue
         for user in list(bn.users):
             if user.args[1] == 0:
                 replace_uses(user, conv)

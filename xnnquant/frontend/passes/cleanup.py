@@ -5,11 +5,14 @@
   erased;
 * copies and aliases (``clone``, ``alias``, ``detach``, ``lift_fresh_copy``,
   ``contiguous``), eval-mode ``dropout``, and ``_to_copy`` / ``to`` to the dtype the
-  input already has, on its device (a memory-format change: layouts are the lowering's business): their
-  users read their input instead;
+  input already has, on its device (a memory-format change: layouts are the lowering's
+  business): their users read their input instead;
 * ``to`` to another dtype (``to.dtype``, ``to.dtype_layout``, ``to.device``, ``to.other``:
   what torch.export keeps of ``.to(...)`` before decompositions) becomes
   ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run;
+* in-place activations (``relu_``, ``hardtanh_``, as ``nn.ReLU6(inplace=True)`` traces)
+  whose input nothing else reads: the functional op (no reader can tell the difference),
+  so that the program needs no decomposition (functionalization) for them;
 * nodes whose result nothing reads (torch.export leaves them where no decomposition ran):
   erased, unless they mutate or have other effects (``torch.fx``'s own rule).
 """
@@ -34,6 +37,14 @@ CONVERSIONS = (*TO, aten._to_copy.default)
 #: Ops whose result is their first argument's value.
 IDENTITIES = (aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
               aten.contiguous.default)
+#: In-place activations -> their functional op.
+IN_PLACE = {aten.relu_.default: aten.relu.default, aten.hardtanh_.default: aten.hardtanh.default}
+
+
+def functional_in_place(node: Any) -> bool:
+    """True for an in-place activation whose input only it reads (see the module docstring)."""
+    users = getattr(node.args[0], "users", None) if node.args else None
+    return node.target in IN_PLACE and users is not None and len(users) == 1
 
 
 def _dtype(node: Any) -> Any:
@@ -62,7 +73,7 @@ def _converts(node: Any) -> bool:
     return node.target in TO and _same_device(node) and _dtype(node) is not None
 
 
-@rewrite("cleanup", handles=CHECKS + IDENTITIES + TO + (aten.dropout.default,))
+@rewrite("cleanup", handles=CHECKS + IDENTITIES + TO + (aten.dropout.default, *IN_PLACE))
 def cleanup(program: AtenProgram, options: Any) -> None:
     for node in list(program.graph.nodes):
         if node.op != "call_function":
@@ -76,4 +87,6 @@ def cleanup(program: AtenProgram, options: Any) -> None:
                 copy = program.graph.call_function(aten._to_copy.default, (node.args[0],), {"dtype": _dtype(node)})
             copy.meta = dict(node.meta)
             replace_uses(node, copy)
+        elif functional_in_place(node):
+            node.target = IN_PLACE[node.target]
     program.graph.eliminate_dead_code()

@@ -1,0 +1,299 @@
+"""Static int8 exports (``activations="qint8"``): every op XNNPACK runs in int8 runs in int8, and the
+program's int8 codes are the reference interpreter's, bit for bit, on the real runtime.
+
+Oracles: the real XNNPACK inside executorch 1.4.1 (``graph.run``, and every intermediate value
+through ``graph.divergence.first_divergence``, which compares int8 codes exactly), torch (the
+float module, and the self-check that every export runs), hand-made faults the self-check must
+catch.  No tolerance on codes: ``interpret`` and the runtime must agree exactly.  The float
+SQNR bounds are far below what the programs reach (they hold on any CPU: the int8 arithmetic
+is exact, only torch's float reference moves by ulps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import xnnquant as xq
+from xnnquant.errors import SelfCheckError, XnnquantError
+from xnnquant.frontend.static_int8 import rewrite as rewriting
+from xnnquant.graph import interpret, run
+from xnnquant.graph.divergence import first_divergence
+from xnnquant.models import cnn
+
+pytestmark = pytest.mark.xnnpack
+
+SHAPE = (1, 4, 8, 8)
+
+
+def batches(count: int, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=g),) for _ in range(count)]
+
+
+def export(module: nn.Module, shape: tuple[int, ...] = SHAPE, **kw: Any) -> xq.Exported:
+    cal = batches(16, shape)
+    kw.setdefault("activations", "qint8")
+    return xq.export(module.eval(), cal[0], weights="qc8w", calibration=cal, progress=False, **kw)
+
+
+def sqnr(reference: np.ndarray, got: np.ndarray) -> float:
+    r, g = reference.astype(np.float64), got.astype(np.float64)
+    noise = float(np.sum((r - g) ** 2))
+    return math.inf if noise == 0 else 10 * math.log10(float(np.sum(r * r)) / noise)
+
+
+def assert_runtime_is_interpreter(exported: xq.Exported, inputs: list[torch.Tensor], exact: bool = True) -> None:
+    """Every node's int8 codes on the real runtime equal the interpreter's on the runtime's own
+    inputs to that node (fp32 nodes: within ``TOLERANCE``), and the program's outputs are the
+    interpreter's exactly (``exact``: the last node is an int8 one, dequantized)."""
+    arrays = [np.ascontiguousarray(x.numpy()) for x in inputs]
+    divergence, checked, _ = first_divergence(exported.graph, arrays, exported.sources)
+    assert divergence is None, str(divergence)
+    assert checked == len(exported.graph.nodes)
+    if exact:
+        got, ref = run(exported.to_bytes(), arrays), interpret(exported.graph, arrays)
+        for a, b in zip(got, ref):
+            assert a.dtype == b.dtype == np.float32 and np.array_equal(a, b)
+
+
+class Branches(nn.Module):
+    """``op(conv_a(x), conv_b(x))``: two int8 activations meet in one op."""
+
+    def __init__(self, op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.a, self.b, self.op = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1), op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(self.a(x), self.b(x))
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def _conv_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), Lambda(fn))
+
+
+#: case -> (module factory, input shape, the node kind that must compute in int8)
+CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], str]] = {
+    "conv + batch norm + relu": (lambda: nn.Sequential(nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8),
+                                                       nn.ReLU()), SHAPE, "XNNConv2d"),
+    "grouped conv, dilated": (lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2), SHAPE, "XNNConv2d"),
+    "depthwise conv + relu6": (lambda: nn.Sequential(nn.Conv2d(4, 8, 3, padding=1, groups=4), nn.ReLU6()), SHAPE,
+                               "XNNDepthwiseConv2d"),
+    "pointwise conv": (lambda: nn.Conv2d(4, 5, 1), SHAPE, "XNNFullyConnected"),
+    "linear": (lambda: nn.Linear(8, 5), (1, 3, 8), "XNNFullyConnected"),
+    "add": (lambda: Branches(torch.add), SHAPE, "XNNAdd"),
+    "subtract": (lambda: Branches(torch.sub), SHAPE, "XNNSubtract"),
+    "multiply": (lambda: Branches(torch.mul), SHAPE, "XNNMultiply"),
+    "concatenate": (lambda: Branches(lambda a, b: torch.cat([a, b], 1)), SHAPE, "XNNConcatenate2"),
+    "max pooling": (lambda: _conv_then(lambda y: nn.functional.max_pool2d(y, 3, 2, 1)), SHAPE, "XNNMaxPooling2d"),
+    "mean": (lambda: _conv_then(lambda y: y.mean((2, 3))), SHAPE, "XNNGlobalAvgPooling2d"),
+    "hardswish": (lambda: _conv_then(nn.functional.hardswish), SHAPE, "XNNHardswish"),
+    "sigmoid": (lambda: _conv_then(torch.sigmoid), SHAPE, "XNNSigmoid"),
+    "tanh": (lambda: _conv_then(torch.tanh), SHAPE, "XNNTanh"),
+    "leaky relu": (lambda: _conv_then(lambda y: nn.functional.leaky_relu(y, 0.1)), SHAPE, "XNNLeakyReLU"),
+    "clamp": (lambda: _conv_then(lambda y: torch.clamp(y, -0.3, 0.4) * 1.0), SHAPE, "XNNConv2d"),
+    "resize bilinear": (lambda: _conv_then(lambda y: nn.functional.interpolate(y, scale_factor=2, mode="bilinear")),
+                        SHAPE, "XNNStaticResizeBilinear2D"),
+    "pad": (lambda: _conv_then(lambda y: nn.functional.pad(y, (1, 2, 0, 1))), SHAPE, "XNNStaticConstantPad"),
+    "slice": (lambda: _conv_then(lambda y: y[:, 1:5, 2:7]), SHAPE, "XNNStaticSlice"),
+    "flatten + linear": (lambda: nn.Sequential(nn.Conv2d(4, 3, 3), nn.Flatten(), nn.Linear(108, 7)), SHAPE,
+                         "XNNStaticReshape"),
+    "transpose": (lambda: _conv_then(lambda y: y.transpose(1, 3).contiguous() + 0), SHAPE, "XNNConv2d"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_op_runs_in_int8_and_the_runtime_gives_the_interpreters_codes(case: str) -> None:
+    make, shape, kind = CASES[case]
+    module = make().eval()
+    exported = export(module, shape)
+    graph = exported.graph
+    # in int8: only the graph's edges convert, and the op's node writes a qint8 value
+    assert [b.split(":")[0] for b in exported.boundaries] == ["input 0", "output 0"], exported.boundaries
+    assert any(n.kind == kind and graph.value(n.outputs[0]).datatype is xq.Datatype.qint8 for n in graph.nodes)
+    assert sum(n.kind == "XNNConvert" for n in graph.nodes) == 2
+    assert exported.self_check.int8_nodes == exported.self_check.nodes
+    evaluation = [x for (x,) in batches(3, shape, seed=9)]
+    for x in evaluation:
+        assert_runtime_is_interpreter(exported, [x])
+    with torch.no_grad():
+        reference = np.concatenate([module(x).numpy() for x in evaluation])
+    got = np.concatenate([exported.run(x)[0] for x in evaluation])
+    # measured 19 dB (a linear's 15 outputs per batch: few samples for its range) to 48 dB
+    assert sqnr(reference, got) > 15
+
+
+@pytest.mark.parametrize("make", [cnn.residual, cnn.inverted_residual])
+def test_whole_networks_run_bit_exact_and_close_to_float(make: Callable[[], nn.Module]) -> None:
+    module = make()
+    cal = [(torch.from_numpy(x),) for x in cnn.random_batches(16, 1)]
+    exported = xq.export(module, cal[0], weights="qc8w", activations="qint8", calibration=cal, progress=False)
+    assert [b.split(":")[0] for b in exported.boundaries] == ["input 0", "output 0"]
+    assert exported.static_int8.int8.equalized  # cross-layer equalization found pairs
+    evaluation = [torch.from_numpy(x) for x in cnn.random_batches(4, 2)]
+    assert_runtime_is_interpreter(exported, evaluation[:1])
+    with torch.no_grad():
+        reference = np.concatenate([module(x).numpy() for x in evaluation])
+    got = np.concatenate([exported.run(x)[0] for x in evaluation])
+    assert sqnr(reference, got) > 38  # measured 45 dB on both
+
+
+def test_ops_without_an_int8_form_stay_fp32_between_converts_and_are_reported() -> None:
+    module = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.AvgPool2d(2), nn.Conv2d(6, 6, 1), nn.Softmax(1))
+    exported = export(module)
+    lines = exported.boundaries
+    assert lines[0].startswith("input 0: fp32 -> qint8")
+    assert any(b.startswith("aten.avg_pool2d.default (node avg_pool2d, module 1): XNNPACK 1adaa7c7 has no qint8 "
+                            "AvgPooling2d") for b in lines), lines
+    assert any(b.startswith("aten.softmax.int (node softmax, module 3): XNNPACK 1adaa7c7 has no qint8 Softmax")
+               for b in lines), lines
+    kinds = {n.kind: exported.graph.value(n.outputs[0]).datatype.name for n in exported.graph.nodes}
+    assert kinds["XNNAvgPooling2d"] == "fp32" and kinds["XNNSoftmax"] == "fp32" and kinds["XNNConv2d"] == "qint8"
+    assert "boundaries (3)" in str(exported)
+    assert_runtime_is_interpreter(exported, [batches(1, seed=4)[0][0]], exact=False)  # ends with a float softmax
+
+
+def test_compositions_stay_fp32_with_their_reason() -> None:
+    exported = export(_conv_then(nn.functional.silu))
+    assert any("aten.silu.default" in b and "a composition of 2 computing nodes (XNNSigmoid, XNNMultiply)" in b
+               for b in exported.boundaries), exported.boundaries
+
+
+def test_calibration_choices_are_options() -> None:
+    module = CASES["depthwise conv + relu6"][0]()
+    for ranges in ("minmax", "percentile", "mse", "output_mse"):
+        choice = xq.StaticInt8(ranges=ranges, equalize=False, bias_correction=False)
+        exported = export(module, activations=choice)
+        assert exported.activations == str(choice)
+    assert str(xq.StaticInt8()) == "qint8"
+    assert str(xq.StaticInt8(ranges="percentile", percentile=99.9)) == "qint8(ranges=percentile@99.9)"
+    assert str(xq.StaticInt8(ranges="mse", equalize=False)) == "qint8(ranges=mse, equalize=False)"
+    assert str(xq.StaticInt8(bias_correction=False)) == "qint8(bias_correction=False)"
+
+
+# ------------------------------------------------------------------ the self-check
+
+
+def test_a_stored_bias_that_is_not_the_float_one_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = rewriting.quantize_bias
+
+    def shifted(b: Any, s_x: Any, s_w: Any) -> xq.QuantizedTensor:
+        q = real(b, s_x, s_w)
+        return xq.QuantizedTensor(q.datatype, q.codes + 40, q.scale, 0, channel_dim=q.channel_dim)
+
+    monkeypatch.setattr(rewriting, "quantize_bias", shifted)
+    with pytest.raises(SelfCheckError, match=r"its stored int32 bias is not its float bias plus its bias correction"):
+        export(CASES["conv + batch norm + relu"][0](), activations=xq.StaticInt8(bias_correction=False))
+
+
+def test_an_equalization_applied_on_one_side_only_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rewriting.Rewrite, "_scale_input", lambda self, n, factors: None)
+    module = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+    with pytest.raises(SelfCheckError, match=r"its equalized float filter is not the module's filter times its "
+                                             r"equalization factors"):
+        export(module)
+
+
+def test_a_wrong_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int8 convolution emitted with an output bound the module does not have (a ReLU at 0.1
+    out of nowhere) differs from torch by many steps."""
+    real = rewriting.Rewrite._emit_int8
+
+    def emit(self: Any, n: Any) -> None:
+        real(self, n)
+        node = self.out.nodes[-1]
+        if node.kind == "XNNConv2d":
+            node.output_min, node.output_max = 0.1, math.inf
+
+    monkeypatch.setattr(rewriting.Rewrite, "_emit_int8", emit)
+    with pytest.raises(SelfCheckError, match=r"self-check failed at aten.conv2d.default .* output steps"):
+        export(nn.Sequential(nn.Conv2d(4, 6, 3), nn.Conv2d(6, 3, 3)))
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_calibration_is_refused_naming_the_tensor() -> None:
+    module = nn.Sequential(nn.Conv2d(4, 6, 3)).eval()
+    example = batches(1)[0]
+    cases: list[tuple[Any, str]] = [
+        ([], "calibration= is empty: expected at least one batch of inputs"),
+        ([*batches(2), (torch.randn(1, 4, 9, 9),)],
+         "calibration batch 2, input 0 ('input') has shape (1, 4, 9, 9): dim 2 is fixed at 8 (expected shape "
+         "(1, 4, 8, 8))"),
+        ([(torch.randn(SHAPE, dtype=torch.float64),)],
+         "calibration batch 0, input 0 is torch.float64 of shape (1, 4, 8, 8): expected torch.float32 of rank 4, as "
+         "example input 0 (1, 4, 8, 8)"),
+        ([*batches(2), (torch.full(SHAPE, math.nan),)],
+         "calibration: input 0 ('input') is not finite on calibration batch 2 (value nan at flat index 0): static int8 "
+         "needs finite activations to choose their ranges"),
+    ]
+    for calibration, message in cases:
+        with pytest.raises(XnnquantError) as caught:
+            xq.export(module, example, weights="qc8w", activations="qint8", calibration=calibration, progress=False)
+        assert str(caught.value) == message
+
+
+def test_a_constant_activation_is_refused_naming_it() -> None:
+    conv = nn.Conv2d(4, 6, 3)
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.bias.fill_(-1.0)  # relu(-1) = 0 everywhere
+    module = nn.Sequential(conv, nn.ReLU(), nn.Conv2d(6, 2, 1))
+    with pytest.raises(XnnquantError) as caught:
+        export(module)
+    assert str(caught.value) == (
+        "calibration: the output of aten.conv2d.default (node conv2d, module 0; XNNConv2d value 4) is 0 on every "
+        "calibration input (a constant activation): its int8 range would be empty; calibrate with inputs that "
+        "exercise it, or remove it")
+
+
+def test_static_int8_options_are_checked() -> None:
+    module, example = nn.Conv2d(4, 6, 3).eval(), batches(1)[0]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"weights": "qc8w", "activations": "qint8"},
+         "activations='qint8' fixes every activation's scale and zero point at export: pass calibration= (an "
+         "iterable of input tuples, e.g. 16 or more batches)"),
+        ({"weights": "qb4w:32", "activations": "qint8", "calibration": batches(2)},
+         "activations='qint8' computes every layer in int8 with per-channel int8 filters: weights must be 'qc8w', "
+         "got 'qb4w:32'"),
+        ({"weights": "qc8w", "activations": "int8"},
+         "unknown activations: got 'int8', expected one of 'dynamic', 'qint8' or an xq.StaticInt8(...)"),
+        ({"weights": "qc8w", "activations": "qint8", "calibration": batches(2), "method": "gptq"},
+         "activations='qint8' chooses its filters' scales with 'minmax' or 'mse': got method 'gptq'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(XnnquantError) as caught:
+            xq.export(module, example, progress=False, **kwargs)
+        assert str(caught.value) == message
+    with pytest.raises(XnnquantError, match=r"^unknown activation range method: got 'median', expected one of "
+                                            r"'minmax', 'percentile', 'mse', 'output_mse'$"):
+        xq.StaticInt8(ranges="median")
+
+
+def test_the_cli_exports_static_int8(tmp_path: Any) -> None:
+    from xnnquant.cli import main
+
+    out = tmp_path / "residual.pte"
+    assert main(["export", "xnnquant.models.cnn:example", "-o", str(out), "--weights", "qc8w", "--activations",
+                 "qint8", "--calibration", "xnnquant.models.cnn:calibration", "--no-progress"]) == 0
+    from xnnquant.pte import read_pte
+
+    graph = read_pte(out.read_bytes()).delegates[0].graph
+    assert sum(n.kind == "XNNConv2d" and graph.value(n.outputs[0]).datatype is xq.Datatype.qint8
+               for n in graph.nodes) == 15  # 12 3x3 convolutions, 3 strided 1x1 shortcuts

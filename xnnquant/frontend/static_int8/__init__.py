@@ -1,0 +1,161 @@
+"""Full-integer static int8 (``xq.export(..., weights="qc8w", activations="qint8", calibration=...)``).
+
+The lowering is the float one (every layer fp32); this package turns its graph into an
+int8 one, in stages:
+
+1. ``calibrate``: the float graph runs on the real XNNPACK over the calibration batches
+   with every value a node computes exposed (``observe.Exposed``); ``ranges.ValueStats``
+   keeps, per value, its exact bounds, its zeros and a sample of it.
+2. ``rewrite.rewrite``: cross-layer equalization of filtered pairs (optional), a grid
+   (scale, zero point) per value from its range
+   (``ranges.choose_range``), shared where XNNPACK requires it; filters quantized per
+   channel, biases to int32; converts at the graph's edges and around each node that
+   has no int8 form here, each a ``Boundary`` of the report.
+3. ``bias_correction.correct_biases``: one pass of the int8 graph over the calibration
+   batches re-quantizes each bias for the mean shift its quantized filter causes.
+
+The self-check judges each int8 ATen node with its stored filter and bias, so it holds
+for equalized filters as for any other; ``check.py`` also verifies that the equalized
+float filters are the module's ones times their factors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import XnnquantError
+from ...graph import Graph
+from ...graph.rules import DATA_MOVEMENT
+from ..evaluation import torch_threads
+from ..exported import TensorIO
+from .bias_correction import correct_biases, tap_means
+from .observe import Exposed
+from .ranges import ValueStats
+from .rewrite import WEIGHTED, Boundary, Int8Graph, Rewrite
+
+__all__ = ["Boundary", "Calibration", "Int8Graph", "calibrate", "describe", "graph_batches", "quantize"]
+
+
+def describe(graph: Graph, vid: int, sources: Sequence[tuple[str, str, str]], inputs: Sequence[TensorIO]) -> str:
+    """How an error names value ``vid``: a program input by name, else the ATen node computing it."""
+    if vid in graph.inputs:
+        k = graph.inputs.index(vid)
+        return f"input {k} ({inputs[k].name!r})" if k < len(inputs) else f"input {k}"
+    for node in graph.nodes:
+        if vid in node.outputs:
+            h = node.debug_handle
+            if 0 < h <= len(sources):
+                op, name, path = sources[h - 1]
+                return f"the output of {op} (node {name}, module {path or '<top level>'}; {node.kind} value {vid})"
+            return f"the output of {node.kind} (value {vid})"
+    return f"value {vid}"
+
+
+def graph_batches(batches: Sequence[Sequence[Any]], inputs: Sequence[TensorIO]) -> list[list[np.ndarray]]:
+    """The calibration batches (torch tensors in the module's order) as the graph takes them:
+    float32, each input's dims in its declared dim order; ``XnnquantError`` naming the batch and
+    input that does not fit."""
+    out = []
+    for i, batch in enumerate(batches):
+        if len(batch) != len(inputs):
+            raise XnnquantError(f"calibration batch {i} has {len(batch)} input(s): expected {len(inputs)}")
+        arrays = []
+        for j, (x, spec) in enumerate(zip(batch, inputs)):
+            what = f"calibration batch {i}, input {j}"
+            dtype = str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
+            if dtype != "float32":
+                raise XnnquantError(f"{what} ({spec.name!r}) is {dtype}: expected float32, as the example inputs")
+            arr = x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
+            spec.check(tuple(arr.shape), what)
+            arrays.append(np.ascontiguousarray(arr if spec.contiguous else np.transpose(arr, spec.dim_order)))
+        out.append(arrays)
+    return out
+
+
+@dataclass
+class Calibration:
+    """What calibration saw: ``stats`` by float value id, and ``means``: per filtered node (by
+    index) the per-tap means of its input over the batches (``bias_correction.tap_means``)."""
+
+    stats: dict[int, ValueStats]
+    means: dict[int, np.ndarray]
+
+
+def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Sequence[tuple[str, str, str]],
+              inputs: Sequence[TensorIO], seed: int = 0) -> Calibration:
+    """``ValueStats`` of every float input and every value a computing node writes, by value id,
+    and the input means of every filtered node (one run of the float graph per batch)."""
+    if not batches:
+        raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
+    filtered = [(i, n) for i, n in enumerate(graph.nodes) if n.kind in WEIGHTED]
+    watched = [vid for n in graph.nodes if n.kind not in DATA_MOVEMENT for vid in n.outputs
+               if not graph.value(vid).is_output]
+    watched += [n.inputs[0] for _, n in filtered if not graph.value(n.inputs[0]).flags]
+    watched = list(dict.fromkeys(watched))  # each value once, in order
+    stats = {vid: ValueStats(describe(graph, vid, sources, inputs)) for vid in [*graph.inputs, *watched,
+                                                                              *graph.outputs]}
+    exposed = Exposed(graph, watched)
+    rng = np.random.default_rng(seed)
+    means: dict[int, np.ndarray] = {}
+    images = 0
+    with torch_threads(1):
+        for batch in batches:
+            values = exposed.run(batch)
+            for vid, s in stats.items():
+                if vid in values and values[vid].dtype == np.float32:
+                    s.add(values[vid], rng)
+            for i, n in filtered:
+                m = tap_means(n, values[n.inputs[0]])
+                means[i] = m if i not in means else means[i] + m
+            images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
+    return Calibration(stats, {i: m / images for i, m in means.items()})
+
+
+@dataclass
+class StaticResult:
+    """What the static int8 stages made: the int8 graph (``int8``), the float graph it came
+    from (``float_graph``) and what calibration saw of each float value (``stats``)."""
+
+    int8: Int8Graph
+    float_graph: Graph
+    stats: dict[int, ValueStats]
+
+    def value_sqnr(self, batches: Sequence[Sequence[np.ndarray]]) -> dict[int, float]:
+        """SQNR (dB) of every float-graph value the int8 graph computes in int8, against the float
+        graph's, over ``batches`` (as the graphs take them), both run on the real XNNPACK."""
+        from ...graph import int8 as int8_math
+
+        pairs = {fv: iv for fv, iv in self.int8.int8_of.items() if not self.float_graph.value(fv).is_constant
+                 and not self.int8.graph.value(iv).is_constant}
+        floats = Exposed(self.float_graph, [fv for fv in pairs if not self.float_graph.value(fv).flags])
+        ints = Exposed(self.int8.graph, [iv for iv in pairs.values() if not self.int8.graph.value(iv).flags])
+        factors = {e.value: e.factors for e in self.int8.equalized}
+        signal = dict.fromkeys(pairs, 0.0)
+        noise = dict.fromkeys(pairs, 0.0)
+        for batch in batches:
+            with torch_threads(1):
+                f, q = floats.run(batch), ints.run(batch)
+            for fv, iv in pairs.items():
+                if fv in f and iv in q:
+                    real = int8_math.dequantize(q[iv], *int8_math.quant(self.int8.graph.value(iv)))
+                    if fv in factors:  # held divided by its equalization factors
+                        real = real * factors[fv]
+                    ref = f[fv].astype(np.float64)
+                    signal[fv] += float(np.sum(ref * ref))
+                    noise[fv] += float(np.sum((ref - real.reshape(ref.shape)) ** 2))
+        return {fv: 10 * np.log10(signal[fv] / noise[fv]) if noise[fv] > 0 else np.inf for fv in pairs}
+
+
+def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
+             calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
+             equalize: bool) -> StaticResult:
+    """Stages 2 and 3 of the module docstring on float graph ``graph``."""
+    result = Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
+                     method=method, equalize=equalize).run()
+    if bias_correction:
+        correct_biases(result, calibration.means)
+    return StaticResult(result, graph, calibration.stats)

@@ -1,0 +1,711 @@
+"""The float graph rewritten into a full-integer static int8 graph.
+
+Input: the graph the lowering made with fp32 weights, every node stamped with the debug
+handle of its ATen node, and what calibration saw of each value (``ranges.ValueStats``).
+Output: a new graph in which every node XNNPACK computes in int8 reads and writes qint8
+values (one scale and zero point per tensor, fixed here), its filter qcint8 per output
+channel (``xq.quantize_per_channel``, ``method``) and its bias qcint32 with scale
+``input_scale * filter_scale`` (``xq.quantize_bias``); fp32 <-> qint8 XNNConvert nodes
+stand at the graph's inputs and outputs and around every node left in fp32.
+
+Which node computes in int8 (``int8_refusal``):
+
+==========================================  ==================================================
+kinds                                       in int8 when
+==========================================  ==================================================
+FullyConnected, Conv2d, DepthwiseConv2d     the filter and bias are fp32 constants
+Add, Subtract, Multiply                     each operand is an activation or a one-element
+                                            constant (a qint8 constant of code +-127), and
+                                            the scale ratios lie where XNNPACK asserts them
+Clamp, Sigmoid, Tanh, Hardswish, ELU,       always (LeakyReLU: its ratios as for Add)
+LeakyReLU, GlobalAvgPooling2d
+MaxPooling2d, StaticReshape, -Transpose,    always, sharing one scale and zero point between
+-Slice, -ConstantPad, -ResizeBilinear2D,    inputs and output (XNNPACK refuses any other)
+Copy, Concatenate2..5
+anything else (AvgPooling2d, Softmax,       never: fp32 between converts, one boundary line
+Div, BatchMatrixMultiply, ...)              in the report with the reason
+==========================================  ==================================================
+
+An ATen node lowered to more than one computing node (``silu`` = sigmoid, multiply;
+``hardsigmoid``; an unfolded batch norm) stays fp32 as a whole: the self-check judges an
+int8 ATen node against torch within half an output step, which a chain of roundings
+inside one node does not keep.
+
+Cross-layer equalization (``equalize``).  Where a filtered node's output feeds nothing but
+the next filtered node's input (with at most a clamp fused between, as ReLU and ReLU6
+are; through adds of such values, a residual stream, and through channel-wise nodes:
+global average and max pooling, a reshape or slice keeping the channels whole, a zero
+padding), the output's channels are divided by factors ``s`` and the next filter's input
+channels multiplied by them (``W1 / s`` on output channels, ``b1 / s``, ``W2 * s`` on
+input channels): the per-tensor int8 grid of that activation then serves its small
+channels as well as its large ones.  Factors (from each channel's calibrated magnitude
+``a_c`` and the next filter's magnitude ``r_c`` along that input channel, clipped to
+``[1/16, 16]``): a depthwise reader, whose per-channel filter takes any factor without
+loss, gets ``s_c = a_c / max(a)`` (every channel spread over the whole range); a fully
+connected or regular convolution reader, whose per-output-channel filter grid the
+factors change, ``s_c = sqrt(a_c / r_c)`` (SmoothQuant's balance), normalized so that
+the largest channel keeps its magnitude.  Through a ReLU or no clamp the rewrite is
+exact; through ReLU6 (a group with one filtered producer) it keeps the per-tensor bound 6,
+which then cuts an amplified channel ``c`` at ``6 s_c`` of its own units, at or above its
+calibrated maximum (no channel ends above ``max(a) <= 6``): an int8 approximation like
+the grid's own clipping.
+
+Scales.  Values that a data-movement node links share one grid (a union-find over those
+nodes); the grid's range is chosen once from all its members' statistics
+(``ranges.choose_range``).  A convolution whose ``input_scale * filter_scale /
+output_scale`` would reach 256 (XNNPACK refuses it) gets its output scale raised to
+just below; an add, multiply or leaky ReLU whose ratios fall outside XNNPACK's asserted
+ranges stays fp32 (reported).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
+from ...datatypes import Datatype
+from ...errors import XnnquantError
+from ...graph import Graph
+from ...graph.model import Node, PerTensorQuant, Value
+from ...graph.rules import DATA_MOVEMENT, INT8_RATIO_RANGES, INT8_REFUSED
+from ...schemes import quantize_bias, quantize_per_channel
+from ...schemes.checks import check_method
+from ...tensor import QuantizedTensor
+from ..report import ReportRow
+from ..weights import weight_sqnr
+from .ranges import ValueStats, choose_range, qparams
+
+F32 = np.float32
+WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
+BINARY = ("XNNAdd", "XNNSubtract", "XNNMultiply")
+UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeakyReLU", "XNNGlobalAvgPooling2d")
+#: Node kinds computed in int8 (besides the data-movement kinds, which move codes).
+COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
+#: The largest ``input_scale * filter_scale / output_scale`` XNNPACK takes is below 256.
+MAX_REQUANTIZATION = 256.0
+#: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``: MobileNetV2's
+#: logits SQNR (96 held-out crops) is flat from 4 to 16 (18.5 dB), lower at 32 (18.3) and 64 (18.1).
+EQUALIZATION_LIMIT = 16.0
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Where the int8 graph converts: ``what`` (a graph input or output, or an ATen node left in
+    fp32) and ``why``."""
+
+    what: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.why}"
+
+
+@dataclass
+class QuantizedLayer:
+    """One int8 filtered node: its new node index, the float filter and bias (graph layout, after
+    equalization) it came from, the stored filter, the bias value to correct
+    (``bias_correction.py``), and the float graph's own bias (``float_bias``, what torch adds)."""
+
+    node: int
+    filter_id: int  # in the float graph
+    weights: np.ndarray
+    bias: np.ndarray  # float32 (OC,), zeros where the layer had none
+    stored: QuantizedTensor
+    bias_id: int  # in the int8 graph
+    input_id: int  # in the int8 graph
+    input_scale: float
+    float_bias: np.ndarray
+    source: int = -1  # the float graph's node index
+    input_source: int = -1  # the float graph's input value id
+    #: the bias correction's input means (``bias_correction.tap_means``, equalized), None without it
+    means: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Equalized:
+    """One equalized value (module docstring): the float-graph node indices of its channel group's
+    filtered producers and readers, the value, and the factors ``s`` float32 ``(C,)``."""
+
+    producers: tuple[int, ...]
+    readers: tuple[int, ...]
+    value: int
+    factors: np.ndarray
+
+
+@dataclass
+class Int8Graph:
+    """What ``rewrite`` made (see the module docstring).
+
+    ``int8_of`` / ``float_of``: float-graph value id -> the int8 graph's qint8 / fp32 value
+    holding it (either may be missing).  ``int8_handles``: debug handles of the ATen nodes
+    computed in int8.  ``layers``: the quantized filtered nodes.
+    """
+
+    graph: Graph
+    rows: list[ReportRow]
+    boundaries: list[Boundary]
+    int8_of: dict[int, int] = field(default_factory=dict)
+    float_of: dict[int, int] = field(default_factory=dict)
+    int8_handles: set[int] = field(default_factory=set)
+    layers: list[QuantizedLayer] = field(default_factory=list)
+    quant: dict[int, tuple[float, int]] = field(default_factory=dict)
+    #: the equalized pairs; a float value ``v`` of ``equalized`` is held as ``v / factors`` (last dim)
+    equalized: list[Equalized] = field(default_factory=list)
+    #: float-graph filter id -> the float filter after equalization (graph layout)
+    filters: dict[int, np.ndarray] = field(default_factory=dict)
+    #: the float graph it was made from
+    source: Graph | None = None
+
+    def primary(self, vid: int) -> int:
+        """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
+        return self.int8_of.get(vid, self.float_of.get(vid, -1))
+
+
+def _where(sources: Sequence[tuple[str, str, str]], handle: int) -> str:
+    if not 0 < handle <= len(sources):
+        return "a node of the graph"
+    op, name, path = sources[handle - 1]
+    return f"{op} (node {name}, module {path or '<top level>'})"
+
+
+def int8_refusal(node: Node, graph: Graph) -> str | None:
+    """Why ``node`` (of the float graph) has no int8 form here, or None (module docstring)."""
+    kind = node.kind
+    if kind in DATA_MOVEMENT:
+        return None
+    if kind in INT8_REFUSED:
+        return f"XNNPACK 1adaa7c7 has no qint8 {kind[3:]} (its runtime refuses it); computed in fp32 between converts"
+    if kind not in COMPUTING:
+        return (f"{kind} has no static int8 form here (not among XNNPACK's qint8 kinds measured bit-exact); computed "
+                "in fp32 between converts")
+    ins = [graph.value(i) for i in node.inputs]
+    if kind in WEIGHTED:
+        if any(not v.is_constant or v.datatype is not Datatype.fp32 for v in ins[1:]):
+            return f"{kind} with a computed or non-fp32 filter or bias; computed in fp32 between converts"
+    if kind in BINARY:
+        for v in ins:
+            if v.is_constant and math.prod(v.dims) != 1:
+                return (f"{kind} with a constant operand of {math.prod(v.dims)} elements (one int8 scale for them "
+                        "all would cost accuracy); computed in fp32 between converts")
+    return None
+
+
+class _Sets:
+    """Union-find over value ids."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, x: int) -> int:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _constant_scalar(v: Value) -> float:
+    return float(v.array().reshape(-1)[0])
+
+
+def _scalar_qint8(c: float) -> QuantizedTensor:
+    """A one-element constant as qint8: code +-127 (0 for 0), scale ``|c| / 127``, zero point 0."""
+    scale = F32(abs(c) / 127.0) if c != 0 else F32(1.0)
+    code = np.array([0 if c == 0 else (127 if c > 0 else -127)], np.int8)
+    return QuantizedTensor(Datatype.qint8, code, scale, 0)
+
+
+class Rewrite:
+    """One rewrite (module docstring); ``run()`` returns the ``Int8Graph``."""
+
+    def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
+                 rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
+                 method: str, equalize: bool = False) -> None:
+        self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.equalize = equalize
+        self.rows, self.filters = list(rows), filters
+        self.ranges, self.percentile, self.method = ranges, percentile, method
+        self.producer = {vid: n for n in graph.nodes for vid in n.outputs}
+        self.refusal: dict[int, str] = {}  # node index -> why it stays fp32
+        self.group: dict[int, int] = {}  # float value id -> its group (of values sharing a grid)
+        self.grids: dict[int, tuple[float, int]] = {}  # group -> its grid (scale, zero point)
+        self.domain: dict[int, Datatype] = {}  # float value id -> what its producer computes in
+        self.filter_q: dict[int, QuantizedTensor] = {}
+        self.weights: dict[int, np.ndarray] = {}  # float filter id -> its values (after equalization)
+        self.biases: dict[int, np.ndarray] = {}  # node index -> its float bias (after equalization)
+        self.out = Graph(target=graph.target, write_scale_bf16=graph.write_scale_bf16,
+                         scales_in_segment=graph.scales_in_segment)
+        self.result = Int8Graph(self.out, self.rows, [])
+
+    # ------------------------------------------------------------- planning
+
+    def plan(self) -> None:
+        src = self.src
+        computing: dict[int, list[int]] = {}
+        for i, n in enumerate(src.nodes):
+            reason = int8_refusal(n, src)
+            if reason is not None:
+                self.refusal[i] = reason
+            elif n.kind not in DATA_MOVEMENT:
+                computing.setdefault(n.debug_handle, []).append(i)
+        for nodes in computing.values():
+            if len(nodes) > 1:
+                kinds = ", ".join(src.nodes[i].kind for i in nodes)
+                for i in nodes:
+                    self.refusal[i] = (f"lowered as a composition of {len(nodes)} computing nodes ({kinds}); an int8 "
+                                       "ATen node is one computing node; computed in fp32 between converts")
+        if self.equalize:
+            self._equalize()
+        self._grids()
+        for i, n in enumerate(src.nodes):
+            if i not in self.refusal and n.kind in WEIGHTED:
+                self._fit_requantization(n)
+        for i, n in enumerate(src.nodes):
+            if i not in self.refusal:
+                reason = self._ratio_refusal(n)
+                if reason is not None:
+                    self.refusal[i] = reason
+
+    def _grids(self) -> None:
+        """Every activation's grid: data-movement nodes tie values into groups, each group's range
+        chosen once from its members' statistics."""
+        sets = _Sets()
+        pads: dict[int, float] = {}
+        for n in self.src.nodes:
+            if n.kind in DATA_MOVEMENT:
+                for vid in n.inputs:
+                    if not self.src.value(vid).is_constant:
+                        sets.union(vid, n.outputs[0])
+                if n.kind == "XNNStaticConstantPad" and math.isfinite(n.params.get("padding_value", 0.0)):
+                    pads[n.outputs[0]] = float(n.params.get("padding_value", 0.0))
+        members: dict[int, list[int]] = {}
+        for v in self.src.values:
+            if not v.is_constant and v.datatype is Datatype.fp32:
+                members.setdefault(sets.find(v.id), []).append(v.id)
+        for root, vids in members.items():
+            seen = [self.stats[v] for v in vids if v in self.stats]
+            if not seen:
+                continue  # never observed (an argmax index, a value no node reads): never quantized
+            merged = seen[0]
+            for s in seen[1:]:
+                merged = merged.merged(s)
+            weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
+            lo, hi = choose_range(merged, self.ranges, self.percentile, weights)
+            for vid in vids:
+                if vid in pads:
+                    lo, hi = min(lo, pads[vid]), max(hi, pads[vid])
+                self.group[vid] = root
+            self.grids[root] = qparams(lo, hi)
+
+    def _channel_weights(self, vid: int) -> np.ndarray | None:
+        """float64 ``(C,)``: per channel of ``vid``, the sum of its readers' squared filter entries
+        that multiply it (``ranges``' ``output_mse``); None unless every reader is a filtered node
+        reading ``vid`` as its input."""
+        total: np.ndarray | None = None
+        for n in self.src.nodes:
+            if vid not in n.inputs:
+                continue
+            if n.kind not in WEIGHTED or n.inputs[0] != vid or vid in n.inputs[1:]:
+                return None
+            w = self._weights(n.inputs[1]).astype(np.float64) ** 2
+            if n.kind == "XNNFullyConnected":
+                per = (w.T if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else w).sum(axis=0)
+            elif n.kind == "XNNDepthwiseConv2d":
+                c = self.src.value(vid).dims[-1]
+                per = w.sum(axis=(0, 1, 2)).reshape(c, -1).sum(axis=1)
+            else:
+                groups = int(n.params.get("groups", 1))
+                oc, kh, kw, cg = w.shape
+                per = w.reshape(groups, oc // groups * kh * kw, cg).sum(axis=1).reshape(groups * cg)
+            total = per if total is None else total + per
+        return total
+
+    def quant(self, vid: int) -> tuple[float, int]:
+        """The grid ``(scale, zero point)`` of float-graph value ``vid``."""
+        return self.grids[self.group[vid]]
+
+    def _grid(self, vid: int, node: Node) -> tuple[float, int]:
+        if vid not in self.group:
+            raise XnnquantError(f"static int8: {_where(self.sources, node.debug_handle)} reads value {vid}, which "
+                                "calibration never observed")
+        return self.quant(vid)
+
+    # -------------------------------------------------------- equalization
+
+    def _weights(self, wid: int) -> np.ndarray:
+        if wid not in self.weights:
+            self.weights[wid] = self.src.value(wid).array().astype(F32)
+        return self.weights[wid]
+
+    def _bias(self, i: int) -> np.ndarray:
+        if i not in self.biases:
+            n = self.src.nodes[i]
+            w = self._weights(n.inputs[1])
+            self.biases[i] = (self.src.value(n.inputs[2]).array().astype(F32) if len(n.inputs) > 2
+                              else np.zeros(w.shape[_out_axis(n)], F32))
+        return self.biases[i]
+
+    def _equalize(self) -> None:
+        """Equalize every channel group the module docstring allows."""
+        src = self.src
+        readers: dict[int, list[int]] = {}
+        for i, n in enumerate(src.nodes):
+            for vid in n.inputs:
+                readers.setdefault(vid, []).append(i)
+        sets = _Sets()
+        for i, n in enumerate(src.nodes):
+            if (n.kind in ("XNNAdd", "XNNSubtract") or self._channelwise(n)) and i not in self.refusal:
+                for vid in n.inputs:
+                    sets.union(vid, n.outputs[0])
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(src.nodes):
+            if i not in self.refusal and (n.kind in (*WEIGHTED, "XNNAdd", "XNNSubtract") or self._channelwise(n)):
+                groups.setdefault(sets.find(n.outputs[0]), []).append(n.outputs[0])
+        for values in groups.values():
+            group = set(values)
+            members = self._equalizable(group, readers)
+            if members is None:
+                continue
+            producers, consumers = members
+            stats = [self.stats[v] for v in sorted(group) if v in self.stats]
+            factors = self._factors(stats, [src.nodes[j] for j in consumers])
+            for i in producers:
+                self._scale_output(i, factors)
+            for j in consumers:
+                self._scale_input(src.nodes[j], factors)
+            for v in group:
+                if v in self.stats:
+                    self.stats[v] = self.stats[v].scaled(factors)
+            self.result.equalized.extend(Equalized(tuple(producers), tuple(consumers), v, factors)
+                                         for v in sorted(group))
+
+    def _equalizable(self, group: set[int], readers: dict[int, list[int]]) -> tuple[list[int], list[int]] | None:
+        """(filtered producers, filtered readers) of a channel group whose channels can be scaled
+        together (module docstring), or None."""
+        src = self.src
+        producers, consumers = [], []
+        bounded = sum(self.producer[v].kind in WEIGHTED for v in group if v in self.producer) == 1
+        for v in group:
+            n = self.producer.get(v)
+            i = src.nodes.index(n) if n is not None else -1
+            observed = v in self.stats or (n is not None and n.kind in DATA_MOVEMENT)
+            if n is None or i in self.refusal or src.value(v).is_output or not observed:
+                return None
+            if n.kind in WEIGHTED:
+                if not self._own_filter(n, readers) or not _scale_invariant(n, single=bounded):
+                    return None
+                producers.append(i)
+            elif any(u not in group for u in n.inputs) or not _scale_invariant(n, single=bounded):
+                return None  # an add of a value outside the group, or of a constant
+            for j in readers.get(v, []):
+                r = src.nodes[j]
+                if r.kind in WEIGHTED and r.inputs[0] == v and v not in r.inputs[1:] and self._own_filter(r, readers):
+                    consumers.append(j)
+                elif not ((r.kind in ("XNNAdd", "XNNSubtract") or self._channelwise(r)) and r.outputs[0] in group
+                          and j not in self.refusal):
+                    return None
+        if not consumers or j_refused(consumers, self.refusal):
+            return None
+        return sorted(set(producers)), sorted(set(consumers))
+
+    def _channelwise(self, n: Node) -> bool:
+        """Whether ``n`` computes each channel (the last dim) from the same channel alone and
+        commutes with a positive scaling of the channels: global average pooling, max pooling, a
+        copy, a reshape or slice that keeps the last dim whole, a zero padding."""
+        if n.kind in ("XNNGlobalAvgPooling2d", "XNNMaxPooling2d", "XNNCopy"):
+            return True
+        dims_in, dims_out = self.src.value(n.inputs[0]).dims, self.src.value(n.outputs[0]).dims
+        last_kept = bool(dims_in) and bool(dims_out) and dims_in[-1] == dims_out[-1]
+        if n.kind in ("XNNStaticReshape", "XNNStaticSlice"):
+            return last_kept
+        if n.kind == "XNNStaticConstantPad":
+            return last_kept and n.params.get("padding_value", 0.0) == 0.0
+        return False
+
+    def _own_filter(self, n: Node, readers: dict[int, list[int]]) -> bool:
+        return len(readers.get(n.inputs[1], [])) == 1 and not n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS
+
+    def _factors(self, stats: list[ValueStats], consumers: list[Node]) -> np.ndarray:
+        a = np.zeros(0)
+        for st in stats:
+            assert st.channel_lo is not None and st.channel_hi is not None
+            m = np.maximum(np.abs(st.channel_lo), np.abs(st.channel_hi)).astype(np.float64)
+            a = m if a.size == 0 else np.maximum(a, m)
+        dense = [n for n in consumers if n.kind != "XNNDepthwiseConv2d"]
+        if not dense:
+            s = a / max(float(a.max()), 1e-30)
+        else:
+            r = np.max([_by_input_channel(n, self._weights(n.inputs[1])) for n in dense], axis=0).astype(np.float64)
+            balance = np.sqrt(a / np.maximum(r, 1e-30))
+            largest = float((a / np.maximum(balance, 1e-30)).max())
+            s = balance * largest / max(float(a.max()), 1e-30)
+        return np.clip(s, 1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT).astype(F32)
+
+    def _scale_output(self, i: int, factors: np.ndarray) -> None:
+        n = self.src.nodes[i]
+        w = self._weights(n.inputs[1])
+        shape = [1] * w.ndim
+        shape[_out_axis(n)] = -1
+        self.weights[n.inputs[1]] = (w / factors.reshape(shape)).astype(F32)
+        self.biases[i] = (self._bias(i) / factors).astype(F32)
+
+    def _scale_input(self, n: Node, factors: np.ndarray) -> None:
+        w = self._weights(n.inputs[1])
+        if n.kind == "XNNFullyConnected":
+            scaled = w * factors[None, :]
+        elif n.kind == "XNNDepthwiseConv2d":
+            scaled = w * np.repeat(factors, w.shape[3] // factors.size)[None, None, None, :]
+        else:
+            groups = int(n.params.get("groups", 1))
+            oc, kh, kw, cg = w.shape
+            scaled = (w.reshape(groups, oc // groups, kh, kw, cg)
+                      * factors.reshape(groups, 1, 1, 1, cg)).reshape(w.shape)
+        self.weights[n.inputs[1]] = scaled.astype(F32)
+
+    # ---------------------------------------------------------- quantizing
+
+    def _filter(self, n: Node) -> QuantizedTensor:
+        wid = n.inputs[1]
+        if wid not in self.filter_q:
+            w = self._weights(wid)
+            axis = 3 if n.kind == "XNNDepthwiseConv2d" else (1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0)
+            self.filter_q[wid] = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
+        return self.filter_q[wid]
+
+    def _fit_requantization(self, n: Node) -> None:
+        """Raise the output's scale (its whole group's) so that ``s_x * s_w / s_y < 256``."""
+        s_x = F32(self._grid(n.inputs[0], n)[0])
+        accumulator = (s_x * np.asarray(self._filter(n).scale, F32)).astype(F32)
+        out = n.outputs[0]
+        s_y, zp_y = self._grid(out, n)
+        need = float(np.max(accumulator)) / (MAX_REQUANTIZATION * (1 - 2**-10))
+        if s_y < need:
+            self.grids[self.group[out]] = (float(F32(need)), zp_y)
+
+    def _ratio_refusal(self, n: Node) -> str | None:
+        """Why a node's scale ratios fall outside XNNPACK's asserted ranges (``rules.INT8_RATIO_RANGES``)."""
+        if n.kind not in INT8_RATIO_RANGES:
+            return None
+        scales = [self._operand_scale(i, n) for i in n.inputs[:2]]
+        s_y = F32(self._grid(n.outputs[0], n)[0])
+        if n.kind in ("XNNAdd", "XNNSubtract"):
+            ratios = {f"input {k} scale / output scale": float(F32(s) / s_y) for k, s in enumerate(scales)}
+        elif n.kind == "XNNMultiply":
+            ratios = {"input scale product / output scale": float((F32(scales[0]) * F32(scales[1])) / s_y)}
+        else:  # leaky ReLU
+            r = F32(scales[0]) / s_y
+            ratios = {"input scale / output scale": float(r),
+                      "|negative_slope| * input scale / output scale": float(r * F32(n.params["negative_slope"]))}
+        lo, hi, inclusive = INT8_RATIO_RANGES[n.kind]
+        for name, ratio in ratios.items():
+            if not (lo <= abs(ratio) and (abs(ratio) <= hi if inclusive else abs(ratio) < hi)):
+                return (f"qint8 {n.kind[3:]} needs {name} in [2^{int(np.log2(lo))}, 2^{int(np.log2(hi))}]: it would "
+                        f"be {ratio:.4g} (XNNPACK asserts this range); computed in fp32 between converts")
+        return None
+
+    def _operand_scale(self, vid: int, n: Node) -> float:
+        v = self.src.value(vid)
+        if v.is_constant:
+            return float(_scalar_qint8(_constant_scalar(v)).scale)
+        return self._grid(vid, n)[0]
+
+    # ------------------------------------------------------------- emitting
+
+    def run(self) -> Int8Graph:
+        self.plan()
+        src, out, res = self.src, self.out, self.result
+        for vid in src.inputs:
+            v = src.value(vid)
+            res.float_of[vid] = out.input(v.dims, v.datatype, v.quant)
+        for vid in src.inputs:
+            self.domain[vid] = Datatype.fp32
+        leaning = self._int8_leaning()
+        for i, n in enumerate(src.nodes):
+            moved_float = n.kind in DATA_MOVEMENT and i not in leaning and not any(
+                self.domain.get(v) is Datatype.qint8 for v in n.inputs)
+            if i in self.refusal or moved_float:  # data movement follows its input, or its readers
+                self._emit_float(n)
+            else:
+                self._emit_int8(n)
+        for k, vid in enumerate(src.outputs):
+            if vid in res.int8_of and vid not in res.float_of:
+                res.boundaries.append(Boundary(f"output {k}", "qint8 -> fp32: a graph output is float32"))
+            out.output(self._float(vid, self.producer[vid].debug_handle))
+        handles_float = {src.nodes[i].debug_handle for i, n in enumerate(src.nodes)
+                         if i in self.refusal}
+        for handle in sorted(handles_float):
+            reasons = sorted({self.refusal[i] for i, n in enumerate(src.nodes) if i in self.refusal
+                              and n.debug_handle == handle})
+            res.boundaries.append(Boundary(_where(self.sources, handle), "; ".join(reasons)))
+        res.int8_handles = {n.debug_handle for i, n in enumerate(src.nodes) if i not in self.refusal
+                            and n.kind not in DATA_MOVEMENT} - handles_float
+        res.quant = {vid: self.quant(vid) for vid in self.group}
+        res.filters = dict(self.weights)
+        res.source = self.src
+        self._rows()
+        return res
+
+    def _int8_leaning(self) -> set[int]:
+        """Data-movement nodes (by index) every reader of whose output computes in int8: they move
+        int8 codes even when their input is fp32 (the convert then comes before them)."""
+        readers: dict[int, list[int]] = {}
+        for i, n in enumerate(self.src.nodes):
+            for vid in n.inputs:
+                readers.setdefault(vid, []).append(i)
+        leaning: set[int] = set()
+        for i in reversed(range(len(self.src.nodes))):
+            n = self.src.nodes[i]
+            out = n.outputs[0]
+            if n.kind in DATA_MOVEMENT and not self.src.value(out).is_output and readers.get(out) and all(
+                    r not in self.refusal and (self.src.nodes[r].kind not in DATA_MOVEMENT or r in leaning)
+                    for r in readers[out]):
+                leaning.add(i)
+        return leaning
+
+    def _input_of(self, vid: int) -> int | None:
+        """The graph input ``vid`` is (through data movement), or None."""
+        while vid not in self.src.inputs:
+            n = self.producer.get(vid)
+            if n is None or n.kind not in DATA_MOVEMENT:
+                return None
+            vid = n.inputs[0]
+        return self.src.inputs.index(vid)
+
+    def _int8(self, vid: int, handle: int) -> int:
+        """The qint8 value of float-graph value ``vid`` (converted or quantized on first use)."""
+        res = self.result
+        if vid in res.int8_of:
+            return res.int8_of[vid]
+        v = self.src.value(vid)
+        if v.is_constant:
+            res.int8_of[vid] = self.out.constant(_scalar_qint8(_constant_scalar(v)))
+            return res.int8_of[vid]
+        scale, zero_point = self.quant(vid)
+        res.int8_of[vid] = self.out.convert(self._float(vid, handle), Datatype.qint8, scale=scale,
+                                            zero_point=zero_point, debug_handle=handle)
+        k = self._input_of(vid)
+        if k is not None:
+            res.boundaries.append(Boundary(f"input {k}", f"fp32 -> qint8 (scale {scale:.6g}, zero point "
+                                                         f"{zero_point}): a graph input is float32"))
+        return res.int8_of[vid]
+
+    def _float(self, vid: int, handle: int) -> int:
+        """The fp32 value of float-graph value ``vid`` (a copied constant or a dequantizing convert)."""
+        res = self.result
+        if vid in res.float_of:
+            return res.float_of[vid]
+        v = self.src.value(vid)
+        if v.is_constant:
+            res.float_of[vid] = self.out.constant(v.array())
+        else:
+            res.float_of[vid] = self.out.convert(res.int8_of[vid], Datatype.fp32, debug_handle=handle)
+        return res.float_of[vid]
+
+    def _emit_float(self, n: Node) -> None:
+        ins = tuple(self._float(i, n.debug_handle) for i in n.inputs)
+        outs = []
+        for vid in n.outputs:
+            v = self.src.value(vid)
+            outs.append(self.out.tensor(v.dims, v.datatype, v.quant))
+            self.result.float_of[vid] = outs[-1]
+            self.domain[vid] = Datatype.fp32
+        self.out.nodes.append(dataclasses.replace(n, inputs=ins, outputs=tuple(outs)))
+
+    def _emit_int8(self, n: Node) -> None:
+        handle = n.debug_handle
+        layer = None
+        if n.kind in WEIGHTED:
+            ins, layer = self._weighted_inputs(n)
+        else:
+            ins = tuple(self._int8(i, handle) for i in n.inputs)
+        vid = n.outputs[0]
+        scale, zero_point = self._grid(vid, n)
+        o = self.out.tensor(self.src.value(vid).dims, Datatype.qint8, PerTensorQuant(scale, zero_point))
+        self.result.int8_of[vid] = o
+        self.domain[vid] = Datatype.qint8
+        self.out.nodes.append(dataclasses.replace(n, inputs=ins, outputs=(o,)))
+        if layer is not None:
+            layer.node = len(self.out.nodes) - 1
+            self.result.layers.append(layer)
+
+    def _weighted_inputs(self, n: Node) -> tuple[tuple[int, ...], QuantizedLayer]:
+        x = self._int8(n.inputs[0], n.debug_handle)
+        stored = self._filter(n)
+        w = self._weights(n.inputs[1])
+        i = self.src.nodes.index(n)
+        bias = self._bias(i)
+        original = self.src.value(n.inputs[2]).array() if len(n.inputs) > 2 else np.zeros_like(bias)
+        s_x = self.quant(n.inputs[0])[0]
+        wid = self.out.constant(stored)
+        bid = self.out.constant(quantize_bias(bias, s_x, stored.scale))
+        return (x, wid, bid), QuantizedLayer(-1, n.inputs[1], w, bias, stored, bid, x, s_x, original, i, n.inputs[0])
+
+    def _rows(self) -> None:
+        """The report rows of quantized filters: scheme, bytes, SQNR; fp32 ones say why."""
+        quantized = {layer.filter_id for layer in self.result.layers}
+        for vid, origin in self.filters.items():
+            row = self.rows[origin.row]
+            if vid in quantized:
+                stored = self.filter_q[vid]
+                nbytes = int(stored.codes.size) + 4 * int(np.size(stored.scale))
+                self.rows[origin.row] = ReportRow(row.path, tuple(int(d) for d in stored.shape), "qc8w", nbytes,
+                                                  self._filter_sqnr(vid, stored), "")
+            else:
+                reasons = {self.refusal[i] for i, n in enumerate(self.src.nodes) if vid in n.inputs[1:]
+                           and i in self.refusal}
+                self.rows[origin.row] = dataclasses.replace(
+                    row, fallback="static int8: its node is computed in fp32 (" + "; ".join(sorted(reasons)) + ")")
+
+
+    def _filter_sqnr(self, vid: int, stored: QuantizedTensor) -> float:
+        """SQNR of the stored filter against the module's (equalization undone on both sides)."""
+        original = self.src.value(vid).array()
+        equalized = self.weights[vid]
+        if np.array_equal(original, equalized):
+            return weight_sqnr(original, stored)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(equalized != 0, original / equalized, 1.0)  # the factors, broadcast
+        restored = stored.dequantize().astype(np.float64) * ratio
+        noise = float(np.sum((original - restored) ** 2))
+        return math.inf if noise == 0 else 10 * math.log10(float(np.sum(original.astype(np.float64) ** 2)) / noise)
+
+
+def j_refused(nodes: list[int], refusal: dict[int, str]) -> bool:
+    return any(j in refusal for j in nodes)
+
+
+def _scale_invariant(n: Node, single: bool) -> bool:
+    """Whether ``n``'s output bounds commute with a positive per-channel scaling: none, or a lower
+    bound of 0 and no upper one (ReLU); a finite upper bound (ReLU6) only for a lone value
+    (module docstring)."""
+    lo, hi = n.output_min, n.output_max
+    lower_ok = lo is None or lo == 0 or lo == -math.inf
+    upper_ok = hi is None or hi == math.inf or (single and hi > 0)
+    return lower_ok and upper_ok
+
+
+def _out_axis(n: Node) -> int:
+    """The output-channel axis of a filtered node's filter (graph layout)."""
+    if n.kind == "XNNDepthwiseConv2d":
+        return 3
+    return 1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0
+
+
+def _by_input_channel(n: Node, w: np.ndarray) -> np.ndarray:
+    """``max |w|`` per input channel of a fully connected or regular convolution's filter ``(C,)``."""
+    if n.kind == "XNNFullyConnected":
+        return np.abs(w).max(axis=0)
+    groups = int(n.params.get("groups", 1))
+    oc, kh, kw, cg = w.shape
+    return np.abs(w.reshape(groups, oc // groups, kh * kw, cg)).max(axis=(1, 2)).reshape(groups * cg)
