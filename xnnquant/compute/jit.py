@@ -4,14 +4,14 @@ The quantizers' kernels (``schemes/kernels.py``, ``packing/int4.py``, ``schemes/
 cut their input into cache-sized pieces and run each piece through a few steps.  In
 numpy every step is its own pass over the piece (``abs``, ``max``, ``multiply``,
 ``rint``, ``clip``, cast, ...); numba runs the steps of one block back to back in
-registers (``compute.loops``).  On this project's 2-core Zen 2 that makes blockwise int4
-quantize + pack about 3x faster.
+registers (``compute.loops``), which saves the passes' memory traffic (README,
+"Performance", gives the speed-up).
 
 Both paths give the same bits: the loops do the same float32 operations in the same
 order (see ``compute.loops``), and the tests run every kernel both ways and compare.
 numba is optional (the ``fast`` extra); without it, or with ``XNNQUANT_JIT=0`` in the
-environment, every kernel takes its numpy path.  Loops are compiled on first use
-(about 2 s) and cached on disk by numba.
+environment, every kernel takes its numpy path.  Loops are compiled on first use and
+cached on disk by numba.
 """
 
 from __future__ import annotations

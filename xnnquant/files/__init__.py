@@ -85,8 +85,8 @@ def _hint(path: Path) -> str:
 
 def _write_behind(f: BinaryIO, chunks: Iterable[bytes | bytearray | memoryview], path: Path) -> None:
     """Write ``chunks`` in order, each from a thread of its own while the next one is made
-    (a streaming export quantizes the next weight while the last one is written: 2 s of
-    writes hidden in a 1.07e9-weight export).  At most two chunks are alive at a time; an
+    (a streaming export quantizes the next weight while the last one is written).  At most
+    two chunks are alive at a time; an
     error from either side is raised here once no write is in flight (a write's as
     ``OutputFileError``, see ``_writing``)."""
     with ThreadPoolExecutor(1, thread_name_prefix="xnnquant-write") as writer:

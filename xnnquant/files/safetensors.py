@@ -4,11 +4,9 @@ The ``safetensors`` package checks the file: ``safe_open`` checks the whole head
 the file is opened (dtypes, shapes, offsets that tile the data section exactly, nothing
 truncated), then closes it.  ``read`` maps one tensor's bytes (``mmap``) and views them as
 an array: no copy, the page cache's pages are the array, and they leave the process's
-resident memory when the array goes.  Measured on the benchmark's 1.07e9-parameter
-decoder (4.3 GB of float32, ``benchmarks/perf.py``): ``get_tensor`` (a copy into new
-memory) took 3.5 s of a 23 s streaming export with the file in the page cache; peak RSS
-of that export was 4.45 GiB with one ``safe_open`` kept for all reads (it maps the whole
-file), 0.51 GiB with one per tensor, 0.45 GiB mapping one tensor at a time.  A file cut
+resident memory when the array goes, so peak memory is one tensor's bytes, not the file's
+(one ``safe_open`` kept for all reads maps the whole file; ``get_tensor`` copies: README,
+"Performance").  A file cut
 short after it was checked is refused before mapping (a mapped page past the end would
 stop the process with SIGBUS), and so is a file changed in any way since it was opened:
 its identity (device, inode, size, modification time) is kept at opening and compared
@@ -141,10 +139,9 @@ class SafetensorsFile:
 
     def warm(self, name: str, chunk: int = 16 << 20) -> None:
         """Read tensor ``name``'s bytes into the page cache and wait for them (``chunk``
-        bytes at a time into one scratch buffer): for a thread that reads ahead.  Measured
-        on a cold 4.3 GB file, quantizing every weight behind a thread that warms the next
-        one took 7.5 s, behind ``posix_fadvise(WILLNEED)`` hints 8.5 s, with neither 11.1 s
-        (one plain read: 9.3 s)."""
+        bytes at a time into one scratch buffer): for a thread that reads ahead, so the
+        disk works while the caller quantizes (faster than ``posix_fadvise(WILLNEED)``
+        hints on a cold file: README, "Performance")."""
         begin, end = self._span(self.info(name).name)
         scratch = memoryview(bytearray(min(chunk, max(end - begin, 1))))
         with open(self.path, "rb", buffering=0) as f:

@@ -65,8 +65,8 @@ def decomposition_table() -> dict[Any, Any]:
 
 
 def needs_decomposition(program: Any) -> bool:
-    """True when some node's op has no lowering of its own, no pass removes it, and it is not
-    left to ExecuTorch's portable kernels as it is.
+    """True when some node's op has no lowering of its own (or one that refuses the node), no
+    pass removes it, and it is not left to ExecuTorch's portable kernels as it is.
 
     Decomposing with ``decomposition_table()`` rewrites exactly those ops (and
     functionalizes in-place ones, which have no lowering either); when every op is
@@ -83,9 +83,13 @@ def needs_decomposition(program: Any) -> bool:
     lowerings = load_lowerings()
     load_passes()
     for node in program.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem or node.target in lowerings \
-                or node.target in HANDLED or is_size(node):
+        if node.op != "call_function" or node.target is operator.getitem or node.target in HANDLED \
+                or is_size(node):
             continue
+        lowering = lowerings.get(node.target)
+        if lowering is not None and (lowering.check is None or lowering.check(node) is None or
+                                     portable_refusal(node) is None):
+            continue  # lowered, or refused and left to the portable kernels (a training-mode batch norm is not)
         values = [node, *node.all_input_nodes]
         if any(_dtype(v) not in ("float32", "") for v in values) and portable_refusal(node) is None:
             continue

@@ -48,8 +48,7 @@ if TYPE_CHECKING:
 READ_AHEAD_BYTES = 256 << 20
 #: Bytes of tensors, in file order, read while torch.export traces the module and
 #: ExecuTorch is imported, before any weight is asked for (models are usually stored in
-#: the order their layers run).  The disk is idle then otherwise: without it a cold-input
-#: 1B export to a .pte took 8 s longer than a warm one, with it 2 s.
+#: the order their layers run): the disk is otherwise idle then (README, "Performance").
 WARM_START_BYTES = 1 << 30
 
 

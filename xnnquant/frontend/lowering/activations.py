@@ -34,20 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...compute.special import ERFC_A, ERFC_P
 from ...errors import XnnquantError
 from . import lowers
 from .context import Activation, LoweringContext
 
 aten = torch.ops.aten
 
-# Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2),
-# t = 1 / (1 + P z), |error| <= 1.5e-7 for z >= 0
-AS_P = 0.3275911
-AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 GELU_TANH_C1 = 2.0 * math.sqrt(2.0 / math.pi)
 GELU_TANH_C2 = GELU_TANH_C1 * 0.044715
-
-CLAMP_KINDS = ("XNNClamp",)
 
 
 def clamped(ctx: LoweringContext, x: Any, low: float, high: float) -> Activation:
@@ -71,32 +66,32 @@ def _bound(value: Any, default: float, what: str) -> float:
     return float(value)
 
 
-@lowers(aten.relu.default, emits=CLAMP_KINDS)
+@lowers(aten.relu.default, emits=("XNNClamp",))
 def relu(ctx: LoweringContext, x: Any) -> Activation:
     return clamped(ctx, x, 0.0, math.inf)
 
 
-@lowers(aten.hardtanh.default, emits=CLAMP_KINDS)
+@lowers(aten.hardtanh.default, emits=("XNNClamp",))
 def hardtanh(ctx: LoweringContext, x: Any, min_val: float = -1.0, max_val: float = 1.0) -> Activation:
     return clamped(ctx, x, float(min_val), float(max_val))
 
 
-@lowers(aten.relu6.default, emits=CLAMP_KINDS)
+@lowers(aten.relu6.default, emits=("XNNClamp",))
 def relu6(ctx: LoweringContext, x: Any) -> Activation:
     return clamped(ctx, x, 0.0, 6.0)
 
 
-@lowers(aten.clamp.default, aten.clamp.Tensor, emits=CLAMP_KINDS)
+@lowers(aten.clamp.default, aten.clamp.Tensor, emits=("XNNClamp",))
 def clamp(ctx: LoweringContext, x: Any, min: Any = None, max: Any = None) -> Activation:  # noqa: A002  (ATen's names)
     return clamped(ctx, x, _bound(min, -math.inf, "min"), _bound(max, math.inf, "max"))
 
 
-@lowers(aten.clamp_min.default, emits=CLAMP_KINDS)
+@lowers(aten.clamp_min.default, emits=("XNNClamp",))
 def clamp_min(ctx: LoweringContext, x: Any, min: Any) -> Activation:  # noqa: A002
     return clamped(ctx, x, _bound(min, -math.inf, "min"), math.inf)
 
 
-@lowers(aten.clamp_max.default, emits=CLAMP_KINDS)
+@lowers(aten.clamp_max.default, emits=("XNNClamp",))
 def clamp_max(ctx: LoweringContext, x: Any, max: Any) -> Activation:  # noqa: A002
     return clamped(ctx, x, -math.inf, _bound(max, math.inf, "max"))
 
@@ -190,8 +185,8 @@ def _gelu_erf(ctx: LoweringContext, x: Activation) -> int:
         return ctx.constant_like(v, x)
 
     a = g.abs(x.id)
-    t = g.divide(c(1.0), g.add(g.multiply(a, c(AS_P / math.sqrt(2.0))), c(1.0)))
-    half = [0.5 * k for k in AS_A]  # the 1/2 of erfc / 2 folded into the coefficients
+    t = g.divide(c(1.0), g.add(g.multiply(a, c(ERFC_P / math.sqrt(2.0))), c(1.0)))
+    half = [0.5 * k for k in ERFC_A]  # the 1/2 of erfc / 2 folded into the coefficients
     poly = g.multiply(t, c(half[4]))
     for k in reversed(half[:4]):
         poly = g.multiply(g.add(poly, c(k)), t)

@@ -194,6 +194,7 @@ class LoweringContext:
         self._dynamic: dict[tuple[int, int], int] = {}
         self._scaled: dict[tuple[int, int], int] = {}
         self._constants: dict[tuple[int, tuple[int, ...]], tuple[Any, int]] = {}
+        self._filled: dict[tuple[tuple[int, ...], float], int] = {}
         self._dequantized: dict[int, tuple[Any, np.ndarray]] = {}  # id(filter tensor) -> (it, its stored values)
         #: ATen node -> how the self-check computes it (nodes whose lowering quantized)
         self.references: dict[Any, QuantizedReference] = {}
@@ -292,6 +293,14 @@ class LoweringContext:
         vid = self.graph.constant(data)
         if cache is not None:
             self._constants[cache] = (key, vid)
+        return vid
+
+    def filled(self, dims: tuple[int, ...], value: float) -> int:
+        """A float32 constant of ``dims`` holding ``value`` everywhere (one value per dims and value)."""
+        key = (tuple(dims), float(np.float32(value)))
+        vid = self._filled.get(key)
+        if vid is None:
+            vid = self._filled[key] = self.graph.constant(np.full(dims, value, np.float32))
         return vid
 
     def constant_like(self, x: Any, like: Activation) -> int:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
 from ...errors import XnnquantError
 from . import all_of, lowers, reads_later_outputs, static_shapes
 from .context import Activation, LoweringContext, identity
+from .reduction import as_rows, row_sums
 
 aten = torch.ops.aten
 
@@ -52,10 +52,8 @@ def layer_norm_value(ctx: LoweringContext, x: Activation, normalized_shape: Any,
         x = ctx.relaid(x, identity(x.rank))
     lead = x.physical_exprs[: x.rank - count]
     rows = ctx.reshape(x.id, x.dims[: x.rank - count] + (n,), lead + (None,)) if count > 1 else x.id
-    average = ctx.constant(np.full((1, n), 1.0 / n, np.float32))
-    mean = g.fully_connected(rows, average)
-    centered = g.subtract(rows, mean)
-    variance = g.fully_connected(g.square(centered), average, ctx.constant(np.array([eps], np.float32)))
+    centered = g.subtract(rows, row_sums(ctx, rows, n, 1.0 / n))
+    variance = row_sums(ctx, g.square(centered), n, 1.0 / n, eps)
     if "XNNReciprocalSquareRoot" in g.target.node_kinds:
         y = g.multiply(centered, g.reciprocal_square_root(variance))
     else:
@@ -91,8 +89,6 @@ def normalized(ctx: LoweringContext, x: Activation, reduced: list[int], eps: flo
     """``(x - mean) / sqrt(var + eps)`` with mean and (biased) variance over the torch dims
     ``reduced``, computed as in ``layer_norm_value`` on ``x`` read as rows ``[*kept, n]``
     (``reduction.as_rows``); the result is laid out kept dims first, reduced dims last."""
-    from .reduction import as_rows
-
     rows, kept, n = as_rows(ctx, x, reduced)
     order = tuple(d for d in range(x.rank) if d not in reduced) + tuple(reduced)
     flat = ctx.tensor(rows, kept + (n,) if kept else (1, n))

@@ -38,7 +38,7 @@ import torch
 from ...errors import XnnquantError
 from . import lowers, reads_later_outputs
 from .context import NHWC, Activation, LoweringContext, pair
-from .reduction import not_scalar
+from .reduction import not_scalar, row_sums
 
 aten = torch.ops.aten
 
@@ -181,8 +181,7 @@ def mean_value(ctx: LoweringContext, x: Activation, dims: Any, keepdim: bool) ->
     laid = ctx.in_layout(x, tuple(rest) + tuple(reduced))
     rows = ctx.reshape(laid, tuple(x.shape[d] for d in rest) + (n,) if rest else (1, n),
                        rest_exprs + (None,) if rest else ())
-    average = ctx.constant(np.full((1, n), 1.0 / n, np.float32))
-    means = g.fully_connected(rows, average)
+    means = row_sums(ctx, rows, n, 1.0 / n)
     final = out_shape if out_shape else (1,)
     kept = tuple(None if d in reduced else exprs[d] for d in range(x.rank)) if keepdim else rest_exprs
     return ctx.tensor(ctx.reshape(means, final, kept if out_shape else ()), final, sym=kept if out_shape else ())

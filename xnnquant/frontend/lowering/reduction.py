@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
 from ...errors import XnnquantError
@@ -75,9 +74,8 @@ def _result(ctx: LoweringContext, vid: int, x: Activation, reduced: list[int], k
 def row_sums(ctx: LoweringContext, rows: int, n: int, weight: float, bias: float | None = None) -> int:
     """``weight * sum`` of each row of ``rows`` ``[..., n]`` (+ ``bias``): a fully connected node
     with a ``[1, n]`` filter, giving ``[..., 1]``."""
-    filt = ctx.constant(np.full((1, n), weight, np.float32))
-    b = None if bias is None else ctx.constant(np.array([bias], np.float32))
-    return ctx.graph.fully_connected(rows, filt, b)
+    b = None if bias is None else ctx.filled((1,), bias)
+    return ctx.graph.fully_connected(rows, ctx.filled((1, n), weight), b)
 
 
 def row_max(ctx: LoweringContext, rows: int, n: int) -> int:
