@@ -11,7 +11,8 @@ consistent).  For each mutant the JSON records:
   ``crashed``.
 
 The parent builds one ``.pte`` and splices each mutant into it; each mutant is loaded
-in a forked child (the parent never executes), so crashes are contained.
+in a forked child (the parent imports the runtime once, before any fork, and never loads
+a program), so crashes are contained.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import json
 import os
 import sys
 import tempfile
+from typing import Any
 
 import numpy as np
 
 from xnnquant.errors import XnnquantError
+
+Runtime: Any = None
 from xnnquant.graph import load, to_pte
 from xnnquant.graph.bounds import check_bounds
 from xnnquant.graph.header import XNNHeader
@@ -40,8 +44,6 @@ def _runtime(pte: bytes) -> str:
         log = tempfile.TemporaryFile()  # noqa: SIM115 (the child exits without cleanup)
         os.dup2(log.fileno(), 2)
         try:
-            from executorch.runtime import Runtime
-
             program = Runtime.get().load_program(pte)
             program.load_method("forward")
             verdict = "ok"
@@ -58,6 +60,9 @@ def _runtime(pte: bytes) -> str:
 
 
 def main(out: str, count: int, seed: int) -> None:
+    global Runtime
+    from executorch.runtime import Runtime  # once: each child would otherwise import torch again
+
     g = random_graph(11, ("XNNFullyConnected", "XNNConcatenate3", "XNNStaticTranspose"), every_datatype=False)
     base = g.to_bytes()
     header = XNNHeader.from_bytes(base)
