@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from xnnquant.errors import XnnquantError
-
-Runtime: Any = None
 from xnnquant.graph import load, to_pte
 from xnnquant.graph.bounds import check_bounds
 from xnnquant.graph.header import XNNHeader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the fixtures
 from graph_examples import random_graph
+
+Runtime: Any = None  # executorch.runtime's, imported by main
 
 
 def _runtime(pte: bytes) -> str:
