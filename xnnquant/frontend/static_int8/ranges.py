@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...constants import FLT_MIN
 from ...errors import XnnquantError
 
 #: Elements sampled per calibration batch from a value larger than this (all of a smaller one).
 SAMPLES = 8192
 #: Histogram bins over a value's [min, max].
-BINS = 4096
+BINS = 1 << 12
 #: Candidate bounds per side of ``mse``: fractions of the observed bound, from 2 % to 100 %.
 MSE_GRID = np.geomspace(0.02, 1.0, 96)
 QMIN, QMAX = -128, 127
@@ -168,7 +169,7 @@ def qparams(lo: float, hi: float) -> tuple[float, int]:
     if not (lo <= 0 <= hi and hi > lo):
         raise XnnquantError(f"an int8 range must hold 0 and be non-empty: got [{lo}, {hi}]")
     scale = np.float32((hi - lo) / (QMAX - QMIN))
-    if not scale >= np.finfo(np.float32).tiny:
+    if not scale >= FLT_MIN:
         raise XnnquantError(f"the int8 range [{lo:.3g}, {hi:.3g}] is too narrow for a float32 scale")
     zero_point = int(np.clip(np.rint(QMIN - lo / float(scale)), QMIN, QMAX))
     return float(scale), zero_point
