@@ -334,6 +334,9 @@ def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None,
 
 
 def main(out: str) -> None:
+    import torch  # noqa: F401  (once, here: each forked child would otherwise import torch and the runtime)
+    from executorch.runtime import Runtime  # noqa: F401
+
     results = {}
     for name, build in CASES.items():
         g = build()
