@@ -153,3 +153,33 @@ def test_an_op_neither_runs_is_refused_by_name() -> None:
                                                         r"aten.special_erfcx.default\) nor ExecuTorch's portable "
                                                         r"kernels"):
         xq.export(Neither().eval(), (torch.randn(2, 3),), weights="fp32", progress=False)
+
+
+class MaxWithIndices(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = torch.max(x, dim=1)
+        return values, indices
+
+
+def test_a_program_with_no_node_for_xnnpack_runs_on_the_portable_kernels() -> None:
+    """As ExecuTorch's flow would make it: no delegate, every node a portable kernel call."""
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    exported = xq.export(MaxWithIndices().eval(), (x,), weights="fp32", progress=False)
+    assert "0 XNNPACK delegate(s)" in exported.delegation_report()
+    values, indices = exported.run(x)
+    want_values, want_indices = torch.max(x, dim=1)
+    assert np.array_equal(values, want_values.numpy()) and np.array_equal(indices, want_indices.numpy())
+
+
+class NegativePad(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (1, -1))
+
+
+def test_arguments_the_portable_kernel_refuses_are_refused_by_name() -> None:
+    """1.4.1's portable constant_pad_nd fails the method on a negative pad (InvalidArgument)."""
+    with pytest.raises(xq.UnsupportedConfigError, match=r"aten.constant_pad_nd.default \(node constant_pad_nd, module "
+                                                        r"<top level>\): neither XNNPACK \(.*\) nor ExecuTorch's "
+                                                        r"portable kernels \(its portable kernel refuses negative "
+                                                        r"padding \(got pad \[1, -1\]"):
+        xq.export(NegativePad().eval(), (torch.randint(0, 9, (2, 4)),), weights="fp32", progress=False)

@@ -475,12 +475,6 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
                 f"({n.meta.get('xnnquant_why_portable', '')}) nor ExecuTorch's portable kernels ({why}) run it"
                 for n in portable if (why := portable_refusal(n)) is not None]
             problems = pass_options.problems + problems
-            if not phases and not problems:
-                shown = "; ".join(f"{n.name}: {n.meta.get('xnnquant_why_portable', '')}" for n in portable[:3])
-                shown += "; ..." if len(portable) > 3 else ""
-                problems.append(f"no node of the program runs in XNNPACK ({shown}): "
-                                "xnnquant writes programs that delegate to XNNPACK; expected a module with at least "
-                                "one op XNNPACK runs on float32 values")
             return Partition(groups, problems)
         pass_options.portable.update(refused)
         PASSES["partition"].fn(program, pass_options)

@@ -253,16 +253,17 @@ def _ptd_blobs(data: Blob, name: str) -> dict[str, Blob]:
 
 
 def read_pte(source: Source, data_files: Source | Iterable[Source] = (), *,
-             validate: bool = True) -> PteProgram:
+             validate: bool = True, need_delegate: bool = True) -> PteProgram:
     """Every XNNPACK delegate of an ExecuTorch program, read into a ``Graph``.
 
     ``source``: the ``.pte`` (bytes or a path).  ``data_files``: the ``.ptd`` files holding
     named data the program keeps outside (one path or bytes, or several); their blobs join
     the program's own.  ``validate``: passed to ``xnnquant.graph.load`` (``False`` reads
-    payloads the runtime would refuse).
+    payloads the runtime would refuse).  ``need_delegate=False`` reads a program without
+    XNNPACK delegates too (one that runs on ExecuTorch's portable kernels only).
 
     Raises ``ProgramError`` when the file is not a ``.pte``, is truncated or corrupt, has
-    no XNNPACK delegate, or a delegate's payload is malformed or names constants found
+    no XNNPACK delegate (unless ``need_delegate=False``), or a delegate's payload is malformed or names constants found
     neither in the program nor in ``data_files``.
     """
     validate = arguments.flag(validate, "validate")
@@ -291,7 +292,7 @@ def read_pte(source: Source, data_files: Source | Iterable[Source] = (), *,
             origin.setdefault(key, where)
     beside = _beside(source) if isinstance(source, (str, os.PathLike)) else ""
     delegates = tuple(_delegate(found, named, validate, name, files, beside) for found in program.xnnpack)
-    if not delegates:
+    if not delegates and need_delegate:
         listed = "; ".join(f"{m}: {len([d for d in program.others if d[0] == m])} other delegate(s)"
                            for m in program.methods)
         raise ProgramError(

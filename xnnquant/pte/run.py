@@ -79,7 +79,7 @@ def _as_program(program: PteProgram | Source, data_files: Any) -> PteProgram:
             raise XnnquantError(f"data_files= goes with a .pte's bytes or path: a PteProgram has read its data files "
                                 f"already (read_pte(path, data_files)); got {arguments.shown(data_files)}")
         return program
-    return read_pte(program, data_files)
+    return read_pte(program, data_files, need_delegate=False)
 
 
 def _data_map(program: PteProgram) -> bytes | None:

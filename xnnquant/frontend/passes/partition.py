@@ -99,6 +99,19 @@ def portable_refusal(node: Any) -> str | None:
         out_variant(node.target)
     except XnnquantError as exc:
         return str(exc)
+    return _argument_refusal(node)
+
+
+def _argument_refusal(node: Any) -> str | None:
+    """Arguments the 1.4.1 portable kernel refuses at run time (the method fails with
+    ``InvalidArgument``), found before the program is written."""
+    import torch
+
+    args = getattr(node, "args", ())
+    if node.target is torch.ops.aten.constant_pad_nd.default and len(args) > 1:
+        if any(isinstance(p, int) and p < 0 for p in args[1]):
+            return (f"its portable kernel refuses negative padding (got pad {list(args[1])}: "
+                    "'Padding values must be non-negative')")
     return None
 
 
