@@ -18,14 +18,14 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.xnnpack
-@pytest.mark.filterwarnings("ignore::xnnquant.schemes.calibration.CalibrationWarning")  # 64 sentences: few tokens for GPTQ
+@pytest.mark.filterwarnings("ignore::xnnquant.schemes.calibration.CalibrationWarning")  # 32 sentences: few tokens for GPTQ
 def test_rows_end_to_end_on_one_layer() -> None:
     from xnnquant.models import minilm_torch
     from xnnquant.models.sentences import calibration_sentences, evaluation_sentences
 
     module = minilm_torch.sentence_encoder(num_layers=1)
-    sentences = evaluation_sentences()[:main_job.BATCH + 1]  # 9 at batch 1, one batch of 8
-    calibration = [minilm_torch.sentence_inputs(calibration_sentences()[i:i + 32]) for i in (0, 32)]
+    sentences = evaluation_sentences()[:main_job.BATCH]  # 8 at batch 1, one batch of 8
+    calibration = [minilm_torch.sentence_inputs(calibration_sentences()[i:i + 16]) for i in (0, 16)]
     schemes = [main_job.Scheme("fp32"), main_job.Scheme("qb4w:32", "gptq", calibrated=True),
                main_job.Scheme("qb4w:32", embeddings="int8")]
     fp32, gptq, tables = main_job.run(schemes=schemes, with_executorch=False, repeats=1, module=module,
@@ -33,7 +33,7 @@ def test_rows_end_to_end_on_one_layer() -> None:
     assert (fp32.flow, fp32.scheme, gptq.scheme) == ("xnnquant", "fp32", "qb4w:32 gptq, calibrated")
     # each sentence at its own length (batch 1) and padded with the mask (batch 8) gives the module's embedding
     assert fp32.cos_worst > 1 - 1e-6 and fp32.cos_worst_8 > 1 - 1e-6
-    # one layer's int4 weights and int8 activations: measured 0.9987 mean, 0.9982 worst; a broken program < 0.9
+    # one layer's int4 weights and int8 activations: measured 0.9984 mean, 0.9979 worst; a broken program < 0.9
     assert 0.99 < gptq.cos_worst <= gptq.cos_mean < 1 - 1e-4 and gptq.cos_worst_8 > 0.99
     assert fp32.delegates == gptq.delegates == (2, 2)
     # the fp32 word embedding table alone is 30522 x 384 float32 (46.9 MB); int4 layers shrink the rest
