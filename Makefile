@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    export all-MiniLM-L6-v2's encoder with each weight scheme and with ExecuTorch's own
-#               flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm)
+#   make run    export all-MiniLM-L6-v2 whole (tokens dynamic) with each weight scheme and with
+#               ExecuTorch's own flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm)
 #   make test   lint (ruff, mypy), then the whole test suite, notebooks included
 # Both create .venv at the repo root and install the pinned dependencies into it.
 

@@ -3,8 +3,9 @@ all-MiniLM-L6-v2 against the numpy model's sequential GPTQ on the same sentences
 
 Both calibrate sequentially (each linear on what the already-quantized linears before it
 produce) and quantize all 36 linears with GPTQ, qb4w group 32, on the main job's 128
-held-out calibration sentences (``cli.main_job.calibration_batches``: 2 batches of 64,
-padding excluded from the statistics in both):
+held-out calibration sentences (``cli.main_job.CALIBRATION_SENTENCES`` in batches of
+``CALIBRATION_BATCH``: 2 batches of 64, as the encoder's inputs, padding excluded from the
+statistics in both):
 
 * ``export``: ``xq.export(module, example, weights="qb4w:32", method="gptq",
   calibration=batches, calibration_mask=1)``, the whole call (tracing, calibration,
@@ -56,13 +57,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from xnnquant.cli.main_job import CALIBRATION_SENTENCES, calibration_batches
+    from xnnquant.cli.main_job import CALIBRATION_BATCH, CALIBRATION_SENTENCES
     from xnnquant.models import minilm_torch, sequential
     from xnnquant.models.sentences import calibration_sentences
 
     module, example = minilm_torch.example()
-    batches = calibration_batches()
     sentences = calibration_sentences()[:CALIBRATION_SENTENCES]
+    batches = [minilm_torch.encoder_inputs(sentences[i:i + CALIBRATION_BATCH])
+               for i in range(0, len(sentences), CALIBRATION_BATCH)]
     tokens = int(sum(float(mask.sum()) for _, mask in batches))
     print(f"xnnquant {xq.__version__}; {CALIBRATION_SENTENCES} sentences in {len(batches)} batches "
           f"({', '.join(str(tuple(h.shape[:2])) for h, _ in batches)}; {tokens} real tokens); {load_note()}")

@@ -1,8 +1,9 @@
 """Command line.
 
 * ``xnnquant export MODEL -o out.pte``: a torch module to one XNNPACK program (``xq.export``);
-* ``xnnquant minilm``: the main job of ``make run``: the MiniLM encoder through ``xq.export``
-  with each scheme and through ExecuTorch's own flow, size, time, latency and accuracy;
+* ``xnnquant minilm``: the main job of ``make run``: all-MiniLM-L6-v2 whole, tokens dynamic,
+  through ``xq.export`` with each scheme and through ExecuTorch's own flow, size, time,
+  latency and accuracy;
 * ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (weight SQNR and bytes);
 * ``xnnquant inspect FILE``: the values and nodes of an XNNGraph payload, or of every
   XNNPACK delegate of an ExecuTorch program (``.pte``), with bytes by datatype;
@@ -298,15 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export)
-    minilm = sub.add_parser("minilm", help="the main job: the MiniLM encoder through xq.export and ExecuTorch's flow",
-                            description="Export all-MiniLM-L6-v2's encoder with each scheme, and with ExecuTorch's "
-                                        "own flow; run each .pte on the real XNNPACK; print size, export time, "
-                                        "latency and embedding accuracy side by side.")
+    minilm = sub.add_parser("minilm", help="the main job: all-MiniLM-L6-v2 through xq.export and ExecuTorch's flow",
+                            description="Export all-MiniLM-L6-v2 whole (token ids and mask in, sentence embedding "
+                                        "out; tokens dynamic 1..128) with each scheme, and with ExecuTorch's "
+                                        "own flow; run each .pte on the real XNNPACK on held-out sentences at "
+                                        "their own lengths; print size, export time, latency and embedding "
+                                        "accuracy side by side.")
     minilm.add_argument("--json", action="store_true", help="print the rows as JSON")
     minilm.add_argument("--no-executorch", action="store_true", help="leave out ExecuTorch's own flow")
     minilm.add_argument("--no-progress", action="store_true", help="no progress bar")
     minilm.add_argument("--save", metavar="DIR", default=None,
-                        help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse.pte), for xnnquant verify")
+                        help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse-b1.pte), for xnnquant verify")
     minilm.set_defaults(func=_minilm)
     inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload or of every "
                                              "XNNPACK delegate of a .pte")
