@@ -107,7 +107,7 @@ def _argument_refusal(node: Any) -> str | None:
     ``InvalidArgument``), found before the program is written."""
     import torch
 
-    args = getattr(node, "args", ())
+    args: tuple[Any, ...] = tuple(getattr(node, "args", ()))
     if node.target is torch.ops.aten.constant_pad_nd.default and len(args) > 1:
         if any(isinstance(p, int) and p < 0 for p in args[1]):
             return (f"its portable kernel refuses negative padding (got pad {list(args[1])}: "
