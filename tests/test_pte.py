@@ -20,6 +20,7 @@ import pytest
 from xnnquant import Datatype as D
 from xnnquant.errors import MissingExtraError, XnnquantError
 from xnnquant.graph import Graph, interpret, to_pte
+from xnnquant.graph.header import XNNHeader
 from xnnquant.pte import ProgramError, read_ptd, read_pte
 from xnnquant.rounding import to_bf16
 
@@ -114,21 +115,51 @@ def test_unused_delegate_arguments(et_programs: Path) -> None:
 # ----------------------------------------------------------------------------- our own .pte files
 
 
+SMALL_CONSTANT = np.random.default_rng(0).standard_normal(8).astype(np.float32)
+
+
 @pytest.fixture(scope="module")
-def small_pte() -> bytes:
-    """A one-delegate program around a payload built here (constants in its own segment)."""
-    rng = np.random.default_rng(0)
+def small_payload() -> bytes:
+    """A payload built here: ``x + c``, the constant in its own segment."""
     g = Graph()
     x = g.input((2, 8))
-    g.output(g.add(x, g.constant(rng.standard_normal(8).astype(np.float32))))
-    return to_pte(g.to_bytes())
+    g.output(g.add(x, g.constant(SMALL_CONSTANT)))
+    return g.to_bytes()
 
 
-def test_our_payload_comes_back_byte_for_byte(small_pte: bytes) -> None:
+@pytest.fixture(scope="module")
+def small_pte(small_payload: bytes) -> bytes:
+    return to_pte(small_payload)
+
+
+def test_our_constants_come_back_as_named_data(small_pte: bytes) -> None:
+    """``to_pte`` moves the payload's constants to named data (ExecuTorch frees a delegate's bytes
+    after init; a constant XNNPACK does not pack must outlive them)."""
     program = read_pte(small_pte)
     (delegate,) = program.delegates
-    assert delegate.named_data == {} and delegate.graph.load_info.named_keys == ()
+    assert delegate.graph.load_info.named_keys == ("xnnquant.constant.1",)
+    assert delegate.named_data == {"xnnquant.constant.1": SMALL_CONSTANT.tobytes()}
     assert small_pte.find(delegate.payload) > 0 and delegate.payload[4:8] == b"XH00"
+    assert XNNHeader.from_bytes(delegate.payload).constant_data_size == 0
+
+
+def test_inline_constants_come_back_byte_for_byte(small_payload: bytes) -> None:
+    (delegate,) = read_pte(to_pte(small_payload, constants="inline")).delegates
+    assert delegate.named_data == {} and delegate.graph.load_info.named_keys == ()
+    assert delegate.payload == small_payload
+
+
+def test_a_program_loaded_from_its_file_runs(small_pte: bytes, tmp_path: Path) -> None:
+    """Loaded from a file, the runtime frees the delegate's bytes after init: the constant of
+    the add (not packed by XNNPACK) must live in named data (inline, this read freed memory)."""
+    torch = pytest.importorskip("torch")
+    from executorch.runtime import Runtime
+
+    path = tmp_path / "small.pte"
+    path.write_bytes(small_pte)
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    (got,) = Runtime.get().load_program(str(path)).load_method("forward").execute([torch.from_numpy(x)])
+    np.testing.assert_array_equal(got.numpy(), x + SMALL_CONSTANT)
 
 
 def test_not_a_program(small_pte: bytes, tmp_path: Path) -> None:

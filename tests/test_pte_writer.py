@@ -79,8 +79,9 @@ def test_one_delegate_program_is_executorchs_bytes(case: str) -> None:
 
 
 def test_to_pte_and_its_stream_are_executorchs_bytes() -> None:
-    """``to_pte`` with the payload's own specs, and ``pte_chunks`` of a graph whose
-    constants are made one at a time: ExecuTorch's bytes for the whole payload."""
+    """``to_pte`` with the payload's own specs and its constants inline: ExecuTorch's bytes for
+    the whole payload; ``pte_chunks`` of a graph whose constants are made one at a time:
+    ``to_pte``'s bytes (constants as named data)."""
     rng = np.random.default_rng(0)
     g = Graph(target="1.4.1", scales_in_segment=True)
     x = g.input((4, 64))
@@ -90,9 +91,16 @@ def test_to_pte_and_its_stream_are_executorchs_bytes() -> None:
     g.output(g.fully_connected(g.convert(x, xq.Datatype.qdint8), g.constant(w)))
     payload = g.to_bytes()
     expected = lowered_pte(payload, [TensorSpec((4, 64), F32)], [TensorSpec((4, 16), F32)])
-    assert to_pte(payload) == expected
+    assert to_pte(payload, constants="inline") == expected
     pieces = list(pte_chunks(g))
-    assert b"".join(pieces) == expected and len(pieces) > 3  # the payload's pieces were passed on
+    assert len(pieces) > 3  # the constants were passed on, one named blob at a time
+    from executorch.runtime import Runtime
+
+    x = torch.from_numpy(rng.standard_normal((4, 64)).astype(np.float32))
+    outputs = [Runtime.get().load_program(pte).load_method("forward").execute([x])[0].numpy()
+               for pte in (b"".join(pieces), to_pte(payload), expected)]
+    np.testing.assert_array_equal(outputs[0], outputs[2])
+    np.testing.assert_array_equal(outputs[1], outputs[2])
 
 
 # ---------------------------------------------------------------------- any program

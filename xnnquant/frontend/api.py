@@ -488,12 +488,13 @@ def _dtype(node: Any) -> str:
 def _mixed(program: AtenProgram, delegates: list[Any], rows: list[ReportRow], options: ExportOptions,
            timings: dict[str, float]) -> Exported:
     """The ``Exported`` of a mixed program: its delegates and the program that runs them."""
+    from ..graph.writer import named_payload
     from .emit import emit, input_specs, output_specs, placements
 
     inputs, outputs = input_specs(program), output_specs(program)
     with stage("emit", timings):
-        builder = emit(program, delegates, [None if d is None else d.graph.to_bytes() for d in delegates],
-                       inputs, outputs)
+        builder = emit(program, delegates, [None if d is None else named_payload(d.graph, f"xnnquant.delegate{k}.")
+                                            for k, d in enumerate(delegates)], inputs, outputs)
     graphs = [d for d in delegates if d is not None]
     first = graphs[0] if graphs else None
     exported = Exported(first.graph if first is not None else None, rows, options.policy.weights,  # type: ignore[arg-type]

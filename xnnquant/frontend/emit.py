@@ -232,8 +232,12 @@ class _Emitter:
         return outs if several else outs[0]
 
     def delegate(self, lowered: Lowered, payload: Any) -> None:
-        """A delegate call: the tensors of its input nodes in, new tensors for its output nodes."""
+        """A delegate call: the tensors of its input nodes in, new tensors for its output nodes.
+        ``payload``: (payload bytes, its constants as named data), ``writer.named_payload``."""
         m = self.method
+        payload, constants = payload
+        for key, blob in constants:
+            m.program.add_named_data(key, blob)
         inputs = [self.operand(node) for node in lowered.input_nodes]
         outputs = [self.tensor_of(spec) for spec in lowered.outputs]
         for node, index in zip(lowered.output_nodes, outputs):
@@ -244,7 +248,7 @@ class _Emitter:
 def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Sequence[Any], inputs: Sequence[TensorIO],
          outputs: Sequence[TensorIO]) -> ProgramBuilder:
     """The ``ProgramBuilder`` of the partitioned ``program`` (module docstring); ``delegates[k]``
-    is the delegate of phase k, ``payloads[k]`` its bytes (or ``Chunked``)."""
+    is the delegate of phase k, ``payloads[k]`` its (payload, named constants)."""
     builder = ProgramBuilder()
     emitter = _Emitter(program, builder.method("forward"))
     m = emitter.method

@@ -154,11 +154,11 @@ class Exported:
         if self._pte is None:
             if self.mixed:
                 self._pte = self.builder.to_bytes()
-            else:
-                from ..graph import to_pte
+            else:  # the constants as named data (graph.program's module docstring), as save() streams them
+                from ..graph import pte_chunks
 
-                self._pte = to_pte(self.to_bytes(), inputs=self._specs(self.inputs), outputs=self._specs(self.outputs),
-                                   validate=False, dynamic=self.dynamic)  # validated when the payload was written
+                self._pte = b"".join(pte_chunks(self.graph, self._specs(self.inputs), self._specs(self.outputs),
+                                                self.dynamic))
         return self._pte
 
     @property

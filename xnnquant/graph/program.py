@@ -8,10 +8,15 @@ needed): one method ``forward`` whose values are a tensor per external input, th
 tensor per external output (shape, dtype, dim order); one ``XnnpackBackend`` delegate
 holding the payload in a segment of its own; one ``DelegateCall`` taking the inputs and
 giving the outputs; the inputs and outputs planned in memory as ExecuTorch plans them.
-Named data (constants that ExecuTorch-written payloads reference by ``named_key``) goes
-into the program's named-data segments.  The bytes are those ExecuTorch 1.4.1 writes for
-the same delegate (``LoweredBackendModule.buffer(extract_delegate_segments=True)``; a
-test compares them).
+The payload's constants go into the program's named-data segments, one per constant, each
+named by its ``constant_data`` entry (``writer.named_payload``): ExecuTorch's XNNPACK
+backend frees a delegate's bytes after building its runtime, and XNNPACK keeps pointers
+into them for constants it does not pack, so a program with its constants inside the
+payload runs only when loaded from bytes in memory; loaded from a file it reads freed
+memory.  ``constants="inline"`` keeps them in the payload (the bytes ExecuTorch 1.4.1
+writes for that payload, ``LoweredBackendModule.buffer(extract_delegate_segments=True)``;
+a test compares them).  Named data that an ExecuTorch-written payload references by
+``named_key`` goes into named-data segments as given.
 
 External ids order the arguments: inputs, then outputs, each by ascending external id
 (the runtime sorts them so), which is the order of ``Graph.inputs`` / ``Graph.outputs``.
@@ -31,7 +36,6 @@ import collections
 import contextlib
 import hashlib
 import io
-import itertools
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -206,10 +210,14 @@ def _as_specs(given: Sequence[SpecLike], role: str) -> list[TensorSpec]:
     return specs
 
 
+#: Prefix of the named-data keys of a one-delegate program's constants.
+CONSTANT_KEY_PREFIX = "xnnquant.constant."
+
+
 def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
            outputs: Sequence[SpecLike] | None = None, *,
            named_data: Mapping[str, bytes] | None = None, validate: bool = True,
-           dynamic: bool = False) -> bytes:
+           dynamic: bool = False, constants: str = "named") -> bytes:
     """The ``.pte`` program that runs ``payload`` as its only delegate call.
 
     ``inputs`` / ``outputs``: ``(shape, dtype)`` pairs (or ``(shape, dtype, dim_order)``
@@ -234,11 +242,18 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
     dynamic dims.  Above the bound the runtime refuses the call (ExecuTorch checks the
     element count of each input against its planned capacity).  ``False``: ``STATIC``
     tensors, which refuse any other shape.
+
+    ``constants``: ``"named"`` (default: the payload's constants as named data, see the
+    module docstring) or ``"inline"`` (kept in the payload: safe only for a program loaded
+    from bytes in memory).
     """
     validate, dynamic = arguments.flag(validate, "validate"), arguments.flag(dynamic, "dynamic")
+    if constants not in ("named", "inline"):
+        raise XnnquantError(f"constants must be 'named' or 'inline': got {arguments.shown(constants)}")
     named_data = checked_named_data(named_data)
     data = _payload_bytes(payload)
-    found_in, found_out = external_specs(_load_checked(data, named_data, validate))
+    graph = _load_checked(data, named_data, validate)
+    found_in, found_out = external_specs(graph)
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
     out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
     for role, given, found in (("input", in_specs, found_in), ("output", out_specs, found_out)):
@@ -247,12 +262,29 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
                 f"to_pte needs one spec per external {role} of the payload: "
                 f"got {len(given)}, expected {len(found)}"
             )
-    return _build_pte(data, in_specs, out_specs, named_data, dynamic)
+    if constants == "inline" or _has_no_inline_constants(data):
+        return _build_pte(data, in_specs, out_specs, named_data, dynamic)
+    from . import writer
+
+    data, own = writer.named_payload(graph, CONSTANT_KEY_PREFIX)
+    return _program(data, in_specs, out_specs, named_data, dynamic, own).to_bytes()
+
+
+def _has_no_inline_constants(payload: bytes) -> bool:
+    """True when the payload's constant segment is empty (its constants, if any, are named)."""
+    from .header import XNNHeader
+
+    try:
+        return XNNHeader.from_bytes(payload).constant_data_size == 0
+    except XnnquantError:  # no header: the legacy form, constants inline in the flatbuffer
+        return False
 
 
 def _program(payload: Payload, inputs: list[TensorSpec], outputs: list[TensorSpec],
-             named_data: Mapping[str, bytes] | None, dynamic: bool = False) -> ProgramBuilder:
-    """The one-delegate program running ``payload`` (module docstring)."""
+             named_data: Mapping[str, bytes] | None, dynamic: bool = False,
+             constants: Sequence[tuple[str, Any]] = ()) -> ProgramBuilder:
+    """The one-delegate program running ``payload`` (module docstring); ``constants``: its
+    constants as named data, in entry order (``writer.named_payload``)."""
     from ..pte.builder import ProgramBuilder
 
     if not outputs:
@@ -261,6 +293,8 @@ def _program(payload: Payload, inputs: list[TensorSpec], outputs: list[TensorSpe
     named = named_data or {}
     for key in sorted(named):
         program.add_named_data(key, named[key])
+    for key, blob in constants:
+        program.add_named_data(key, blob)
     method = program.method("forward")
 
     def tensor(spec: TensorSpec) -> int:
@@ -279,24 +313,19 @@ def _build_pte(data: bytes, inputs: list[TensorSpec], outputs: list[TensorSpec],
 
 def pte_chunks(graph: Any, inputs: Sequence[SpecLike] | None = None,
                outputs: Sequence[SpecLike] | None = None, dynamic: bool = False) -> Iterator[bytes | memoryview]:
-    """The ``.pte`` of a ``Graph(scales_in_segment=True)``, piece by piece; the pieces
-    joined are ``to_pte(graph.to_bytes())``, but the payload's constants are made and
-    passed on one value at a time (``writer.payload_chunks``): the program declares the
-    payload's segment at its full size (``writer.SegmentPlan``) and the writer reads the
-    payload's pieces as it reaches that segment.  ``inputs`` / ``outputs`` /
+    """The ``.pte`` of a ``Graph``, piece by piece; the pieces joined are
+    ``to_pte(graph.to_bytes())``, but for a graph with ``scales_in_segment`` each constant
+    is made and passed on when the writer reaches its named-data segment
+    (``writer.named_payload``), one value at a time.  ``inputs`` / ``outputs`` /
     ``dynamic``: as for ``to_pte``.
     """
-    from ..pte.builder import Chunked
     from . import writer
 
     found_in, found_out = external_specs(graph)
     in_specs = _as_specs(inputs, "input") if inputs is not None else found_in
     out_specs = _as_specs(outputs, "output") if outputs is not None else found_out
-    chunks = writer.payload_chunks(graph)  # validates the graph before the first piece
-    head = [next(chunks), next(chunks), next(chunks)]  # header, flatbuffer, padding
-    size = sum(len(c) for c in head) + writer.SegmentPlan.of(graph).size
-    yield from _program(Chunked(size, itertools.chain(head, chunks)), in_specs, out_specs, None,
-                          dynamic).chunks()
+    payload, named = writer.named_payload(graph, CONSTANT_KEY_PREFIX)  # validates the graph
+    yield from _program(payload, in_specs, out_specs, None, dynamic, named).chunks()
 
 
 @contextlib.contextmanager

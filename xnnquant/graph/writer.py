@@ -237,8 +237,12 @@ def _eager(constant: ConstantData) -> bytes | memoryview:
 
 
 def flatbuffer(graph: Graph, segment: ConstantSegment, *, inline_constants: bool = False,
-               identifier: bytes = FILE_IDENTIFIER) -> bytes:
+               identifier: bytes = FILE_IDENTIFIER, named_prefix: str | None = None) -> bytes:
     """The flatbuffer of ``graph``; constants are added to ``segment`` on the way.
+
+    ``named_prefix``: every ``constant_data`` entry after the reserved one names its bytes
+    instead of placing them (``named_payload``): ``{offset: UINT64_MAX, size, named_key:
+    named_prefix + str(index)}``, as ExecuTorch 1.4.1's own flow writes its constants.
 
     ``inline_constants`` writes the legacy form instead, for payloads without a header:
     every constant inline in the deprecated ``XNNGraph.constant_buffer`` (entry 0 an empty
@@ -246,12 +250,14 @@ def flatbuffer(graph: Graph, segment: ConstantSegment, *, inline_constants: bool
     or ``XN00`` (the runtime schema's, for tests of old payloads).
     """
     plan = SegmentPlan.of(graph) if getattr(graph, "scales_in_segment", False) else None
+    if plan is not None or named_prefix is not None:
+        b = _Builder(schema_141_generated)  # the only generated code with scale_buffer_idx and named_key
     if plan is not None:
-        b = _Builder(schema_141_generated)  # the only generated code with scale_buffer_idx
         values = [_value(b, v, plan.data_index.get(v.id, 0), plan.scale_buffer(v.id)) for v in graph.values]
         segment.entries[1:] = plan.entries[1:]
     else:
-        b = _Builder(generated_code(graph))
+        if named_prefix is None:
+            b = _Builder(generated_code(graph))
         indices = [segment.add(_eager(v.constant)) if v.constant is not None else 0 for v in graph.values]
         values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
     nodes = [_node(b, n) for n in graph.nodes]
@@ -259,6 +265,11 @@ def flatbuffer(graph: Graph, segment: ConstantSegment, *, inline_constants: bool
         blobs = segment.blobs()
         segment.clear()  # the blobs travel inline, the segment stays empty
         constants = _inline_buffers(b, [b"", *blobs])
+    elif named_prefix is not None:
+        entries = [_table(b, "ConstantDataOffset", {"offset": 0, "size": 0})] + [
+            _table(b, "ConstantDataOffset", {"offset": NAMED_OFFSET, "size": size,
+                                             "named_key": b.CreateString(f"{named_prefix}{i}")})
+            for i, (_, size) in enumerate(segment.entries[1:], 1)]
     else:
         entries = [_table(b, "ConstantDataOffset", {"offset": off, "size": size}) for off, size in segment.entries]
     root = {
@@ -293,6 +304,60 @@ def to_bytes(graph: Graph) -> bytes:
     header = XNNHeader.for_sizes(len(fbytes), len(constants))
     pad = b"\0" * (align(len(fbytes)) - len(fbytes))
     return header.to_bytes() + fbytes + pad + constants
+
+
+#: ``ConstantDataOffset.offset`` of a constant found by its ``named_key`` (ExecuTorch's value).
+NAMED_OFFSET = 2**64 - 1
+
+
+def named_payload(graph: Graph, prefix: str) -> tuple[bytes, list[tuple[str, Any]]]:
+    """(payload, named data) of ``graph`` with its constants outside the payload.
+
+    A ``.pte`` must hold an XNNPACK delegate's constants as named data: ExecuTorch's XNNPACK
+    backend frees the delegate's bytes once the runtime is built, and XNNPACK keeps pointers
+    into them for every constant it does not pack (the operand of a multiply, a PReLU's
+    slope).  A program loaded from bytes in memory survives that (freeing a buffer the
+    loader does not own does nothing); one loaded from a file reads freed memory (measured:
+    SIGSEGV on the first call of ``x * g + b``).  Named data lives as long as the method.
+
+    The payload is the header, the flatbuffer (every entry named ``prefix + index``, see
+    ``flatbuffer``) and its padding, with an empty constant segment::
+
+        XNNHeader (constant segment size 0) | XN01 flatbuffer | zeros to 16
+
+    The named data is ``[(prefix + index, blob)]`` in entry order: bytes, or for a graph
+    with ``scales_in_segment`` a ``pte.builder.Chunked`` made when it is written (a
+    ``Deferred`` value's data, then its scales, one value in memory at a time).
+    """
+    from ..pte.builder import Chunked
+    from .rules import validate
+
+    validate(graph)
+    segment = ConstantSegment()
+    fbytes = flatbuffer(graph, segment, named_prefix=prefix)
+    header = XNNHeader.for_sizes(len(fbytes), 0).to_bytes()
+    payload = header + fbytes + bytes(align(len(fbytes)) - len(fbytes))
+    if not getattr(graph, "scales_in_segment", False):
+        return payload, [(f"{prefix}{i}", blob) for i, blob in enumerate(segment.blobs(), 1)]
+    made: dict[int, bytes] = {}  # value id -> its scales, made with its data
+    return payload, [(f"{prefix}{i}", Chunked(blob.size, _Made(blob, made)))
+                     for i, blob in enumerate(SegmentPlan.of(graph).blobs, 1)]
+
+
+@dataclass
+class _Made:
+    """One blob of ``named_payload``, made each time it is iterated (a program may be written
+    twice): a value's data, then its scales, which the data's making left in ``made``."""
+
+    blob: Blob
+    made: dict[int, bytes]
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        if self.blob.part == "data":
+            data, self.made[self.blob.value.id] = _constant_parts(self.blob.value)
+            yield data
+        else:
+            yield self.made.pop(self.blob.value.id)
 
 
 # ------------------------------------------------------------ scales in the segment

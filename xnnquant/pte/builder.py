@@ -260,7 +260,7 @@ class ProgramBuilder:
         #: constant tensor data by constant index; index 0 is the empty placeholder that
         #: non-constant tensors point at
         self.constants: list[bytes] = [b""]
-        self.named_data: dict[str, Blob] = {}
+        self.named_data: dict[str, Payload] = {}
 
     def method(self, name: str = "forward") -> MethodBuilder:
         """A new method called ``name``."""
@@ -274,9 +274,15 @@ class ProgramBuilder:
         self.constants.append(bytes(data))
         return len(self.constants) - 1
 
-    def add_named_data(self, key: str, data: BytesLike) -> None:
-        """A blob found by ``key`` (XNNPACK payloads written by ExecuTorch name their
-        constants so); the same key twice must carry the same bytes."""
+    def add_named_data(self, key: str, data: BytesLike | Chunked) -> None:
+        """A blob found by ``key`` (XNNPACK delegates name their constants so), bytes or
+        ``Chunked`` (made when written); the same key twice must carry the same bytes."""
+        if isinstance(data, Chunked) and isinstance(key, str):
+            _text(key, "a named data key")
+            if key in self.named_data:
+                raise XnnquantError(f"named data {key!r} was added twice")
+            self.named_data[key] = data
+            return
         if not isinstance(key, str) or not isinstance(data, (bytes, bytearray, memoryview)):
             raise XnnquantError(f"named data must map str keys to bytes: got {type(key).__name__} -> "
                                 f"{type(data).__name__}")

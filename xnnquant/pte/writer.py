@@ -116,12 +116,14 @@ class SegmentLayout:
                 found.append(1 + same)
             delegate_segments.append(tuple(found))
         named: list[tuple[str, int]] = []
-        blobs: list[Blob] = []
+        blobs: list[Payload] = []
         for key, blob in program.named_data.items():
-            same = next((k for k, b in enumerate(blobs) if len(b) == len(blob) and b == blob), None)
+            same = None if isinstance(blob, Chunked) else next(
+                (k for k, b in enumerate(blobs) if not isinstance(b, Chunked) and len(b) == len(blob) and b == blob),
+                None)
             if same is None:
                 blobs.append(blob)
-                segments.append(((blob,), len(blob), CONSTANT_TENSOR_ALIGNMENT))
+                segments.append(((blob,), _size(blob), CONSTANT_TENSOR_ALIGNMENT))
                 same = len(blobs) - 1
             named.append((key, 1 + len(distinct) + same))
         placed, end = [], 0
