@@ -60,6 +60,10 @@ def main() -> None:
         config = LlamaConfig.large()
         return decoder(config, "cpu", seed=0), (torch.randn(1, config.seq, config.hidden),)
 
+    import xnnquant as xq
+
+    for make in (encoder, sentence):  # untimed: torch's and the runtime's first-call costs
+        xq.export(*make(), weights="fp32", progress=False)
     print("| model | weights | export, checked | check stage | share | export, check=False | difference |")
     print("|---|---|---|---|---|---|---|")
     for weights in ("fp32", "qb4w:32"):
