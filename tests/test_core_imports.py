@@ -18,8 +18,11 @@ x = g.input((2, 64))
 y = g.fully_connected(g.convert(x, xq.Datatype.qdint8), g.constant(qt))
 g.output(y)
 assert load(g.to_bytes()).values[-1].dims is not None
-pte = to_pte(g.to_bytes())  # xnnquant's own program writer and reader
-assert pte[4:8] == b"ET12" and read_pte(pte).delegates[0].payload == g.to_bytes()
+pte = to_pte(g.to_bytes())  # xnnquant's own program writer and reader, constants as named data
+(delegate,) = read_pte(pte).delegates
+assert pte[4:8] == b"ET12" and len(delegate.named_data) == len(delegate.graph.load_info.named_keys) > 0
+inline = to_pte(g.to_bytes(), constants="inline")
+assert read_pte(inline).delegates[0].payload == g.to_bytes()
 try:
     import xnnquant.xnnpack as bridge
     bridge.convert_f32_qd8(np.ones((1, 4), np.float32))

@@ -70,7 +70,7 @@ def test_read_pte_maps_the_program_file(tmp_path: Path) -> None:
     x = g.input((2, 64))
     g.output(g.fully_connected(x, g.constant(np.ones((32, 64), np.float32))))
     path = tmp_path / "m.pte"
-    path.write_bytes(to_pte(g.to_bytes()))
+    path.write_bytes(to_pte(g.to_bytes(), constants="inline"))  # the payload as written, constants in it
     (delegate,) = read_pte(path).delegates
     assert isinstance(delegate.payload, memoryview) and isinstance(delegate.payload.obj, mmap.mmap)
     weight = delegate.graph.values[1].constant
