@@ -19,9 +19,9 @@ ids and attention mask in, sentence embedding out, ``minilm_torch.sentence_encod
    with the runtime on one thread.  The same for fp32 weights (dynamic against padded).
 3. **Memory.**  One fresh process per line (``--memory FILE LENGTH``): VmRSS before the
    program is loaded (its bytes already read), after loading its method, and after one
-   call at LENGTH, with the peak (VmHWM, reset before the call).  From bytes, not by path:
-   ``Runtime.load_program(path)`` of an xnnquant MiniLM program crashes (SIGSEGV) in its
-   first call, inside an XNNPACK kernel; ExecuTorch's own program by path runs.  The dynamic program at 128 against the
+   call at LENGTH, with the peak (VmHWM, reset before the call).  From bytes (the figures in
+   the README were taken so, before programs held their constants as named data, when an
+   xnnquant program loaded by path crashed).  The dynamic program at 128 against the
    program fixed at ``(1, 128)``; at 16 tokens against the fixed ``(1, 32)`` one; ExecuTorch's
    dynamic program at both.  Beside each, what the program asks the runtime to plan:
    ``non_const_buffer_sizes`` (read with ExecuTorch's own deserializer).
