@@ -10,6 +10,7 @@ of its sums (a few float32 ulps of sums of at most a few hundred products: far b
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,26 @@ def test_arguments_the_portable_kernel_refuses_are_refused_by_name() -> None:
                                                         r"portable kernels \(its portable kernel refuses negative "
                                                         r"padding \(got pad \[1, -1\]"):
         xq.export(NegativePad().eval(), (torch.randint(0, 9, (2, 4)),), weights="fp32", progress=False)
+
+
+class SliceFromTheEnd(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 2.0)[:, :-1] + 1.0
+
+
+def test_a_node_its_lowering_refuses_runs_on_the_portable_kernels() -> None:
+    """XNNPACK slices a dynamic dim only from its start: the slice goes to the portable kernels
+    and the rest stays in XNNPACK (as ExecuTorch's partitioner leaves such a slice out)."""
+    n = torch.export.Dim("n", min=3, max=16)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    exported = xq.export(SliceFromTheEnd().eval(), (x,), weights="fp32", progress=False, dynamic_shapes=({1: n},))
+    report = exported.delegation_report()
+    assert re.search(r"portable: aten\.slice\.Tensor x1 \(a slice of dynamic dim 1 \(\w+\) at -1, from its end", report)
+    assert exported.summary["delegates"] == 2
+    for size in (8, 3, 16):
+        x = torch.randn(3, size, generator=torch.Generator().manual_seed(size))
+        (got,) = exported.run(x)
+        assert np.array_equal(got, SliceFromTheEnd()(x).numpy())  # one multiply, relu, slice, add: exact
+    with pytest.raises(xq.UnsupportedConfigError, match=r"a slice of dynamic dim 1 \(\w+\) at -1, from its end"):
+        xq.export(SliceFromTheEnd().eval(), (x,), weights="fp32", progress=False, dynamic_shapes=({1: n},),
+                  strict=True)

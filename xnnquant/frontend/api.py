@@ -335,9 +335,10 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     delegates: list[Lowered | None]
     with stage("lower", timings):
         if members is None:  # a pure program: one XNNPACK graph, the program's inputs and outputs its own
-            lowered = lower(program, options.target, weights, bar)
+            lowered = lower(program, options.target, weights, bar, raise_refusals=False)
+            members = _portable_after_refusals(program, lowered, options, pass_options, weight_file is not None)
             delegates = [lowered]
-        else:
+        if members is not None:
             rows: list[ReportRow] = []
             delegates = [None if group is None else lower(program, options.target, replace(weights, rows=rows),
                                                           members=group) for group in members]
@@ -414,6 +415,34 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
                                       ranges=static.ranges, percentile=static.percentile, method=method,
                                       bias_correction=static.bias_correction, equalize=static.equalize)
     return result
+
+
+def _portable_after_refusals(program: AtenProgram, lowered: Any, options: ExportOptions,
+                             pass_options: _PassOptions, streaming: bool) -> list[set[Any] | None] | None:
+    """A pure program's lowering refused ``lowered.refusals``: the nodes its lowerings refused
+    (a slice from a dynamic dim's end, ...) go to the portable kernels, and the program is
+    partitioned again (returned: the delegates' members).  With ``strict=True``, for a
+    streaming export (its weights are registered once), or when a refusal is not a node's
+    (a layer that cannot take its weights), every refusal is raised as ``lower`` raises it."""
+    from ..errors import UnsupportedConfigError
+    from .passes import PASSES
+
+    if not lowered.refusals:
+        return None
+    lines = "\n".join(f"  - {r}" for r in lowered.refusals)
+    refusal = UnsupportedConfigError(f"export refused {len(lowered.refusals)} node(s) or layer(s):\n{lines}")
+    if options.strict or streaming or not lowered.refused or any(
+            "cannot take its weights" in r for r in lowered.refusals):
+        raise refusal
+    pass_options.portable.update(lowered.refused)
+    PASSES["partition"].fn(program, pass_options)
+    partition = _partitioned(program, options, pass_options)
+    partition.raise_problems()
+    if partition.delegates is None:
+        raise refusal
+    if options.static_int8 is not None:
+        _refuse_mixed_static(program)
+    return partition.delegates
 
 
 #: Partition rounds: each sends the nodes a delegate's lowering refused to the portable kernels.
