@@ -517,7 +517,7 @@ def _dtype(node: Any) -> str:
 def _mixed(program: AtenProgram, delegates: list[Any], rows: list[ReportRow], options: ExportOptions,
            timings: dict[str, float]) -> Exported:
     """The ``Exported`` of a mixed program: its delegates and the program that runs them."""
-    from ..graph.writer import named_payload
+    from ..graph import named_payload
     from .emit import emit, input_specs, output_specs, placements
 
     inputs, outputs = input_specs(program), output_specs(program)

@@ -22,6 +22,7 @@ from .program import pte_chunks, run, to_pte
 from .reader import load
 from .rules import validate
 from .targets import Target
+from .writer import named_payload
 
 __all__ = [
     "INVALID_ID",
@@ -38,6 +39,7 @@ __all__ = [
     "XNNHeader",
     "interpret",
     "load",
+    "named_payload",
     "pte_chunks",
     "run",
     "to_pte",
