@@ -419,11 +419,13 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
 
 def _portable_after_refusals(program: AtenProgram, lowered: Any, options: ExportOptions,
                              pass_options: _PassOptions, streaming: bool) -> list[set[Any] | None] | None:
-    """A pure program's lowering refused ``lowered.refusals``: the nodes its lowerings refused
-    (a slice from a dynamic dim's end, ...) go to the portable kernels, and the program is
-    partitioned again (returned: the delegates' members).  With ``strict=True``, for a
-    streaming export (its weights are registered once), or when a refusal is not a node's
-    (a layer that cannot take its weights), every refusal is raised as ``lower`` raises it."""
+    """A pure program with dynamic dims whose lowering refused ``lowered.refusals``: the nodes
+    its lowerings refused (a slice from a dynamic dim's end, a mean over one, ...) go to the
+    portable kernels, and the program is partitioned again (returned: the delegates'
+    members).  Every refusal is raised as ``lower`` raises it for a program of static shapes
+    (its refusals are decided by the partition's checks), with ``strict=True``, for a
+    streaming export (its weights are registered once), or when a refusal is about a
+    layer's weights or calibration rather than the node."""
     from ..errors import UnsupportedConfigError
     from .passes import PASSES
 
@@ -431,8 +433,8 @@ def _portable_after_refusals(program: AtenProgram, lowered: Any, options: Export
         return None
     lines = "\n".join(f"  - {r}" for r in lowered.refusals)
     refusal = UnsupportedConfigError(f"export refused {len(lowered.refusals)} node(s) or layer(s):\n{lines}")
-    if options.strict or streaming or not lowered.refused or any(
-            "cannot take its weights" in r for r in lowered.refusals):
+    if options.strict or streaming or options.dynamic_shapes is None or not lowered.refused or any(
+            "cannot take its weights" in r or "calibration" in r for r in lowered.refusals):
         raise refusal
     pass_options.portable.update(lowered.refused)
     PASSES["partition"].fn(program, pass_options)
