@@ -207,3 +207,17 @@ def test_a_node_its_lowering_refuses_runs_on_the_portable_kernels() -> None:
     with pytest.raises(xq.UnsupportedConfigError, match=r"a slice of dynamic dim 1 \(\w+\) at -1, from its end"):
         xq.export(SliceFromTheEnd().eval(), (x,), weights="fp32", progress=False, dynamic_shapes=({1: n},),
                   strict=True)
+
+
+class EmptySlice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[3:3], x * 2.0]) + 1.0
+
+
+def test_a_value_of_size_zero_stays_on_the_portable_kernels() -> None:
+    """XNNPACK holds no value of size 0: the empty slice and what reads it run outside it."""
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    exported = xq.export(EmptySlice().eval(), (x,), weights="fp32", progress=False)
+    assert "its result has no elements (shape (0, 5))" in exported.delegation_report()
+    (got,) = exported.run(x)
+    assert np.array_equal(got, EmptySlice()(x).numpy())  # a multiply and an add: exact

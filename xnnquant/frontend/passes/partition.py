@@ -67,6 +67,8 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
         for val in vals if isinstance(vals, (tuple, list)) else (vals,):
             if hasattr(val, "dtype") and _dtype(val) != "float32":
                 return f"its input {arg.name} is {_dtype(val)} (XNNPACK's values here are float32)"
+            if any(isinstance(d, int) and d == 0 for d in getattr(val, "shape", ())):
+                return f"its input {arg.name} has no elements: XNNPACK holds no value of size 0"
     vals = node.meta.get("val")
     if isinstance(vals, (tuple, list)):  # the results read (max.dim's unread indices are not made)
         read = {user.args[1] for user in node.users if user.target is operator.getitem and user.users}
@@ -74,6 +76,8 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
     for val in vals if isinstance(vals, (tuple, list)) else (vals,):
         if hasattr(val, "dtype") and _dtype(val) != "float32":
             return f"its result is {_dtype(val)} (XNNPACK's values here are float32)"
+        if any(isinstance(d, int) and d == 0 for d in getattr(val, "shape", ())):
+            return f"its result has no elements (shape {tuple(val.shape)}): XNNPACK holds no value of size 0"
     if registration.check is not None:
         return registration.check(node)
     return None
