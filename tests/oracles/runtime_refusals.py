@@ -299,7 +299,7 @@ def _runtime_verdict(g: Graph, corrupt: Callable[[bytes], bytes] | None = None,
     """Build the .pte here (no execution), execute it in a forked child."""
     payload = serialize(g)
     try:
-        pte = to_pte(payload, validate=False)
+        pte = to_pte(payload, validate=False, constants="inline")  # broken bytes are spliced in as they are
     except Exception as exc:
         return f"refused by to_pte: {type(exc).__name__}: {exc}"
     if corrupt is not None:

@@ -66,7 +66,7 @@ def main(out: str, count: int, seed: int) -> None:
     g = random_graph(11, ("XNNFullyConnected", "XNNConcatenate3", "XNNStaticTranspose"), every_datatype=False)
     base = g.to_bytes()
     header = XNNHeader.from_bytes(base)
-    pte = to_pte(base)
+    pte = to_pte(base, constants="inline")  # the payload as written, so that mutants can be spliced in
     at = pte.find(base)
     assert at >= 0
     rng = np.random.default_rng(seed)
