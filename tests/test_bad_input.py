@@ -18,6 +18,7 @@ import contextlib
 import io
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,7 +52,7 @@ MANY = settings(FEW, max_examples=150)
 # ------------------------------------------------------------------------- junk
 
 #: Objects no entry point takes, whatever the argument.
-ODD = [object(), Ellipsis, 1 + 2j, set(), frozenset({1}), Path("/nonexistent/dir/x.pte"), lambda: 1, type,
+ODD = [object(), Ellipsis, 1 + 2j, set(), frozenset({1}), Path(__file__).parent / "missing-folder" / "x.pte", lambda: 1, type,
        np.float32("nan"), np.float64("-inf"), np.int64(-3), np.int8(7), np.bool_(True), slice(2), range(3),
        bytearray(b"PK\x03\x04"), memoryview(b"ET12ET12"), "qb4w:\u00b2", "\x00", "qc8w\n", "1.4.1 "]
 
@@ -328,7 +329,7 @@ CLI_VALUES = {
     "--method": ["minmax", "mse", "gptq", "MSE", ""], "--fallback": ["auto", "qc8w,fp32", "qc8w,", "none", "5"],
     "--target": ["1.4.1", "xn01", "seed", "2.0"],
     "--weights-from": ["{folder}/missing.safetensors", "{folder}/payload.bin", "{folder}"],
-    "-o": ["{folder}/o.pte", "{folder}/o.xnn", "{folder}/o.txt", "/nonexistent/dir/o.pte", "{folder}", ""],
+    "-o": ["{folder}/o.pte", "{folder}/o.xnn", "{folder}/o.txt", "{folder}/missing/o.pte", "{folder}", ""],
 }
 
 
@@ -344,7 +345,7 @@ def test_cli(data: st.DataObject, tmp_path_factory: pytest.TempPathFactory, payl
     files = {"payload": payload, "pte": pte, "junk": b"not a payload", "empty": b"", "cut": payload[:100]}
     for name, blob in files.items():
         (folder / f"{name}.bin").write_bytes(blob)
-    file = data.draw(st.sampled_from([*(str(folder / f"{n}.bin") for n in files), str(folder), "/nonexistent/x"]))
+    file = data.draw(st.sampled_from([*(str(folder / f"{n}.bin") for n in files), str(folder), str(folder / "missing" / "x")]))
     command = data.draw(st.sampled_from(["inspect", "verify", "export"]))
     options = {"inspect": ["--json", "--no-validate", "--data"],
                "verify": ["--seed", "--tolerance", "--timeout", "--data"],
@@ -631,15 +632,16 @@ def test_torchao_arguments() -> None:
                                "torch.float32, expected a float tensor (apply quantize_ to the float model, once)")
 
 
-def test_graph_run_inputs_and_named_data(payload: bytes) -> None:
+def test_graph_run_inputs_and_named_data(payload: bytes, tmp_path: Path) -> None:
     with pytest.raises(XnnquantError) as info:
         run(payload, None)  # type: ignore[arg-type]
     assert str(info.value).startswith("run needs one array per external input, in a list: got None, expected 1")
     with pytest.raises(XnnquantError) as info:
         run(payload, [X], named_data=True)  # type: ignore[arg-type]
     assert str(info.value) == "named_data must map str keys to bytes: got True"
-    with pytest.raises(PayloadError, match=r"^cannot read payload file '/nonexistent/m.xnn'"):
-        run("/nonexistent/m.xnn", [X])
+    missing = tmp_path / "missing" / "m.xnn"
+    with pytest.raises(PayloadError, match=f"^cannot read payload file {re.escape(repr(str(missing)))}"):
+        run(missing, [X])
     with pytest.raises(XnnquantError) as info:
         to_pte(7)  # type: ignore[arg-type]
     assert str(info.value) == "payload must be bytes, a path or a Graph: got 7"
