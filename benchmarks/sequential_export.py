@@ -2,10 +2,10 @@
 all-MiniLM-L6-v2 against the numpy model's sequential GPTQ on the same sentences.
 
 Both calibrate sequentially (each linear on what the already-quantized linears before it
-produce) and quantize all 36 linears with GPTQ, qb4w group 32, on the main job's 128
-held-out calibration sentences (``cli.main_job.CALIBRATION_SENTENCES`` in batches of
-``CALIBRATION_BATCH``: 2 batches of 64, as the encoder's inputs, padding excluded from the
-statistics in both):
+produce) and quantize all 36 linears with GPTQ, qb4w group 32, on the first ``SENTENCES``
+(128, issue 24's figure) held-out calibration sentences in batches of
+``cli.main_job.CALIBRATION_BATCH``: 2 batches of 64, as the encoder's inputs, padding
+excluded from the statistics in both:
 
 * ``export``: ``xq.export(module, example, weights="qb4w:32", method="gptq",
   calibration=batches, calibration_mask=1)``, the whole call (tracing, calibration,
@@ -34,6 +34,9 @@ import numpy as np
 
 import xnnquant as xq
 
+#: Calibration sentences (the first of ``models.sentences.calibration_sentences``).
+SENTENCES = 128
+
 
 def load_note() -> str:
     one, five, _ = os.getloadavg()
@@ -57,16 +60,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from xnnquant.cli.main_job import CALIBRATION_BATCH, CALIBRATION_SENTENCES
+    from xnnquant.cli.main_job import CALIBRATION_BATCH
     from xnnquant.models import minilm_torch, sequential
     from xnnquant.models.sentences import calibration_sentences
 
     module, example = minilm_torch.example()
-    sentences = calibration_sentences()[:CALIBRATION_SENTENCES]
+    sentences = calibration_sentences()[:SENTENCES]
     batches = [minilm_torch.encoder_inputs(sentences[i:i + CALIBRATION_BATCH])
                for i in range(0, len(sentences), CALIBRATION_BATCH)]
     tokens = int(sum(float(mask.sum()) for _, mask in batches))
-    print(f"xnnquant {xq.__version__}; {CALIBRATION_SENTENCES} sentences in {len(batches)} batches "
+    print(f"xnnquant {xq.__version__}; {SENTENCES} sentences in {len(batches)} batches "
           f"({', '.join(str(tuple(h.shape[:2])) for h, _ in batches)}; {tokens} real tokens); {load_note()}")
 
     def export() -> xq.Exported:

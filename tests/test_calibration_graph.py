@@ -282,6 +282,46 @@ def test_batches_of_other_shapes_than_the_example(lengths: list[int]) -> None:
     assert unmasked["out"].to_bytes() not in payload
 
 
+@pytest.mark.parametrize(("norm", "lengths"), [("vector_norm", [5, 6, 7, 9]), ("normalize", [10, 7]),
+                                               ("normalize", [5, 6, 7, 9])])
+def test_calibration_traces_are_decomposed_as_the_export(monkeypatch: pytest.MonkeyPatch, norm: str,
+                                                         lengths: list[int]) -> None:
+    """A module traced again for the batches' shapes applies the decompositions the export's
+    own program got, and no others.  ``vector_norm``: the export decomposes nothing, but
+    with the batch and length dynamic (one trace for four shapes) the norm looks in need of
+    decomposition to lowering's checks (XNNPACK's composition of it cannot resize); the
+    trace is only run, so it is not decomposed (on MiniLM that cost 7 s of a 23 s export).
+    ``normalize`` (its ``expand_as`` has no lowering): the export decomposes, and so does
+    every trace, static or dynamic."""
+
+    class Normalized(Encoder):
+        def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            out = super().forward(h, mask)
+            if norm == "normalize":
+                return torch.nn.functional.normalize(out, dim=-1)
+            return out / torch.linalg.vector_norm(out, dim=-1, keepdim=True)
+
+    calls: list[Any] = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def spy(self: Any, decomp_table: Any = None, **kwargs: Any) -> Any:
+        calls.append(None if decomp_table is None else sorted(map(str, decomp_table)))
+        return original(self, decomp_table, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    torch.manual_seed(0)
+    module = Normalized().eval()
+    example = (torch.randn(1, 8, 64), torch.ones(1, 8))
+    xq.export(module, example, weights="qb4w:32", progress=False, check=False)
+    own = list(calls)
+    calls.clear()
+    xq.export(module, example, weights="qb4w:32", method="gptq", calibration=_encoder_batches(lengths),
+              calibration_mask=1, progress=False, check=False)
+    traces = 2 if lengths == [10, 7] else 1
+    assert calls == own * (1 + traces)
+    assert bool(own) == (norm == "normalize")  # the oracle can tell: the export decomposed only that one
+
+
 def test_a_mask_per_batch_equals_the_mask_input() -> None:
     torch.manual_seed(0)
     module = Encoder().eval()

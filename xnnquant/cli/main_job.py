@@ -82,10 +82,12 @@ MAX_TOKENS = 128
 #: Sentences per call of the batched program.
 BATCH = 8
 REPEATS = 5  # timed calls per program and input, after one untimed call
-#: Held-out sentences (``models.sentences.calibration_sentences``) a calibrated row runs
-#: the module's program on, in batches of ``CALIBRATION_BATCH`` (padding left out: the
-#: module's mask input is ``calibration_mask``).
-CALIBRATION_SENTENCES = 128
+#: Held-out sentences (the first of ``models.sentences.calibration_sentences``: all 509) a
+#: calibrated row runs the module's program on, in batches of ``CALIBRATION_BATCH``
+#: (padding left out: the module's mask input is ``calibration_mask``).  GPTQ's mean cosine
+#: on the evaluation sentences was 0.9887 with the first 128, 0.9901 with 256, 0.9907
+#: with 384, 0.9916 with all (README).
+CALIBRATION_SENTENCES = 509
 CALIBRATION_BATCH = 64
 
 

@@ -153,8 +153,10 @@ def _progress(enabled: bool, desc: str) -> Any:
     return bar
 
 
-def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: dict[str, float]) -> tuple[Any, Any]:
-    """(the module or None for a saved program, its decomposed ``ExportedProgram``)."""
+def _traced(module: Any, example_inputs: Any, options: ExportOptions,
+            timings: dict[str, float]) -> tuple[Any, Any, tuple[dict[Any, Any], ...]]:
+    """(the module or None for a saved program, its decomposed ``ExportedProgram``, the
+    decomposition tables applied: ``_decomposed``)."""
     torch = _torch()
     with stage("export", timings):
         if isinstance(module, torch.export.ExportedProgram):
@@ -180,16 +182,27 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions, timings: d
                                     f"{type(exc).__name__}: {exc}") from exc
             eager = module
     with stage("decompose", timings):
-        table = decomposition_table()
-        extra = {op: fn for op, fn in _unrunnable(program).items() if op not in table}
-        if needs_decomposition(program) or extra:
-            program = program.run_decompositions({**extra, **table})
-        for _ in range(2):  # a decomposition may give ops that need one too
-            extra = _unrunnable(program)
-            if not extra:
-                break
-            program = program.run_decompositions(extra)
-    return eager, program
+        program, tables = _decomposed(program)
+    return eager, program, tables
+
+
+def _decomposed(program: Any) -> tuple[Any, tuple[dict[Any, Any], ...]]:
+    """``program`` after the ``decompose`` stage, and the decomposition tables it applied in
+    order (the calibration programs traced at other shapes apply the same ones:
+    ``batches.CalibrationData.programs_for``)."""
+    tables = []
+    table = decomposition_table()
+    extra = {op: fn for op, fn in _unrunnable(program).items() if op not in table}
+    if needs_decomposition(program) or extra:
+        tables.append({**extra, **table})
+        program = program.run_decompositions(tables[-1])
+    for _ in range(2):  # a decomposition may give ops that need one too
+        extra = _unrunnable(program)
+        if not extra:
+            break
+        tables.append(extra)
+        program = program.run_decompositions(extra)
+    return program, tuple(tables)
 
 
 def _unrunnable(program: Any) -> dict[Any, Any]:
@@ -217,16 +230,18 @@ def portable_refusal_of(op: Any, refusal: Any) -> str | None:
     return refusal(_Node())
 
 
-def _statistics(module: Any, program: Any, options: ExportOptions, timings: dict[str, float]) -> Any:
+def _statistics(module: Any, program: Any, decompositions: tuple[dict[Any, Any], ...], options: ExportOptions,
+                timings: dict[str, float]) -> Any:
     """Calibration statistics of the layers (None without ``calibration=``), from the batches
     run through ``program`` (after the passes before calibration) or, when their shapes
-    differ from the example's, through the module traced on them."""
+    differ from the example's, through the module traced on them and decomposed as
+    ``program`` was (``decompositions``)."""
     if options.calibration is None or options.static_int8 is not None:
         return None  # static int8 calibrates the lowered graph itself (static_int8.calibrate)
     from .calibration import statistics
 
     with stage("calibrate", timings):
-        programs = options.calibration.programs_for(module, program)
+        programs = options.calibration.programs_for(module, program, decompositions)
         return statistics(programs, options.calibration, options.policy, options.method)
 
 
@@ -307,7 +322,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
         weight_file = WeightFile(options.state_dict)
     timings: dict[str, float] = {}
-    eager, traced = _traced(module, example_inputs, options, timings)
+    eager, traced, decompositions = _traced(module, example_inputs, options, timings)
     if weight_file is not None and eager is not None:
         _check_streamed(eager, weight_file.path)
     from .lowering.context import WeightOptions
@@ -319,7 +334,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         program = AtenProgram.of(traced, weight_file)
         program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
-    statistics = _statistics(eager, program, options, timings)
+    statistics = _statistics(eager, program, decompositions, options, timings)
     with stage("passes", timings):
         pass_options = _PassOptions(statistics, options.strict, options.embeddings, options.method)
         run_passes(program, pass_options, AFTER_CALIBRATION)
@@ -598,7 +613,7 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False,
                                   dynamic_shapes=dynamic_shapes, strict=strict, embeddings=embeddings)
     timings: dict[str, float] = {}
-    _, traced = _traced(module, example_inputs, options, timings)
+    _, traced, _ = _traced(module, example_inputs, options, timings)
     from .emit import placements
     from .lowering.context import WeightOptions
     from .lowering.walk import lower

@@ -12,13 +12,17 @@ module's positional inputs) with one bool mask per batch (or none), or raises
   mask as an input, as a BERT encoder does, needs nothing else).
 
 ``check_fits(example)`` checks the batches against the example inputs (count, dtype,
-rank).  ``programs_for(module, lowered)`` gives the ``AtenProgram`` to evaluate each batch
-on: the lowering's own program for a batch of the shapes it was traced at (or that its
-dynamic dims allow), else ``module`` traced again, statically at each other shape of the
-batches when they are few (``STATIC_SHAPES``), or once with every dim that differs between
-batches dynamic; each decomposed as the export decomposes (size arithmetic aside, which
-torch computes as it is) and rewritten by the same passes (``passes.BEFORE_CALIBRATION``),
-so that all have the same layers, constants and names, node for node (``isomorphic``).
+rank).  ``programs_for(module, lowered, decompositions)`` gives the ``AtenProgram`` to
+evaluate each batch on: the lowering's own program for a batch of the shapes it was traced
+at (or that its dynamic dims allow), else ``module`` traced again, statically at each other
+shape of the batches when they are few (``STATIC_SHAPES``), or once with every dim that
+differs between batches dynamic; each decomposed with the tables the export's program was
+decomposed with (size arithmetic aside, which torch computes as it is) and rewritten by the
+same passes (``passes.BEFORE_CALIBRATION``), so that all have the same layers, constants and
+names, node for node (``isomorphic``).  Not decomposed by what its own nodes would need: a
+program is only run here (torch runs every ATen op), and a dim made dynamic for the batches
+can make an op look in need of decomposition for lowering (a norm over a dynamic batch dim
+took 7 s to decompose on MiniLM, for nothing).
 
 This module knows nothing of what the batches are used for: weight statistics
 (``calibration.py``) or anything else that runs a program on inputs.
@@ -73,11 +77,14 @@ class CalibrationData:
                     return False
         return True
 
-    def programs_for(self, module: Any, lowered: AtenProgram) -> tuple[AtenProgram, ...]:
+    def programs_for(self, module: Any, lowered: AtenProgram,
+                     decompositions: Sequence[dict[Any, Any]] = ()) -> tuple[AtenProgram, ...]:
         """The program to run each batch on (module docstring), all with the same nodes in
         the same order (``isomorphic``): the lowering's own for the batches that fit it; for
         the others, when they come in at most ``STATIC_SHAPES`` shapes, one program traced
-        at each shape, else one program traced with the dims that differ dynamic."""
+        at each shape, else one program traced with the dims that differ dynamic; each
+        traced program decomposed with ``decompositions`` in turn (the tables ``lowered``
+        was decomposed with)."""
         shapes = [tuple(tuple(x.shape) for x in batch) for batch in self.batches]
         by_shape: dict[Any, AtenProgram] = {}
         for b, shape in enumerate(shapes):
@@ -86,19 +93,20 @@ class CalibrationData:
         missing = sorted({shape for shape in shapes if shape not in by_shape}, key=shapes.index)
         if len(missing) <= STATIC_SHAPES:
             for shape in missing:
-                by_shape[shape] = self._traced(module, shapes.index(shape), dynamic=False)
+                by_shape[shape] = self._traced(module, shapes.index(shape), decompositions, dynamic=False)
             programs = tuple(by_shape[shape] for shape in shapes)
             if all(isomorphic(programs[0], p) for p in programs[1:]):
                 return programs
-        dynamic = self._traced(module, 0, dynamic=True)
+        dynamic = self._traced(module, 0, decompositions, dynamic=True)
         return (dynamic,) * len(self.batches)
 
-    def _traced(self, module: Any, index: int, dynamic: bool) -> AtenProgram:
+    def _traced(self, module: Any, index: int, decompositions: Sequence[dict[Any, Any]],
+                dynamic: bool) -> AtenProgram:
         """``module`` traced on batch ``index``'s inputs (with the dims that differ between
-        batches dynamic), decomposed and rewritten by the passes before calibration."""
+        batches dynamic), decomposed with ``decompositions`` and rewritten by the passes
+        before calibration."""
         import torch
 
-        from .api import decomposition_table, needs_decomposition
         from .passes import BEFORE_CALIBRATION, run_passes
 
         first = self.batches[index]
@@ -111,8 +119,8 @@ class CalibrationData:
                                                strict=False)
         except Exception as exc:  # torch's tracing errors come in many types; say where they came from
             raise _misfit(module, index, first, exc) from None
-        if needs_decomposition(exported):
-            exported = exported.run_decompositions(decomposition_table())
+        for table in decompositions:
+            exported = exported.run_decompositions(table)
         program = AtenProgram.of(exported)
         run_passes(program, None, BEFORE_CALIBRATION)
         if dynamic:
