@@ -29,6 +29,7 @@ from typing import Any
 
 from ..constants import XNNPACK_BACKEND_ID
 from ..errors import UnsupportedConfigError, XnnquantError
+from ..graph import NamedPayload
 from ..pte.builder import MethodBuilder, ProgramBuilder
 from .exported import TensorIO
 from .lowering.walk import Lowered, declared_dim_order
@@ -231,24 +232,23 @@ class _Emitter:
             outs.append(self.tensor_of(spec))
         return outs if several else outs[0]
 
-    def delegate(self, lowered: Lowered, payload: Any) -> None:
-        """A delegate call: the tensors of its input nodes in, new tensors for its output nodes.
-        ``payload``: (payload bytes, its constants as named data), ``writer.named_payload``."""
+    def delegate(self, lowered: Lowered, payload: NamedPayload) -> None:
+        """A delegate call: the tensors of its input nodes in, new tensors for its output nodes;
+        ``payload``'s constants become the program's named data."""
         m = self.method
-        payload, constants = payload
-        for key, blob in constants:
+        for key, blob in payload.named:
             m.program.add_named_data(key, blob)
         inputs = [self.operand(node) for node in lowered.input_nodes]
         outputs = [self.tensor_of(spec) for spec in lowered.outputs]
         for node, index in zip(lowered.output_nodes, outputs):
             self.values[node] = index
-        m.delegate_call(m.delegate(XNNPACK_BACKEND_ID, payload), inputs, outputs)
+        m.delegate_call(m.delegate(XNNPACK_BACKEND_ID, payload.payload), inputs, outputs)
 
 
-def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Sequence[Any], inputs: Sequence[TensorIO],
-         outputs: Sequence[TensorIO]) -> ProgramBuilder:
+def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Sequence[NamedPayload | None],
+         inputs: Sequence[TensorIO], outputs: Sequence[TensorIO]) -> ProgramBuilder:
     """The ``ProgramBuilder`` of the partitioned ``program`` (module docstring); ``delegates[k]``
-    is the delegate of phase k, ``payloads[k]`` its (payload, named constants)."""
+    is the delegate of phase k, ``payloads[k]`` its payload and named constants."""
     builder = ProgramBuilder()
     emitter = _Emitter(program, builder.method("forward"))
     m = emitter.method
@@ -267,8 +267,10 @@ def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Se
             else:
                 emitter.portable(node)
         lowered = delegates[phase] if phase < len(delegates) else None
+        payload = payloads[phase] if phase < len(payloads) else None
         if lowered is not None:
-            emitter.delegate(lowered, payloads[phase])
+            assert payload is not None, f"delegate {phase} has no payload"
+            emitter.delegate(lowered, payload)
     output = next(n for n in program.graph.nodes if n.op == "output")
     items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
     used: set[int] = set()

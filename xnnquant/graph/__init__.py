@@ -22,13 +22,14 @@ from .program import pte_chunks, run, to_pte
 from .reader import load
 from .rules import validate
 from .targets import Target
-from .writer import named_payload
+from .writer import NamedPayload, named_payload
 
 __all__ = [
     "INVALID_ID",
     "Deferred",
     "Graph",
     "LoadInfo",
+    "NamedPayload",
     "Node",
     "PerChannelGroupQuant",
     "PerChannelQuant",

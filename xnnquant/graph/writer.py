@@ -310,7 +310,14 @@ def to_bytes(graph: Graph) -> bytes:
 NAMED_OFFSET = 2**64 - 1
 
 
-def named_payload(graph: Graph, prefix: str) -> tuple[bytes, list[tuple[str, Any]]]:
+class NamedPayload(NamedTuple):
+    """A delegate's payload and its constants as the ``.pte``'s named data (``named_payload``)."""
+
+    payload: bytes
+    named: list[tuple[str, Any]]  # (key, bytes or pte.builder.Chunked), in entry order
+
+
+def named_payload(graph: Graph, prefix: str) -> NamedPayload:
     """(payload, named data) of ``graph`` with its constants outside the payload.
 
     A ``.pte`` must hold an XNNPACK delegate's constants as named data: ExecuTorch's XNNPACK
@@ -338,10 +345,10 @@ def named_payload(graph: Graph, prefix: str) -> tuple[bytes, list[tuple[str, Any
     header = XNNHeader.for_sizes(len(fbytes), 0).to_bytes()
     payload = header + fbytes + bytes(align(len(fbytes)) - len(fbytes))
     if not getattr(graph, "scales_in_segment", False):
-        return payload, [(f"{prefix}{i}", blob) for i, blob in enumerate(segment.blobs(), 1)]
+        return NamedPayload(payload, [(f"{prefix}{i}", blob) for i, blob in enumerate(segment.blobs(), 1)])
     made: dict[int, bytes] = {}  # value id -> its scales, made with its data
-    return payload, [(f"{prefix}{i}", Chunked(blob.size, _Made(blob, made)))
-                     for i, blob in enumerate(SegmentPlan.of(graph).blobs, 1)]
+    return NamedPayload(payload, [(f"{prefix}{i}", Chunked(blob.size, _Made(blob, made)))
+                                  for i, blob in enumerate(SegmentPlan.of(graph).blobs, 1)])
 
 
 @dataclass
