@@ -142,7 +142,59 @@ def test_what_xnnpack_cannot_resize_runs_outside_it_naming_the_dim(module: torch
         assert got.shape == want.shape and np.abs(got - want).max() <= 1e-6 * max(np.abs(want).max(), 1.0)
 
 
+def test_ceil_mode_max_pool_over_a_dynamic_dim_runs_on_the_portable_kernels() -> None:
+    """``aten.max_pool2d`` has no portable kernel: over a dynamic H with ceil_mode (which
+    XNNPACK cannot resize), it is decomposed into ``max_pool2d_with_indices``, which has one,
+    and runs there, exactly (a max), at every size; strict=True refuses it naming the dim."""
+
+    class Pool(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = torch.nn.MaxPool2d(3, 2, ceil_mode=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.pool(x) + 1
+
+    dims = ({2: 2 * Dim("half", min=3, max=10) - 1},)  # odd H: torch's guard for ceil mode
+    example = (torch.randn(1, 4, 9, 9),)
+    with pytest.raises(xq.UnsupportedConfigError, match=r"max_pool2d with ceil_mode over dynamic H or W"):
+        xq.export(Pool().eval(), example, weights="fp32", dynamic_shapes=dims, progress=False, strict=True)
+    exported = xq.export(Pool().eval(), example, weights="fp32", dynamic_shapes=dims, progress=False)
+    assert "portable: aten.max_pool2d_with_indices.default x1" in exported.delegation_report()
+    for h in (5, 9, 19):
+        x = torch.randn(1, 4, h, 9, generator=torch.Generator().manual_seed(h))
+        (got,) = exported.run(x)
+        np.testing.assert_array_equal(got, Pool()(x).numpy())
+
+
+def test_a_layer_that_cannot_take_its_weights_is_refused_with_dynamic_dims() -> None:
+    """With dynamic dims, nodes whose lowering refuses run on the portable kernels, but a layer
+    that cannot take the weights asked for is refused (a weight refusal, never a reason to run
+    the layer in float elsewhere), the mean's refusal listed beside it."""
+
+    class LinearThenMean(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(30, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x).mean(dim=1)
+
+    with pytest.raises(xq.UnsupportedConfigError) as raised:
+        xq.export(LinearThenMean().eval(), (torch.randn(2, 5, 30),), weights="qb4w:32", fallback=None,
+                  dynamic_shapes=({1: Dim("seq", max=16)},), progress=False)
+    assert "layer 'lin' cannot take its weights: qb4w:32" in str(raised.value)
+    assert "mean over dynamic dims" in str(raised.value)
+
+
 def test_check_takes_dynamic_shapes_too() -> None:
-    report = xq.check(MeanOverTime().eval(), (torch.randn(2, 5, 32),), weights="fp32",
-                      dynamic_shapes=({1: Dim("seq", max=16)},))
-    assert not report.ok and "mean over dynamic dims" in report.refused[0]
+    """``xq.check`` says what export does: the mean over the dynamic dim runs on the portable
+    kernels (refused with strict=True), saying why."""
+    example, dims = (torch.randn(2, 5, 32),), ({1: Dim("seq", max=16)},)
+    report = xq.check(MeanOverTime().eval(), example, weights="fp32", dynamic_shapes=dims)
+    assert report.ok and [p.op for p in report.portable] == ["aten.mean.dim"]
+    assert "mean over dynamic dims" in report.portable[0].why
+    exported = xq.export(MeanOverTime().eval(), example, weights="fp32", dynamic_shapes=dims, progress=False)
+    assert "aten.mean.dim" in exported.delegation_report() and "portable" in exported.delegation_report()
+    strict = xq.check(MeanOverTime().eval(), example, weights="fp32", dynamic_shapes=dims, strict=True)
+    assert not strict.ok and "mean over dynamic dims" in strict.refused[0]

@@ -182,22 +182,22 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
                                     f"{type(exc).__name__}: {exc}") from exc
             eager = module
     with stage("decompose", timings):
-        program, tables = _decomposed(program)
+        program, tables = _decomposed(program, options.strict)
     return eager, program, tables
 
 
-def _decomposed(program: Any) -> tuple[Any, tuple[dict[Any, Any], ...]]:
+def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], ...]]:
     """``program`` after the ``decompose`` stage, and the decomposition tables it applied in
     order (the calibration programs traced at other shapes apply the same ones:
     ``batches.CalibrationData.programs_for``)."""
     tables = []
     table = decomposition_table()
-    extra = {op: fn for op, fn in _unrunnable(program).items() if op not in table}
+    extra = {op: fn for op, fn in _unrunnable(program, strict).items() if op not in table}
     if needs_decomposition(program) or extra:
         tables.append({**extra, **table})
         program = program.run_decompositions(tables[-1])
     for _ in range(2):  # a decomposition may give ops that need one too
-        extra = _unrunnable(program)
+        extra = _unrunnable(program, strict)
         if not extra:
             break
         tables.append(extra)
@@ -205,9 +205,18 @@ def _decomposed(program: Any) -> tuple[Any, tuple[dict[Any, Any], ...]]:
     return program, tuple(tables)
 
 
-def _unrunnable(program: Any) -> dict[Any, Any]:
+#: Lowered ops without a portable kernel whose decomposition is one op that has one: when
+#: the lowering's check refuses a node (and the export is not ``strict``), the op is
+#: decomposed so that the node can run on the portable kernels (``_unrunnable``).
+#: ``max_pool2d`` -> ``max_pool2d_with_indices`` (ceil mode over a dynamic H or W).
+ONE_OP_DECOMPOSITIONS = ("aten.max_pool2d.default",)
+
+
+def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     """torch's core ATen decompositions of the ops in ``program`` that neither XNNPACK nor
-    ExecuTorch's portable kernels run (ops that torch.export's default decompositions keep)."""
+    ExecuTorch's portable kernels run: ops without a lowering that torch.export's default
+    decompositions keep, and (unless ``strict``) the ``ONE_OP_DECOMPOSITIONS`` whose
+    lowering's check refuses a node."""
     import torch
 
     from .lowering import load_lowerings
@@ -215,10 +224,17 @@ def _unrunnable(program: Any) -> dict[Any, Any]:
 
     lowerings = load_lowerings()
     table = torch._decomp.core_aten_decompositions()  # into core ATen ops (never into prims)
-    ops = {n.target for n in program.graph.nodes
-           if n.op == "call_function" and hasattr(n.target, "_schema") and not is_size(n)}
-    return {op: table[op] for op in ops if op not in lowerings and op in table
-            and portable_refusal_of(op, portable_refusal) is not None}
+    found: dict[Any, Any] = {}
+    for node in program.graph.nodes:
+        op = node.target
+        if node.op != "call_function" or not hasattr(op, "_schema") or is_size(node) or op in found \
+                or op not in table or portable_refusal_of(op, portable_refusal) is None:
+            continue
+        lowering = lowerings.get(op)
+        if lowering is None or (not strict and str(op) in ONE_OP_DECOMPOSITIONS and lowering.check is not None
+                                and lowering.check(node) is not None):
+            found[op] = table[op]
+    return found
 
 
 def portable_refusal_of(op: Any, refusal: Any) -> str | None:
@@ -440,26 +456,40 @@ def _portable_after_refusals(program: AtenProgram, lowered: Any, options: Export
     members).  Every refusal is raised as ``lower`` raises it for a program of static shapes
     (its refusals are decided by the partition's checks), with ``strict=True``, for a
     streaming export (its weights are registered once), or when a refusal is about a
-    layer's weights or calibration rather than the node."""
+    layer's weights rather than the node (``Lowered.weight_refusals``)."""
     from ..errors import UnsupportedConfigError
-    from .passes import PASSES
 
     if not lowered.refusals:
         return None
     lines = "\n".join(f"  - {r}" for r in lowered.refusals)
     refusal = UnsupportedConfigError(f"export refused {len(lowered.refusals)} node(s) or layer(s):\n{lines}")
-    if options.strict or streaming or options.dynamic_shapes is None or not lowered.refused or any(
-            "cannot take its weights" in r or "calibration" in r for r in lowered.refusals):
+    if streaming or not _refused_go_portable(lowered, options):
         raise refusal
-    pass_options.portable.update(lowered.refused)
-    PASSES["partition"].fn(program, pass_options)
-    partition = _partitioned(program, options, pass_options)
+    partition = _repartitioned(program, lowered, options, pass_options)
     partition.raise_problems()
     if partition.delegates is None:
         raise refusal
     if options.static_int8 is not None:
         _refuse_mixed_static(program)
     return partition.delegates
+
+
+def _refused_go_portable(lowered: Any, options: ExportOptions) -> bool:
+    """True when the nodes a pure program's lowering refused go to the portable kernels
+    (``_portable_after_refusals``, and ``check`` alike): with dynamic dims, without
+    ``strict=True``, and no layer refused for its weights."""
+    return bool(options.dynamic_shapes is not None and not options.strict and lowered.refused
+                and not lowered.weight_refusals)
+
+
+def _repartitioned(program: AtenProgram, lowered: Any, options: ExportOptions,
+                   pass_options: _PassOptions) -> Partition:
+    """The partition after sending the nodes ``lowered`` refused to the portable kernels."""
+    from .passes import PASSES
+
+    pass_options.portable.update(lowered.refused)
+    PASSES["partition"].fn(program, pass_options)
+    return _partitioned(program, options, pass_options)
 
 
 #: Partition rounds: each sends the nodes a delegate's lowering refused to the portable kernels.
@@ -514,7 +544,7 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
             if group is not None:
                 dry_lowered = lower(program, options.target, dry, members=group, raise_refusals=False)
                 refused.update(dry_lowered.refused)
-                weight_refusals += [r for r in dry_lowered.refusals if "cannot take its weights" in r]
+                weight_refusals += dry_lowered.weight_refusals
         if not refused:
             problems = weight_refusals + [
                 f"{n.target} (node {n.name}, module {AtenProgram.module_path(n) or '<top level>'}): neither XNNPACK "
@@ -627,7 +657,10 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     dry = WeightOptions(options.policy, dry_run=True)
     if partition.delegates is None:
         lowered = lower(program, options.target, dry, raise_refusals=False)
-        return CheckReport(lowered.lowered_ops, partition.problems + lowered.refusals, lowered.rows, [])
+        if _refused_go_portable(lowered, options):  # as export sends them
+            partition = _repartitioned(program, lowered, options, pass_options)
+        if partition.delegates is None:
+            return CheckReport(lowered.lowered_ops, partition.problems + lowered.refusals, lowered.rows, [])
     from .passes.embeddings import embedding_rows
 
     ops: list[str] = []

@@ -126,8 +126,9 @@ def moves_only_ones(shape: tuple[int, ...], perm: tuple[int, ...]) -> bool:
 
 
 class WeightRefusal(XnnquantError):
-    """A layer that cannot take the weights asked for (``fallback=None``): refused, never sent
-    to the portable kernels in float."""
+    """A layer that cannot take the weights asked for (``fallback=None``), or whose weights
+    cannot be quantized as asked (their calibration does not fit, they are not finite):
+    refused, never sent to the portable kernels in float."""
 
 
 @dataclass(frozen=True)
@@ -446,7 +447,12 @@ class LoweringContext:
             stored_q = done  # quantized by sequential calibration (calibration.statistics)
         else:
             grams = None if stats is None else stats.grams.get(key)
-            stored_q = scheme.quantize(arr, options.method, grams, axis=axis)
+            try:
+                stored_q = scheme.quantize(arr, options.method, grams, axis=axis)
+            except WeightRefusal:
+                raise
+            except XnnquantError as exc:  # about these weights, whatever the node
+                raise WeightRefusal(str(exc)) from exc
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
                                    scheme.stored_nbytes(tuple(arr.shape), axis, self.graph.scales_in_segment),
                                    weight_sqnr(arr, stored_q), note))

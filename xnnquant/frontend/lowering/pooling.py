@@ -72,7 +72,15 @@ def _nchw_result(ctx: LoweringContext, vid: int) -> Activation:
 
 
 def max_pool_check(node: Any) -> str | None:
-    """``max_pool2d_with_indices`` whose indices are read is refused."""
+    """``max_pool2d_with_indices`` whose indices are read is refused, and so is ceil mode over
+    a dynamic H or W (as the lowering would refuse it; said here, before lowering, so that
+    ``aten.max_pool2d``, which has no portable kernel, is decomposed into
+    ``max_pool2d_with_indices``, which has one)."""
+    ceil_mode = node.args[5] if len(node.args) > 5 else node.kwargs.get("ceil_mode", False)
+    shape = tuple(getattr(node.args[0].meta.get("val"), "shape", ()))
+    if ceil_mode and any(not isinstance(d, int) for d in shape[2:4]):
+        return (f"max_pool2d with ceil_mode over dynamic H or W {shape[2:4]}: its padding or window is computed "
+                "from the sizes at export, which then change")
     if node.target is aten.max_pool2d_with_indices.default and reads_later_outputs(node):
         return ("the indices of max_pool2d_with_indices are used: XNNPACK's max pooling gives the values only (its "
                 "argmax pooling gives window-relative indices, and only for non-overlapping windows); a mixed program "

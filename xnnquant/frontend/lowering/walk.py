@@ -55,7 +55,7 @@ class Lowered:
     refusals: list[str] = field(default_factory=list)
     #: ATen node -> its op, for every node that was lowered (not refused)
     lowered_ops: list[str] = field(default_factory=list)
-    #: call node name -> why its lowering refused it
+    #: call node name -> why its lowering refused it (not for its weights: ``weight_refusals``)
     refused: dict[str, str] = field(default_factory=dict)
     #: the ATen nodes whose values the graph's inputs and outputs are, in order (a delegate of
     #: a mixed program: what it takes from and gives to the rest of the program)
@@ -63,6 +63,9 @@ class Lowered:
     output_nodes: list[Any] = field(default_factory=list)
     #: graph value id of each float filter -> where it came from (``FilterOrigin``)
     filters: dict[int, Any] = field(default_factory=dict)
+    #: the refusals of layers that cannot take their weights (``WeightRefusal``), also in
+    #: ``refusals``: the weights asked for, never a reason to run the node elsewhere
+    weight_refusals: list[str] = field(default_factory=list)
 
 
 def new_graph(target: Target) -> Graph:
@@ -95,7 +98,7 @@ def lower(program: AtenProgram, target: Target, weights: WeightOptions, progress
     ctx = walk.ctx
     return Lowered(ctx.graph, ctx.rows, walk.inputs, walk.outputs, walk.sources, walk.env, ctx.references,
                    ctx.fused, walk.refusals, walk.lowered_ops, walk.refused, walk.input_nodes, walk.output_nodes,
-                   ctx.filters)
+                   ctx.filters, walk.weight_refusals)
 
 
 class _Walk:
@@ -113,6 +116,7 @@ class _Walk:
         self.outputs: list[TensorIO] = []
         self.lowered_ops: list[str] = []
         self.refused: dict[str, str] = {}  # call node name -> why its lowering refused it
+        self.weight_refusals: list[str] = []
 
     def visit(self, node: Any) -> None:
         ctx, program = self.ctx, self.ctx.program
@@ -142,7 +146,9 @@ class _Walk:
         where = AtenProgram.module_path(node) or "<top level>"
         op = op_name(node.target) if node.op == "call_function" else node.op
         self.refusals.append(f"{op} (node {node.name}, module {where}): {reason}")
-        if node.op == "call_function" and not weights:
+        if weights:
+            self.weight_refusals.append(self.refusals[-1])
+        elif node.op == "call_function":
             self.refused.setdefault(node.name, reason)
 
     # ------------------------------------------------------------------ inputs
