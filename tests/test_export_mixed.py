@@ -221,3 +221,25 @@ def test_a_value_of_size_zero_stays_on_the_portable_kernels() -> None:
     assert "its result has no elements (shape (0, 5))" in exported.delegation_report()
     (got,) = exported.run(x)
     assert np.array_equal(got, EmptySlice()(x).numpy())  # a multiply and an add: exact
+
+
+class ToFloatChannelsLast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 2.0, 4).reshape(1, 4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.float, memory_format=torch.channels_last) * self.scale
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16])
+def test_a_dtype_and_memory_format_conversion_runs_in_its_inputs_layout(dtype: torch.dtype) -> None:
+    """ExecuTorch's portable ``_to_copy`` refuses a result in another dim order than its input
+    (InvalidArgument, measured): the conversion keeps the input's layout, and XNNPACK's
+    lowering takes care of the layout after it (as ExecuTorch's own op tests do it)."""
+    x = torch.randint(-9, 10, (2, 4, 3, 5), dtype=dtype, generator=torch.Generator().manual_seed(0))
+    module = ToFloatChannelsLast().eval()
+    exported = xq.export(module, (x,), weights="fp32", progress=False)
+    assert "portable: aten._to_copy.default x1" in exported.delegation_report()
+    (got,) = exported.run(x)
+    np.testing.assert_array_equal(got, module(x).detach().numpy())  # small integers times a float: exact

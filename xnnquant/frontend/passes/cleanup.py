@@ -8,8 +8,12 @@
   input already has, on its device (a memory-format change: layouts are the lowering's
   business): their users read their input instead;
 * ``to`` to another dtype (``to.dtype``, ``to.dtype_layout``, ``to.device``, ``to.other``:
-  what torch.export keeps of ``.to(...)`` before decompositions) becomes
-  ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run;
+  what torch.export keeps of ``.to(...)`` before decompositions), and ``_to_copy`` to
+  another dtype, become ``_to_copy(x, dtype=)``, the op ExecuTorch's kernels run, with its
+  result in its input's layout: a memory-format change is the lowering's business, and
+  ExecuTorch's ``_to_copy`` kernel refuses a result in another dim order than its input
+  (measured: ``x.to(torch.float, memory_format=torch.channels_last)`` of an int tensor
+  failed with InvalidArgument, "tensors_have_same_dim_order(self, out)");
 * in-place activations (``relu_``, ``hardtanh_``, as ``nn.ReLU6(inplace=True)`` traces)
   whose input nothing else reads: the functional op (no reader can tell the difference),
   so that the program needs no decomposition (functionalization) for them;
@@ -69,8 +73,19 @@ def _same_device(node: Any) -> bool:
 
 
 def _converts(node: Any) -> bool:
-    """A ``to`` node that changes the dtype only (made a ``_to_copy``)."""
-    return node.target in TO and _same_device(node) and _dtype(node) is not None
+    """A ``to`` or ``_to_copy`` node that changes the dtype (made a ``_to_copy`` in its input's
+    layout)."""
+    return node.target in CONVERSIONS and _same_device(node) and _dtype(node) is not None
+
+
+def _in_input_layout(node: Any) -> Any:
+    """``node``'s value (a fake tensor) with its input's strides (``Tensor.to`` preserves them)."""
+    val, source = node.meta.get("val"), node.args[0].meta.get("val")
+    mode = getattr(val, "fake_mode", None)
+    if mode is None or source is None:
+        return val
+    with mode:
+        return source.to(val.dtype)
 
 
 @rewrite("cleanup", handles=CHECKS + IDENTITIES + TO + (aten.dropout.default, *IN_PLACE))
@@ -85,7 +100,7 @@ def cleanup(program: AtenProgram, options: Any) -> None:
         elif _converts(node):
             with program.graph.inserting_before(node):
                 copy = program.graph.call_function(aten._to_copy.default, (node.args[0],), {"dtype": _dtype(node)})
-            copy.meta = dict(node.meta)
+            copy.meta = {**node.meta, "val": _in_input_layout(node)}
             replace_uses(node, copy)
         elif functional_in_place(node):
             node.target = IN_PLACE[node.target]
