@@ -119,16 +119,21 @@ def _raw_program(overload: str, weight: np.ndarray, scales: np.ndarray, ids: np.
                                                                               "dtype_out" else []), out, out])
     m.output(out)
     load_quantized_kernels()
-    program = portable_lib._load_for_executorch_from_buffer(builder.to_bytes())
-    return np.asarray(program.run_method("forward", [torch.from_numpy(ids)])[0].numpy())
+    pte = builder.to_bytes()  # the module reads its constants from these bytes: kept alive past the run
+    program = portable_lib._load_for_executorch_from_buffer(pte)
+    out = np.array(program.run_method("forward", [torch.from_numpy(ids)])[0].numpy())  # a copy
+    del program, pte
+    return out
 
 
 def test_dtype_out_reads_narrow_scales() -> None:
     """``dtype_out`` reads float32, float16 and bf16 scales as they are.  ``.out`` reads the
     scales as its out tensor's dtype (float32), unchecked, so it is run here on float32
-    scales only: on narrow ones it reads past their buffer (measured: wrong values, or the
-    process aborted, depending on what ran before), which is why the tables' lookups are
-    written with ``dtype_out``."""
+    scales only: on narrow ones it reads past their buffer, which is why the tables'
+    lookups are written with ``dtype_out``.  (This test was flaky, failing with 0x12 or
+    aborting after other tests, while ``_raw_program`` let the program's bytes be freed
+    before the run: ExecuTorch's ``_load_for_executorch_from_buffer`` keeps a pointer into
+    them, not a reference.)"""
     rng = np.random.default_rng(5)
     weight = rng.integers(0, 256, (3, 4), dtype=np.uint8)  # (V, D / 2): D = 8, groups of 4
     scales = (rng.random((3, 2)) + 0.5).astype(np.float32)

@@ -103,8 +103,8 @@ def quantize_layers(model: torch.nn.Module, configs: dict) -> None:
 
 
 def run(pte: bytes, x: torch.Tensor, method: str = "forward", ptd: bytes | None = None) -> np.ndarray:
-    module = _load_for_executorch_from_buffer(pte, ptd)
-    return module.run_method(method, [x])[0].numpy()
+    module = _load_for_executorch_from_buffer(pte, ptd)  # reads pte and ptd in place: the caller keeps them
+    return np.array(module.run_method(method, [x])[0].numpy())  # a copy: the module goes with this call
 
 
 def save(out: Path, name: str, x: torch.Tensor, eager: torch.Tensor, result: np.ndarray) -> None:
