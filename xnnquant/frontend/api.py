@@ -30,6 +30,7 @@ torch is imported here, on first use; ``import xnnquant`` does not import it.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 from collections.abc import Iterable, Iterator
@@ -52,7 +53,13 @@ def _torch() -> Any:
 
 
 def decomposition_table() -> dict[Any, Any]:
-    """torch.export's default decompositions, minus every op lowered or removed as it is."""
+    """torch.export's default decompositions, minus every op lowered or removed as it is (a
+    new dict each call, of a table made once: making it took 20 to 70 ms)."""
+    return dict(_decomposition_table())
+
+
+@functools.cache
+def _decomposition_table() -> dict[Any, Any]:
     from .lowering import load_lowerings
     from .passes import HANDLED, load_passes
 
@@ -62,6 +69,13 @@ def decomposition_table() -> dict[Any, Any]:
     for op in (*load_lowerings(), *HANDLED):
         table.pop(op, None)
     return table
+
+
+@functools.cache
+def _core_decompositions() -> dict[Any, Any]:
+    """torch's core ATen decompositions (into core ATen ops, never into prims), made once;
+    read, never changed."""
+    return dict(_torch()._decomp.core_aten_decompositions())
 
 
 def needs_decomposition(program: Any) -> bool:
@@ -217,22 +231,24 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     ExecuTorch's portable kernels run: ops without a lowering that torch.export's default
     decompositions keep, and (unless ``strict``) the ``ONE_OP_DECOMPOSITIONS`` whose
     lowering's check refuses a node."""
-    import torch
 
     from .lowering import load_lowerings
     from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
-    table = torch._decomp.core_aten_decompositions()  # into core ATen ops (never into prims)
+    table = _core_decompositions()
     found: dict[Any, Any] = {}
+    asked: set[Any] = set()  # ops whose portable kernel was looked up (once: a failed lookup is not cached)
     for node in program.graph.nodes:
         op = node.target
-        if node.op != "call_function" or not hasattr(op, "_schema") or is_size(node) or op in found \
-                or op not in table or portable_refusal_of(op, portable_refusal) is None:
+        if node.op != "call_function" or op in asked or op not in table or is_size(node):
             continue
         lowering = lowerings.get(op)
-        if lowering is None or (not strict and str(op) in ONE_OP_DECOMPOSITIONS and lowering.check is not None
-                                and lowering.check(node) is not None):
+        if lowering is not None and (strict or str(op) not in ONE_OP_DECOMPOSITIONS or lowering.check is None
+                                     or lowering.check(node) is None):
+            continue
+        asked.add(op)
+        if portable_refusal_of(op, portable_refusal) is not None:
             found[op] = table[op]
     return found
 
