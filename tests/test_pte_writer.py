@@ -93,7 +93,7 @@ def test_to_pte_and_its_stream_are_executorchs_bytes() -> None:
     expected = lowered_pte(payload, [TensorSpec((4, 64), F32)], [TensorSpec((4, 16), F32)])
     assert to_pte(payload, constants="inline") == expected
     pieces = list(pte_chunks(g))
-    assert len(pieces) > 3  # the constants were passed on, one named blob at a time
+    assert len(pieces) > 3 and b"".join(pieces) == to_pte(payload)  # one named blob at a time, the same bytes
     from executorch.runtime import Runtime
 
     x = torch.from_numpy(rng.standard_normal((4, 64)).astype(np.float32))

@@ -266,8 +266,20 @@ def to_pte(payload: PayloadLike, inputs: Sequence[SpecLike] | None = None,
         return _build_pte(data, in_specs, out_specs, named_data, dynamic)
     from . import writer
 
-    data, own = writer.named_payload(graph, CONSTANT_KEY_PREFIX)
+    data, own = writer.named_payload(_as_read(graph), CONSTANT_KEY_PREFIX)
     return _program(data, in_specs, out_specs, named_data, dynamic, own).to_bytes()
+
+
+def _as_read(graph: Any) -> Any:
+    """A loaded ``graph`` set to be written in the form it was read: scales that the payload
+    kept in its constant segment (``scale_buffer_idx``, ExecuTorch 1.4.1's form) stay
+    constant data, so that ``to_pte(g.to_bytes())`` is ``pte_chunks(g)`` byte for byte (read
+    back without this, they went into the flatbuffer's ``scale`` lists)."""
+    from .targets import Target
+
+    if any(getattr(v.quant, "scale_buffer_idx", 0) for v in graph.values):
+        graph.target, graph.scales_in_segment = Target.ET_1_4_1, True
+    return graph
 
 
 def _has_no_inline_constants(payload: bytes) -> bool:

@@ -250,14 +250,12 @@ def flatbuffer(graph: Graph, segment: ConstantSegment, *, inline_constants: bool
     or ``XN00`` (the runtime schema's, for tests of old payloads).
     """
     plan = SegmentPlan.of(graph) if getattr(graph, "scales_in_segment", False) else None
-    if plan is not None or named_prefix is not None:
-        b = _Builder(schema_141_generated)  # the only generated code with scale_buffer_idx and named_key
+    # schema_141_generated: the only generated code with scale_buffer_idx and named_key
+    b = _Builder(schema_141_generated if plan is not None or named_prefix is not None else generated_code(graph))
     if plan is not None:
         values = [_value(b, v, plan.data_index.get(v.id, 0), plan.scale_buffer(v.id)) for v in graph.values]
         segment.entries[1:] = plan.entries[1:]
     else:
-        if named_prefix is None:
-            b = _Builder(generated_code(graph))
         indices = [segment.add(_eager(v.constant)) if v.constant is not None else 0 for v in graph.values]
         values = [_value(b, v, idx) for v, idx in zip(graph.values, indices)]
     nodes = [_node(b, n) for n in graph.nodes]
@@ -334,7 +332,12 @@ def named_payload(graph: Graph, prefix: str) -> NamedPayload:
 
     The named data is ``[(prefix + index, blob)]`` in entry order: bytes, or for a graph
     with ``scales_in_segment`` a ``pte.builder.Chunked`` made when it is written (a
-    ``Deferred`` value's data, then its scales, one value in memory at a time).
+    ``Deferred`` value's data, then its scales, one value in memory at a time).  In the
+    ``.pte`` (``pte.writer``) each blob is a segment of its own, found by its key::
+
+        constant_data[i] = {offset: UINT64_MAX, size: n_i, named_key: prefix + str(i)}   (i >= 1)
+        Program.named_data[k] = {key: prefix + str(i), segment_index: s}
+        .pte:  ... | segment: payload | segment s: blob i (n_i bytes, at a multiple of 128) | ...
     """
     from ..pte.builder import Chunked
     from .rules import validate
