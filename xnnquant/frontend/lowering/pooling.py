@@ -97,8 +97,7 @@ def max_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (),
     h, w = _spatial(x)
     k = pair(kernel_size)
     s, p, d = pair(stride, k), pair(padding), pair(dilation)
-    if ceil_mode:
-        _static_spatial(x, "max_pool2d with ceil_mode")
+    # ceil_mode over a dynamic H or W never gets here: max_pool_check refuses it
     extra = (_ceil_extra(h, k[0], s[0], p[0], d[0]), _ceil_extra(w, k[1], s[1], p[1], d[1])) if ceil_mode else (0, 0)
     out = ctx.graph.max_pooling_2d(ctx.in_layout(x, NHWC), kernel=k, stride=s, dilation=d,
                                    padding=(p[0], p[1] + extra[1], p[0] + extra[0], p[1]))
