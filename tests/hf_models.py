@@ -77,6 +77,19 @@ def bert(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Tensor,
     return model, (ids, mask)
 
 
+def roberta(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Its positions come from the ids: ``cumsum(ids != pad) * (ids != pad) + pad``."""
+    from transformers import RobertaConfig, RobertaModel
+
+    config = RobertaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, max_position_embeddings=64, attn_implementation=attention)
+    model = _seeded(lambda: _Logits(RobertaModel(config, add_pooling_layer=False), "last_hidden_state"))
+    ids = _ids(128)
+    ids[0, -2:] = config.pad_token_id
+    mask = (ids != config.pad_token_id).long()
+    return model, (ids, mask)
+
+
 def distilbert(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     from transformers import DistilBertConfig, DistilBertModel
 
@@ -185,11 +198,11 @@ def with_float_inputs(built: tuple[Any, tuple[torch.Tensor, ...]]) -> tuple[Any,
 
 #: name -> builder(attention) -> (module, example inputs)
 ARCHITECTURES: dict[str, Callable[..., tuple[Any, tuple[torch.Tensor, ...]]]] = {
-    "bert": bert, "distilbert": distilbert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "vit": vit,
+    "bert": bert, "roberta": roberta, "distilbert": distilbert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "vit": vit,
     "resnet": resnet, "convnext": convnext, "mobilenet_v2": mobilenet_v2, "efficientnet": efficientnet,
     "whisper_encoder": whisper_encoder,
 }
 #: The architectures whose attention implementation can be chosen.
-WITH_ATTENTION = ("bert", "distilbert", "gpt2", "llama", "qwen2", "vit", "whisper_encoder")
+WITH_ATTENTION = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "vit", "whisper_encoder")
 #: The architectures that take token ids (``with_float_inputs`` feeds them embeddings).
-TEXT = ("bert", "distilbert", "gpt2", "llama", "qwen2")
+TEXT = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2")

@@ -172,6 +172,54 @@ def test_a_program_with_no_node_for_xnnpack_runs_on_the_portable_kernels() -> No
     assert np.array_equal(values, want_values.numpy()) and np.array_equal(indices, want_indices.numpy())
 
 
+class Arithmetic(nn.Module):
+    """One expression of the ids, on the portable kernels."""
+
+    def __init__(self, fn: object) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fn(ids)  # type: ignore[operator]
+
+
+#: torch traces ``x + 1`` as ``add.Tensor(x, 1)``: a number where the kernel takes a tensor.
+#: The first two add 0 and 1, the indices of the method's first two values (the ids and
+#: ``ne``'s result): read as indices, they gave a program that ran and was wrong.
+NUMBERS_FOR_TENSORS = {
+    "int32 + 0": lambda ids: (ids != 1).int().cumsum(1) + 0,
+    "int64 + 1, * 2, - 1": lambda ids: (ids.cumsum(1) + 1) * 2 - 1,
+    "bool + int": lambda ids: (ids > 5) + 3,
+    "int + float": lambda ids: ids.cumsum(1) + 0.5,
+    "float64 * float": lambda ids: ids.double().cumsum(1) * 0.1,
+    "uint8 + an int it cannot hold": lambda ids: ids.to(torch.uint8) + 300,
+    "where(mask, ids, 0)": lambda ids: torch.where(ids > 5, ids, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(NUMBERS_FOR_TENSORS))
+def test_a_number_where_the_op_takes_a_tensor_is_a_tensor_of_it(name: str) -> None:
+    """RoBERTa's positions are ``(cumsum(ids != pad) + 0) * mask + pad``.  Exact: integer
+    arithmetic, and float arithmetic on the same operands in the same type as torch."""
+    module = Arithmetic(NUMBERS_FOR_TENSORS[name]).eval()
+    ids = torch.tensor([[3, 1, 5, 7, 1, 2, 9], [1, 1, 8, 0, 4, 6, 2]])
+    exported = xq.export(module, (ids,), weights="fp32", progress=False, check=False)
+    (got,) = exported.run(ids)
+    want = module(ids).numpy()
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_dynamic_size_where_the_op_takes_a_tensor_is_computed_when_the_program_runs() -> None:
+    module = Arithmetic(lambda ids: ids.cumsum(1) + ids.shape[1]).eval()
+    exported = xq.export(module, (_ids(7, 1),), weights="fp32", progress=False, check=False,
+                         dynamic_shapes=({1: torch.export.Dim("seq", max=32)},))
+    for length in (1, 7, 32):
+        ids = _ids(length, 1)
+        (got,) = exported.run(ids)
+        np.testing.assert_array_equal(got, module(ids).numpy())
+
+
 class NegativePad(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(x, (1, -1))

@@ -119,6 +119,23 @@ def output_specs(program: AtenProgram) -> list[TensorIO]:
     return specs
 
 
+def _number_dtype(number: Any, t: Any, wide: bool, name: str) -> Any:
+    """The dtype of the 0-dim tensor standing for ``number`` (``_Emitter.numbers_as_tensors``)."""
+    import torch
+
+    if isinstance(number, bool):
+        return torch.bool
+    if not isinstance(number, (int, float)):
+        raise XnnquantError(f"argument {name!r} is {number!r} ({type(number).__name__}) where the op takes a tensor: "
+                            "expected a tensor, or a bool, int or float")
+    integral = t is not None and not t.is_floating_point and not t.is_complex and t is not torch.bool
+    if isinstance(number, int) and integral and torch.iinfo(t).min <= number <= torch.iinfo(t).max:
+        return t
+    if isinstance(number, int) and not wide and (t is None or not t.is_floating_point):
+        return torch.int64
+    return torch.float64 if wide else torch.float32
+
+
 class _Emitter:
     def __init__(self, program: AtenProgram, method: MethodBuilder) -> None:
         self.program = program
@@ -190,11 +207,65 @@ class _Emitter:
         args = torch.fx.node.map_arg(node.args, self.operand)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.operand)
         try:
+            args, kwargs = self.numbers_as_tensors(node, args, kwargs)
             self.values[node] = portable_call(self.method, node.target, args, kwargs, out=self.results(node))
         except XnnquantError as exc:
             where = AtenProgram.module_path(node) or "<top level>"
             raise UnsupportedConfigError(f"{node.target} (node {node.name}, module {where}) runs on ExecuTorch's "
                                          f"portable kernels, and cannot: {exc}") from None
+
+    def numbers_as_tensors(self, node: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``args`` and ``kwargs`` with a number where ``node``'s op takes a tensor made a 0-dim
+        tensor.  torch traces ``x + 1`` as ``add.Tensor(x, 1)``, and a kernel's tensor
+        arguments are value indices: the number would name another value of the method (a
+        wrong program: ``1`` is the method's second value).  The tensor holds the number in
+        the type torch computes the op in (the operands' promoted type ``t``), so that the
+        kernel, which promotes its operands' types, computes in it too:
+
+            number   t                          0-dim tensor
+            bool     any                        bool
+            int      an int type that holds it  t
+            int      float64 (or a float64      float64
+            float    result)                    float64
+            int      another float type         float32 (torch computes float16 and
+            float    an int type, bool, none    float32  bfloat16 ops in float32)
+            int      bool, none, too narrow     int64
+
+        A dynamic size (a ``RuntimeInt``) becomes one at run time (``aten::scalar_tensor``)."""
+        import numpy as np
+        import torch
+
+        from ..pte.portable import RuntimeInt, portable_call
+
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return tuple(args), dict(kwargs)
+        slots = {a.name for a in schema.arguments if str(a.type) in ("Tensor", "Optional[Tensor]")}
+        positional = [a.name for a in schema.arguments if not a.kwarg_only]
+        given = {**dict(zip(positional, node.args)), **node.kwargs}
+        mapped = {**dict(zip(positional, args)), **kwargs}
+        numbers = [name for name in slots if name in given and mapped[name] is not None
+                   and not hasattr(getattr(given[name], "meta", {}).get("val"), "shape")]
+        if not numbers:
+            return tuple(args), dict(kwargs)
+        t: Any = None  # the tensor operands' promoted type
+        for item in given.values():
+            for operand in item if isinstance(item, (list, tuple)) else (item,):
+                val: Any = getattr(operand, "meta", {}).get("val")
+                if hasattr(val, "shape"):
+                    t = val.dtype if t is None else torch.promote_types(t, val.dtype)
+        wide = torch.float64 in (t, getattr(node.meta.get("val"), "dtype", None))
+        for name in numbers:
+            value = mapped[name]
+            dtype = _number_dtype(value.bound if isinstance(value, RuntimeInt) else value, t, wide, name)
+            if isinstance(value, RuntimeInt):
+                mapped[name] = portable_call(self.method, torch.ops.aten.scalar_tensor.default, (value,),
+                                             {"dtype": dtype})
+            else:
+                kind = str(dtype).removeprefix("torch.")
+                mapped[name] = self.method.tensor(kind, (), data=np.array(value, dtype=kind))
+        return tuple(mapped[name] for name in positional[:len(args)]), \
+            {name: mapped[name] for name in kwargs}
 
     def quantized_embedding(self, node: Any, table: Any) -> int:
         """A lookup in a quantized table (a ``QuantizedEmbedding``): its codes, scales and guard as constants (once per
