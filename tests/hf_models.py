@@ -196,6 +196,23 @@ def with_float_inputs(built: tuple[Any, tuple[torch.Tensor, ...]]) -> tuple[Any,
     return _Embeds(model).eval(), (embeds,)
 
 
+class _Ids(torch.nn.Module):
+    """A text model called with its token ids alone, as one named argument (what a
+    ``dynamic_shapes`` spec names)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids)
+
+
+def by_ids(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (of ``ARCHITECTURES``, taking ids) as ``forward(ids)``."""
+    return _Ids(model).eval()
+
+
 #: name -> builder(attention) -> (module, example inputs)
 ARCHITECTURES: dict[str, Callable[..., tuple[Any, tuple[torch.Tensor, ...]]]] = {
     "bert": bert, "roberta": roberta, "distilbert": distilbert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "vit": vit,

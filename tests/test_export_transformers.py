@@ -53,3 +53,19 @@ def test_architecture_exports_and_runs(name: str, attention: str, inputs: str, w
     else:
         cosine = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
         assert cosine >= MIN_COSINE
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_a_decoder_runs_at_every_length_of_its_dynamic_dim(name: str) -> None:
+    """The causal mask and the grouped-query repeat of keys and values are built at run time on
+    the portable kernels (an expand over the dynamic length among them)."""
+    module, (ids,) = hf_models.ARCHITECTURES[name]("eager")
+    module = hf_models.by_ids(module)
+    exported = xq.export(module, (ids,), weights="fp32", progress=False,
+                         dynamic_shapes=({1: torch.export.Dim("seq", max=32)},))
+    for length in (2, hf_models.TOKENS, 32):
+        ids = torch.randint(0, 128, (1, length), generator=torch.Generator().manual_seed(length))
+        (got,) = exported.run(ids)
+        with torch.no_grad():
+            ref = module(ids).numpy()
+        assert np.abs(got - ref).max() <= FP32_BOUND * np.abs(ref).max()

@@ -76,14 +76,6 @@ def _dtype(val: Any) -> str:
     return str(getattr(val, "dtype", "float32")).removeprefix("torch.")
 
 
-def _strided_order(val: Any) -> tuple[int, ...]:
-    """The dim order of a traced result (contiguous when its strides tell none)."""
-    try:
-        return tuple(int(d) for d in val.dim_order())
-    except Exception:  # symbolic strides
-        return tuple(range(len(val.shape)))
-
-
 def input_specs(program: AtenProgram) -> list[TensorIO]:
     """The program's inputs as the method declares them (any dtype, the example's dim order)."""
     from .lowering.walk import _dynamic_dims
@@ -288,9 +280,27 @@ class _Emitter:
         return embedding_call(m, table.scheme.bits, codes_index, scales_index, self.operand(node.args[0]), out,
                               quant_min=low, quant_max=high, guard=guard_index)
 
+    def out_order(self, node: Any, val: Any) -> tuple[int, ...]:
+        """The dim order of a portable node's out tensor.  ExecuTorch's portable kernels take
+        tensors that are all contiguous or all channels-last (measured, 1.4.1: otherwise
+        "2 input tensors have different dim orders", error 0x12): a result is channels-last
+        where torch traced it so (``declared_dim_order``), else contiguous.  A view's traced
+        strides (0 where ``expand`` repeats, permuted where ``permute`` moved dims) describe
+        no copy the kernel writes: a view op's out takes its input's dim order."""
+        from .lowering.walk import declared_dim_order
+
+        returns = getattr(getattr(node.target, "_schema", None), "returns", ())
+        if returns and returns[0].alias_info is not None and node.args and node.args[0] in self.values:
+            source = self.method.values[self.values[node.args[0]]]
+            order = tuple(getattr(source, "dim_order", ()))
+            if len(order) == len(val.shape):
+                return order
+            return tuple(range(len(val.shape)))
+        return declared_dim_order(val)
+
     def results(self, node: Any) -> int | list[int]:
-        """The out tensors of a portable node, as torch traced its results (dtype, dim order;
-        sizes at the bounds of their dynamic dims, then bounded)."""
+        """The out tensors of a portable node, as torch traced its results (dtype, dim order
+        as ``out_order`` says; sizes at the bounds of their dynamic dims, then bounded)."""
         from .lowering.walk import _dynamic_dims
 
         vals = node.meta.get("val")
@@ -298,7 +308,7 @@ class _Emitter:
         outs = []
         for k, val in enumerate(vals if several else (vals,)):
             sizes = self.program.shape(val, f"result {k} of {node.name}")
-            spec = TensorIO(node.name, tuple(s.bound for s in sizes), _dtype(val), _strided_order(val),
+            spec = TensorIO(node.name, tuple(s.bound for s in sizes), _dtype(val), self.out_order(node, val),
                             _dynamic_dims(self.program, sizes))
             outs.append(self.tensor_of(spec))
         return outs if several else outs[0]
