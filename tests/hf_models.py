@@ -177,6 +177,19 @@ def whisper_encoder(attention: str = "eager") -> tuple[torch.nn.Module, tuple[to
     return model, (torch.randn(1, 16, 64, generator=torch.Generator().manual_seed(SEED)),)
 
 
+def t5_encoder(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Its attention bias is a table permuted to (1, heads, q, k), masked by the padding."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, use_cache=False,
+                      attn_implementation=attention)
+    model = _seeded(lambda: _Logits(T5EncoderModel(config), "last_hidden_state"))
+    ids = _ids(128)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0
+    return model, (ids, mask)
+
+
 class _Embeds(torch.nn.Module):
     """A text model fed its input embeddings (float) instead of token ids."""
 
@@ -217,9 +230,9 @@ def by_ids(model: torch.nn.Module) -> torch.nn.Module:
 ARCHITECTURES: dict[str, Callable[..., tuple[Any, tuple[torch.Tensor, ...]]]] = {
     "bert": bert, "roberta": roberta, "distilbert": distilbert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "vit": vit,
     "resnet": resnet, "convnext": convnext, "mobilenet_v2": mobilenet_v2, "efficientnet": efficientnet,
-    "whisper_encoder": whisper_encoder,
+    "whisper_encoder": whisper_encoder, "t5_encoder": t5_encoder,
 }
 #: The architectures whose attention implementation can be chosen.
-WITH_ATTENTION = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "vit", "whisper_encoder")
+WITH_ATTENTION = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "vit", "whisper_encoder", "t5_encoder")
 #: The architectures that take token ids (``with_float_inputs`` feeds them embeddings).
-TEXT = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2")
+TEXT = ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2", "t5_encoder")

@@ -220,6 +220,34 @@ def test_a_dynamic_size_where_the_op_takes_a_tensor_is_computed_when_the_program
         np.testing.assert_array_equal(got, module(ids).numpy())
 
 
+class PermutedBias(nn.Module):
+    """T5's attention bias: a table permuted into (1, heads, q, k) and masked on the portable
+    kernels, which torch traces channels-last (the table's strides), read by a delegate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(6, 6, 4, generator=torch.Generator().manual_seed(1)))
+        self.dense = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        bias = self.table.permute(2, 0, 1).unsqueeze(0)
+        bias = torch.where(mask[:, None, None, :].bool(), bias, -1e4)
+        return self.dense(x + bias)
+
+
+def test_a_portable_result_traced_channels_last_is_laid_out_as_its_kernel_and_its_delegate_read_it() -> None:
+    """The portable kernels take operands all contiguous or all channels-last (the mask is
+    contiguous: the where writes contiguous), and the delegate declared channels-last gets a
+    copy in that order."""
+    module = _module(PermutedBias)
+    x = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    exported = xq.export(module, (x, mask), weights="fp32", progress=False)
+    (got,) = exported.run(x, mask)
+    with torch.no_grad():
+        assert _relative(got, module(x, mask)) < BOUND
+
+
 class NegativePad(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(x, (1, -1))

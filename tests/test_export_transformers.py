@@ -1,7 +1,7 @@
 """Hugging Face ``transformers`` architectures through ``xq.export``, on the real runtime.
 
 Small seeded configurations (``hf_models.py``) of BERT, RoBERTa, DistilBERT, GPT-2, Llama, Qwen2,
-ViT, ResNet, ConvNeXt, MobileNetV2, EfficientNet and Whisper's encoder, with transformers'
+ViT, ResNet, ConvNeXt, MobileNetV2, EfficientNet, Whisper's encoder and T5's encoder, with transformers'
 eager and SDPA attention, text models fed token ids (a mixed program: embedding lookups and
 masks on ExecuTorch's portable kernels) and fed embeddings (float), under fp32, qc8w and
 qb4w:32 (with the default ``fallback="auto"``).  Every export runs its self-check; the

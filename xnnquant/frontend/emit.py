@@ -284,19 +284,25 @@ class _Emitter:
         """The dim order of a portable node's out tensor.  ExecuTorch's portable kernels take
         tensors that are all contiguous or all channels-last (measured, 1.4.1: otherwise
         "2 input tensors have different dim orders", error 0x12): a result is channels-last
-        where torch traced it so (``declared_dim_order``), else contiguous.  A view's traced
+        where torch traced it so (``declared_dim_order``) and its operands of that rank are
+        channels-last here too (a constant is contiguous), else contiguous.  A view's traced
         strides (0 where ``expand`` repeats, permuted where ``permute`` moved dims) describe
         no copy the kernel writes: a view op's out takes its input's dim order."""
         from .lowering.walk import declared_dim_order
 
+        rank = len(val.shape)
+        contiguous = tuple(range(rank))
         returns = getattr(getattr(node.target, "_schema", None), "returns", ())
         if returns and returns[0].alias_info is not None and node.args and node.args[0] in self.values:
-            source = self.method.values[self.values[node.args[0]]]
-            order = tuple(getattr(source, "dim_order", ()))
-            if len(order) == len(val.shape):
-                return order
-            return tuple(range(len(val.shape)))
-        return declared_dim_order(val)
+            order = tuple(getattr(self.method.values[self.values[node.args[0]]], "dim_order", ()))
+            return order if len(order) == rank else contiguous
+        traced = declared_dim_order(val)
+        for operand in node.all_input_nodes:
+            if len(getattr(operand.meta.get("val"), "shape", ())) == rank:
+                index = self.values.get(operand)
+                if not isinstance(index, int) or getattr(self.method.values[index], "dim_order", None) != traced:
+                    return contiguous
+        return traced
 
     def results(self, node: Any) -> int | list[int]:
         """The out tensors of a portable node, as torch traced its results (dtype, dim order
@@ -313,6 +319,22 @@ class _Emitter:
             outs.append(self.tensor_of(spec))
         return outs if several else outs[0]
 
+    def in_order(self, index: int, spec: TensorIO) -> int:
+        """Tensor ``index`` in the dim order the delegate declares for it (``spec``): a value a
+        portable kernel wrote contiguous, where torch traced it channels-last (``out_order``),
+        is copied into the declared order (``dim_order_ops::_clone_dim_order``); XNNPACK fails
+        the delegate on a tensor in another order ("propagating input shapes failed", 0x1)."""
+        from ..pte.portable import portable_call
+        from ..pte.quantized import kernel
+
+        order = tuple(getattr(self.method.values[index], "dim_order", spec.dim_order))
+        if order == tuple(spec.dim_order):
+            return index
+        out = self.tensor_of(spec)
+        portable_call(self.method, kernel("_clone_dim_order.out"), (index,), {"dim_order": list(spec.dim_order)},
+                      out=out)
+        return out
+
     def delegate(self, lowered: Lowered, payload: NamedPayload) -> None:
         """A delegate call: the tensors of its input nodes in, new tensors for its output nodes;
         ``payload``'s constants become the program's named data."""
@@ -320,6 +342,8 @@ class _Emitter:
         for key, blob in payload.named:
             m.program.add_named_data(key, blob)
         inputs = [self.operand(node) for node in lowered.input_nodes]
+        if len(lowered.inputs) == len(inputs):  # a TensorIO per input node (a lowering that refused none)
+            inputs = [self.in_order(index, spec) for index, spec in zip(inputs, lowered.inputs)]
         outputs = [self.tensor_of(spec) for spec in lowered.outputs]
         for node, index in zip(lowered.output_nodes, outputs):
             self.values[node] = index

@@ -54,6 +54,12 @@ SCHEMAS = {
                                 "Tensor? weight_zero_points, int weight_quant_min, int weight_quant_max, "
                                 "Tensor indices, ScalarType? dtype=None, *, Tensor(a!) out) -> Tensor(a!)",
 }
+#: Kernels of ExecuTorch's ``dim_order_ops`` (``exir/passes/dim_order_ops_registry.py``, 1.4.1),
+#: portable kernels outside ATen: a copy into another dim order.
+DIM_ORDER_SCHEMAS = {
+    "_clone_dim_order.out": "dim_order_ops::_clone_dim_order.out(Tensor self, *, bool non_blocking=False, "
+                            "int[]? dim_order=None, Tensor(a!) out) -> Tensor(a!)",
+}
 #: The kernel of each code width (bits -> key of ``SCHEMAS``).
 EMBEDDING_KERNELS = {8: "embedding_byte.dtype_out", 4: "embedding_4bit.dtype_out"}
 
@@ -80,8 +86,8 @@ class OutKernel:
 
 @functools.cache
 def kernel(key: str) -> OutKernel:
-    """The ``OutKernel`` of ``SCHEMAS[key]``."""
-    return OutKernel(SCHEMAS[key])
+    """The ``OutKernel`` of ``SCHEMAS[key]`` (or ``DIM_ORDER_SCHEMAS[key]``)."""
+    return OutKernel(SCHEMAS.get(key) or DIM_ORDER_SCHEMAS[key])
 
 
 def embedding_call(method: MethodBuilder, bits: int, weight: int, scales: int, indices: int, out: int, *,
