@@ -203,3 +203,28 @@ def test_check_takes_dynamic_shapes_too() -> None:
     assert "aten.mean.dim" in exported.delegation_report() and "portable" in exported.delegation_report()
     strict = xq.check(MeanOverTime().eval(), example, weights="fp32", dynamic_shapes=dims, strict=True)
     assert not strict.ok and "mean over dynamic dims" in strict.refused[0]
+
+
+class RowsView(torch.nn.Module):
+    """GPT-2's Conv1D: the hidden states viewed as rows ``[-1, 64]``, an addmm, viewed back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64, 32, generator=torch.Generator().manual_seed(3)) / 8)
+        self.bias = torch.nn.Parameter(torch.randn(32, generator=torch.Generator().manual_seed(4)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = torch.addmm(self.bias, x.view(-1, 64), self.weight)
+        return rows.view(x.shape[0], x.shape[1], 32)
+
+
+def test_a_view_whose_inferred_dim_is_the_dynamic_one_is_inferred_on_every_call() -> None:
+    """``view(-1, 64)`` of ``(1, seq, 64)``: the -1 is ``seq``, written inferred (not its bound)."""
+    module = RowsView().eval()
+    exported = xq.export(module, (_x(10),), weights="fp32", dynamic_shapes=({1: Dim("seq", max=48)},),
+                         progress=False)
+    for length in (1, 10, 48):
+        x = _x(length)
+        (got,) = exported.run(x)
+        with torch.no_grad():
+            assert _relative(got, module(x).numpy()) < BOUND

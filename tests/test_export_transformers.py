@@ -55,10 +55,11 @@ def test_architecture_exports_and_runs(name: str, attention: str, inputs: str, w
         assert cosine >= MIN_COSINE
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2"])
 def test_a_decoder_runs_at_every_length_of_its_dynamic_dim(name: str) -> None:
     """The causal mask and the grouped-query repeat of keys and values are built at run time on
-    the portable kernels (an expand over the dynamic length among them)."""
+    the portable kernels (an expand over the dynamic length among them); GPT-2 views its
+    hidden states as ``[-1, 64]`` (a dim inferred from the dynamic length)."""
     module, (ids,) = hf_models.ARCHITECTURES[name]("eager")
     module = hf_models.by_ids(module)
     exported = xq.export(module, (ids,), weights="fp32", progress=False,

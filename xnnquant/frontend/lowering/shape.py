@@ -61,10 +61,17 @@ def reshaped(ctx: LoweringContext, x: Any, shape: Any, exprs: tuple[Any, ...] = 
 
 @lowers(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.view_copy.default, emits=RESHAPE_KINDS)
 def view(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
-    """``x.view(shape)``; a size may be a ``torch.SymInt`` (a dynamic dim, ``sym_size``)."""
+    """``x.view(shape)``; a size may be a ``torch.SymInt`` (a dynamic dim, ``sym_size``).  The
+    dim given as -1 is dynamic when the input's element count is (GPT-2 views its hidden
+    states ``(1, seq, 64)`` as ``[-1, 64]``): its size is that count over the other dims'."""
     sizes = [ctx.program.size(d, "a view's size") if not (isinstance(d, int) and d == -1) else None for d in shape]
-    return reshaped(ctx, x, tuple(-1 if s is None else s.bound for s in sizes),
-                    tuple(None if s is None else s.expr for s in sizes))
+    exprs = [None if s is None else s.expr for s in sizes]
+    x = ctx.value(x)
+    if None in sizes and x.sym:
+        count = math.prod(x.exprs[d] if x.is_dynamic(d) else x.shape[d] for d in range(x.rank))
+        inferred = count / math.prod(s.bound if s.expr is None else s.expr for s in sizes if s is not None)
+        exprs[sizes.index(None)] = None if getattr(inferred, "is_number", True) else inferred
+    return reshaped(ctx, x, tuple(-1 if s is None else s.bound for s in sizes), tuple(exprs))
 
 
 @lowers(aten.flatten.using_ints, emits=RESHAPE_KINDS)
