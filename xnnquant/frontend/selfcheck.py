@@ -196,13 +196,16 @@ def _unfused(lowered: Lowered, env: dict[int, np.ndarray], int8: Int8Check | Non
 
 
 def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference: QuantizedReference | None,
-              int8: Int8Check | None = None) -> tuple[Any, Any, list[np.ndarray]]:
+              int8: Int8Check | None = None, fp32_in: Int8Check | None = None) -> tuple[Any, Any, list[np.ndarray]]:
     """``node``'s arguments for torch: each activation as the interpreter computed it (the first
     one quantized as the graph does when the lowering quantized), each constant as it is (the
     quantized filter as its stored values); and the activations' values.
 
     ``int8`` (a node with a qint8 output): each activation is the qint8 value the int8 graph
-    reads, dequantized, and the filter the stored one."""
+    reads, dequantized, and the filter the stored one.  ``fp32_in`` (a node a static int8
+    graph leaves in fp32): each activation is the value that node reads, the fp32 twin of a
+    qint8 value where the graph has one (an fp32 producer's output: no round trip through
+    int8), else the codes dequantized (its convert's output)."""
     import torch
 
     activations: list[np.ndarray] = []
@@ -213,11 +216,13 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference
         if isinstance(value, Activation):
             if int8 is not None:
                 value = Activation(int8.int8_version.get(value.id, value.id), value.shape, value.perm, value.sym)
+            elif fp32_in is not None:
+                value = Activation(fp32_in.float_version.get(value.id, value.id), value.shape, value.perm, value.sym)
             x = torch.from_numpy(np.ascontiguousarray(_logical(env, value)))
             if reference is not None and not activations:
                 x = _quantized_input(x, reference)
             activations.append(x.numpy())
-            return x.float() if int8 is not None else x
+            return x.float() if int8 is not None or fp32_in is not None else x
         if reference is not None and value is reference.weight:
             return torch.from_numpy(np.ascontiguousarray(reference.dequantized))
         if stored is not None and value is stored[0]:
@@ -250,7 +255,8 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
             continue
         first = next(o for o in outs if isinstance(o, Activation))
         quantized = int8 if int8 is not None and int8.is_int8(first.id) else None
-        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node), quantized)
+        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node), quantized,
+                                              None if quantized is not None else int8)
         with torch.no_grad():
             want = torch_op(node.target)(*args, **kwargs)
         wants = want if isinstance(want, (tuple, list)) else (want,)

@@ -63,13 +63,16 @@ class Int8Check:
     """The static int8 graph as the self-check reads it.
 
     ``int8_version``: a value id of the int8 graph -> its qint8 twin (itself for a qint8
-    value; the convert's output for an fp32 value some int8 node reads).  ``filters``: ATen
+    value; the convert's output for an fp32 value some int8 node reads).  ``float_version``:
+    a qint8 value id -> its fp32 twin, where the graph has one (a node left in fp32 reads
+    that, not the codes: an fp32 producer's own output).  ``filters``: ATen
     node name -> (the torch filter tensor, the stored filter dequantized in its layout).
     ``bias_delta``: ATen node name -> float64 ``(OC,)``, the stored bias minus the float one.
     """
 
     graph: Graph
     int8_version: dict[int, int] = field(default_factory=dict)
+    float_version: dict[int, int] = field(default_factory=dict)
     filters: dict[str, tuple[Any, np.ndarray]] = field(default_factory=dict)
     bias_delta: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -120,6 +123,7 @@ def int8_check(result: Int8Graph, sources: list[tuple[str, str, str]], filters: 
         check.int8_version[vid] = vid
         if fv in result.float_of:
             check.int8_version[result.float_of[fv]] = vid
+            check.float_version[vid] = result.float_of[fv]
     for layer in result.layers:
         node = result.graph.nodes[layer.node]
         handle = node.debug_handle
