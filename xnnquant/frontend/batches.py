@@ -112,7 +112,7 @@ class CalibrationData:
         first = self.batches[index]
         varying = [{d for d in range(x.dim()) if any(b[i].shape[d] != x.shape[d] for b in self.batches)}
                    for i, x in enumerate(first)] if dynamic else [set() for _ in first]
-        spec = tuple(dict.fromkeys(sorted(dims), torch.export.Dim.AUTO) or None for dims in varying)
+        spec = _by_signature(module, [dict.fromkeys(sorted(dims), torch.export.Dim.AUTO) or None for dims in varying])
         try:
             with _without_stack_traces():
                 exported = torch.export.export(module, first, dynamic_shapes=spec if any(varying) else None,
@@ -139,6 +139,22 @@ class CalibrationData:
                         f"calibration batch {index} ({_shapes(self.batches[index])}) fixes dim {d} at {size} (its "
                         f"code specializes it); expected batches whose dim {d} is {size}, or a first batch with a "
                         "size other than 0 or 1 there")
+
+
+def _by_signature(module: Any, specs: list[Any]) -> Any:
+    """torch.export's ``dynamic_shapes`` for positional inputs with these ``specs``, keyed by
+    the names ``module.forward`` binds them to: a ``*args`` parameter takes one tuple of specs
+    (a plain tuple of specs, one per input, does not fit ``forward(self, *inputs)``)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(module.forward)
+        bound = signature.bind(*range(len(specs)))
+    except (TypeError, ValueError):  # no signature to read: one spec per input, in order
+        return tuple(specs)
+    return {name: tuple(specs[i] for i in where)
+            if signature.parameters[name].kind is inspect.Parameter.VAR_POSITIONAL else specs[where]
+            for name, where in bound.arguments.items()}
 
 
 def isomorphic(a: AtenProgram, b: AtenProgram) -> bool:

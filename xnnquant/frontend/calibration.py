@@ -28,7 +28,8 @@ A grouped, depthwise or transposed convolution gets no statistics (each group of
 channels reads other inputs: one Gram per group would be needed); its quantized layers
 are then refused with an activation-aware method.  Masks (``batches.CalibrationData``)
 select rows: a layer's rows are indexed by the leading dims above (``x.shape[:-1]``,
-``[N, H, W]``, ``[N, OH, OW]``) and the batch's mask must have that shape.
+``[N, H, W]``, ``[N, OH, OW]``) and the batch's mask must have that shape (or, for a linear
+reading its rows flattened by a view, GPT-2's ``x.view(-1, K)``, the shape before the view).
 
 Sequential calibration.  A deployed layer reads what the quantized layers before it
 produce, so each layer is calibrated on those inputs, as ``models.sequential`` does for
@@ -56,6 +57,7 @@ taken over all their weights, so they keep sharing one conversion.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -320,12 +322,22 @@ class _Calibrating:
             self.stats.quantized[path] = part
             self.swapped[reader.weight] = torch.from_numpy(reader.unstored(part.dequantize()))
 
-    def _mask(self, b: int, x: Any, use: LayerUse, path: str) -> Any:
-        """Batch ``b``'s mask (numpy bool, the rows' leading shape), or None."""
+    def _mask(self, b: int, x: Any, use: LayerUse, path: str, run: BatchRun) -> Any:
+        """Batch ``b``'s mask (numpy bool, the rows' leading shape), or None.  A linear whose
+        input is its rows flattened (GPT-2's ``x.view(-1, K)`` of ``(batch, tokens, K)``) takes
+        the mask flattened alike: the view keeps the rows in their order."""
+        import torch
+
         if self.data.masks is None:
             return None
         mask = self.data.masks[b]
         lead = _lead_shape(x, use.rows)
+        source = use.input.args[0] if use.rows.kind == "last" and getattr(use.input, "target", None) in (
+            torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default) else None
+        shapes = run.shapes(source) if tuple(mask.shape) != lead and hasattr(source, "op") else None
+        if shapes is not None and shapes[b][:-1] == tuple(mask.shape) and shapes[b][-1] == x.shape[-1] \
+                and math.prod(shapes[b]) == x.numel():
+            mask = mask.reshape(lead)
         if tuple(mask.shape) != lead:
             what = {"last": "its input x[..., K] has", "pixels": "its input's pixels have",
                     "im2col": "its output pixels' windows have"}[use.rows.kind]
@@ -340,7 +352,7 @@ class _Calibrating:
 
         top = self.stats.absmax.get(path)
         for b, x in enumerate(run.values(use.input)):
-            mask = self._mask(b, x, use, path)
+            mask = self._mask(b, x, use, path, run)
             rows = x.detach().reshape(-1, x.shape[-1]) if mask is None else x.detach()[torch.from_numpy(mask)]
             if len(rows) == 0:
                 continue
@@ -361,7 +373,7 @@ class _Calibrating:
             return self.shared[key]
         calibration = Calibration(use.in_features)
         for b, x in enumerate(run.values(use.input)):
-            mask = self._mask(b, x, use, path)
+            mask = self._mask(b, x, use, path, run)
             try:
                 if use.rows.kind == "im2col":  # a few images at a time: the windows repeat each value
                     per_image = use.in_features * int(np.prod(_lead_shape(x[:1], use.rows)))

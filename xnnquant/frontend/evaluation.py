@@ -86,8 +86,14 @@ class BatchRun:
         self._twins = [None if p is program else dict(zip(primary, p.graph.nodes)) for p in self.programs]
         self._back = [None if t is None else {v: k for k, v in t.items()} for t in self._twins]
         self._values: dict[Any, list[Any]] = {}
+        self._shapes: dict[Any, list[tuple[int, ...]]] = {}
         #: batches computed side by side on the cores, torch on one thread each (see ``evaluate``)
         self.parallel = len(batches) > 1 and num_threads() > 1
+
+    def shapes(self, node: Any) -> list[tuple[int, ...]] | None:
+        """``node``'s shape in every batch, kept after its values are freed (None: not a tensor,
+        or not computed yet)."""
+        return self._shapes.get(node)
 
     def values(self, node: Any) -> list[Any]:
         """``node``'s value for every batch (a constant: the same tensor for each)."""
@@ -172,6 +178,8 @@ def evaluate(program: AtenProgram, batches: Sequence[tuple[Any, ...]], *, before
             elif node.op == "call_function":
                 swap = before(node, run) if before is not None else None
                 run._values[node] = run._compute(node, swap or {})
+                if all(hasattr(v, "shape") for v in run._values[node]):
+                    run._shapes[node] = [tuple(v.shape) for v in run._values[node]]
                 if after is not None:
                     after(node, run)
             elif node.op == "output":
