@@ -228,3 +228,27 @@ def test_a_view_whose_inferred_dim_is_the_dynamic_one_is_inferred_on_every_call(
         (got,) = exported.run(x)
         with torch.no_grad():
             assert _relative(got, module(x).numpy()) < BOUND
+
+
+class VarArgs(torch.nn.Module):
+    """A wrapper called as ``forward(*inputs)``, as transformers models are often wrapped."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.inner(*inputs)
+
+
+def test_a_spec_per_input_fits_a_forward_that_takes_varargs(block: torch.nn.Module) -> None:
+    """torch.export wants ``forward(*inputs)``'s specs as one tuple; ``dynamic_shapes=`` gives
+    one spec per input (the docstring's form), which the export nests as torch wants."""
+    module = VarArgs(block).eval()
+    exported = xq.export(module, (_x(10),), weights="fp32", dynamic_shapes=({1: Dim("seq", max=48)},),
+                         progress=False)
+    assert str(exported.inputs[0].dynamic[1]) == "seq in [1, 48]"
+    for length in (3, 48):
+        x = _x(length)
+        with torch.no_grad():
+            assert _relative(exported.run(x)[0], module(x).numpy()) < BOUND

@@ -188,8 +188,13 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
             inputs = _check_inputs(torch, example_inputs)
             if options.calibration is not None:
                 options.calibration.check_fits(inputs)
+            spec = options.dynamic_shapes
+            if isinstance(spec, (list, tuple)) and len(spec) == len(inputs) and _takes_varargs(module):
+                from .batches import by_signature
+
+                spec = by_signature(module, list(spec))  # one spec per input, as the docstring says
             try:
-                program = torch.export.export(module, inputs, dynamic_shapes=options.dynamic_shapes, strict=False)
+                program = torch.export.export(module, inputs, dynamic_shapes=spec, strict=False)
             except Exception as exc:  # torch's tracing errors come in many types; say where they came from
                 what = " with these dynamic_shapes" if options.dynamic_shapes is not None else ""
                 raise XnnquantError(f"torch.export.export failed on {type(module).__name__}{what}: "
@@ -198,6 +203,17 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
     with stage("decompose", timings):
         program, tables = _decomposed(program, options.strict)
     return eager, program, tables
+
+
+def _takes_varargs(module: Any) -> bool:
+    """True when ``module.forward`` takes ``*args``."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
 
 
 def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], ...]]:

@@ -112,7 +112,7 @@ class CalibrationData:
         first = self.batches[index]
         varying = [{d for d in range(x.dim()) if any(b[i].shape[d] != x.shape[d] for b in self.batches)}
                    for i, x in enumerate(first)] if dynamic else [set() for _ in first]
-        spec = _by_signature(module, [dict.fromkeys(sorted(dims), torch.export.Dim.AUTO) or None for dims in varying])
+        spec = by_signature(module, [dict.fromkeys(sorted(dims), torch.export.Dim.AUTO) or None for dims in varying])
         try:
             with _without_stack_traces():
                 exported = torch.export.export(module, first, dynamic_shapes=spec if any(varying) else None,
@@ -141,10 +141,11 @@ class CalibrationData:
                         "size other than 0 or 1 there")
 
 
-def _by_signature(module: Any, specs: list[Any]) -> Any:
+def by_signature(module: Any, specs: list[Any]) -> Any:
     """torch.export's ``dynamic_shapes`` for positional inputs with these ``specs``, keyed by
     the names ``module.forward`` binds them to: a ``*args`` parameter takes one tuple of specs
-    (a plain tuple of specs, one per input, does not fit ``forward(self, *inputs)``)."""
+    (a plain tuple of specs, one per input, does not fit ``forward(self, *inputs)``; for other
+    signatures the two say the same)."""
     import inspect
 
     try:
