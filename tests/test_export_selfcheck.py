@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 import xnnquant as xq
@@ -108,3 +109,37 @@ def test_a_module_that_computes_differently_under_export_is_refused() -> None:
 def test_bad_check_argument() -> None:
     with pytest.raises(xq.XnnquantError, match=r"^check must be True or False: got str 'yes'"):
         xq.export(Block().eval(), _inputs(), check="yes", progress=False)
+
+
+class Threshold(nn.Module):
+    """Token ids -> embeddings -> linear -> a comparison: a bool output of float values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(20, 8)
+        self.dense = nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.tokens(ids)) > 0
+
+
+def test_a_discrete_output_that_differs_is_refused_saying_where_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison of float values flips where a value lies within rounding of its threshold
+    (XNNPACK and the interpreter round differently): the refusal counts the elements and says
+    so, instead of calling every such program assembled wrongly."""
+    torch.manual_seed(0)
+    module = Threshold().eval()
+    ids = torch.tensor([[1, 5, 7, 2]])
+    run = xq.Exported.run
+
+    def flipped(self: xq.Exported, *inputs: Any) -> list[np.ndarray]:
+        outs = run(self, *inputs)
+        outs[0] = outs[0].copy()
+        outs[0].flat[0] = not outs[0].flat[0]
+        return outs
+
+    monkeypatch.setattr(xq.Exported, "run", flipped)
+    with pytest.raises(SelfCheckError, match=r"output 0 \(bool\) of the program on ExecuTorch's runtime differs "
+                                                r".* in 1 of 16 elements\. An output of comparisons, argmax or "
+                                                r"rounding of float values flips"):
+        xq.export(module, (ids,), weights="fp32", progress=False)
