@@ -255,8 +255,9 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
             continue
         first = next(o for o in outs if isinstance(o, Activation))
         quantized = int8 if int8 is not None and int8.is_int8(first.id) else None
-        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node), quantized,
-                                              None if quantized is not None else int8)
+        in_int8 = quantized is not None and node.name in quantized.int8_nodes
+        args, kwargs, activations = _operands(node, lowered, views, lowered.references.get(node),
+                                              quantized if in_int8 else None, None if in_int8 else int8)
         with torch.no_grad():
             want = torch_op(node.target)(*args, **kwargs)
         wants = want if isinstance(want, (tuple, list)) else (want,)

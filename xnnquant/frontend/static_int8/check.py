@@ -65,7 +65,9 @@ class Int8Check:
     ``int8_version``: a value id of the int8 graph -> its qint8 twin (itself for a qint8
     value; the convert's output for an fp32 value some int8 node reads).  ``float_version``:
     a qint8 value id -> its fp32 twin, where the graph has one (a node left in fp32 reads
-    that, not the codes: an fp32 producer's own output).  ``filters``: ATen
+    that, not the codes: an fp32 producer's own output).  ``int8_nodes``: the ATen nodes
+    computed in int8 (the others are computed in fp32, their output converted when it is
+    qint8).  ``filters``: ATen
     node name -> (the torch filter tensor, the stored filter dequantized in its layout).
     ``bias_delta``: ATen node name -> float64 ``(OC,)``, the stored bias minus the float one.
     """
@@ -73,6 +75,7 @@ class Int8Check:
     graph: Graph
     int8_version: dict[int, int] = field(default_factory=dict)
     float_version: dict[int, int] = field(default_factory=dict)
+    int8_nodes: set[str] = field(default_factory=set)
     filters: dict[str, tuple[Any, np.ndarray]] = field(default_factory=dict)
     bias_delta: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -119,6 +122,7 @@ def int8_check(result: Int8Graph, sources: list[tuple[str, str, str]], filters: 
     """The ``Int8Check`` of a rewrite's result; ``filters``: the float lowering's ``FilterOrigin`` by
     float-graph filter id."""
     check = Int8Check(result.graph)
+    check.int8_nodes = {sources[h - 1][1] for h in result.int8_handles if 0 < h <= len(sources)}
     for fv, vid in result.int8_of.items():
         check.int8_version[vid] = vid
         if fv in result.float_of:
