@@ -19,9 +19,9 @@ Add, Subtract, Multiply                     each operand is an activation or a o
                                             the scale ratios lie where XNNPACK asserts them
 Clamp, Sigmoid, Tanh, Hardswish, ELU,       always (LeakyReLU: its ratios as for Add)
 LeakyReLU, GlobalAvgPooling2d
-MaxPooling2d, StaticReshape, -Transpose,    always, sharing one scale and zero point between
--Slice, -ConstantPad, -ResizeBilinear2D,    inputs and output (XNNPACK refuses any other)
-Copy, Concatenate2..5
+MaxPooling2d, StaticReshape, -Transpose,    no operand is a constant, sharing one scale and
+-Slice, -ConstantPad, -ResizeBilinear2D,    zero point between inputs and output (XNNPACK
+Copy, Concatenate2..5                       refuses any other)
 anything else (AvgPooling2d, Softmax,       never: fp32 between converts, one boundary line
 Div, BatchMatrixMultiply, ...)              in the report with the reason
 ==========================================  ==================================================
@@ -178,6 +178,10 @@ def int8_refusal(node: Node, graph: Graph) -> str | None:
     """Why ``node`` (of the float graph) has no int8 form here, or None (module docstring)."""
     kind = node.kind
     if kind in DATA_MOVEMENT:
+        constants = [graph.value(i) for i in node.inputs if graph.value(i).is_constant]
+        if constants:  # ViT's class token concatenated with the patches
+            return (f"{kind} with a constant operand of {math.prod(constants[0].dims)} element(s) (its codes would "
+                    "need the grid its inputs and output share); computed in fp32 between converts")
         return None
     if kind in INT8_REFUSED:
         return f"XNNPACK 1adaa7c7 has no qint8 {kind[3:]} (its runtime refuses it); computed in fp32 between converts"
