@@ -151,6 +151,15 @@ def convnext(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Ten
     return model, (torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(SEED)),)
 
 
+def poolformer(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Its token mixer is ``avg_pool(x) - x``, on a group norm's output."""
+    from transformers import PoolFormerConfig, PoolFormerModel
+
+    config = PoolFormerConfig(hidden_sizes=[32, 64, 96, 128], depths=[1, 1, 1, 1])
+    model = _seeded(lambda: _Logits(PoolFormerModel(config), "last_hidden_state"), randomize=True)
+    return model, (torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(SEED)),)
+
+
 def mobilenet_v2(attention: str = "eager") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     from transformers import MobileNetV2Config, MobileNetV2Model
 
@@ -229,7 +238,7 @@ def by_ids(model: torch.nn.Module) -> torch.nn.Module:
 #: name -> builder(attention) -> (module, example inputs)
 ARCHITECTURES: dict[str, Callable[..., tuple[Any, tuple[torch.Tensor, ...]]]] = {
     "bert": bert, "roberta": roberta, "distilbert": distilbert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "vit": vit,
-    "resnet": resnet, "convnext": convnext, "mobilenet_v2": mobilenet_v2, "efficientnet": efficientnet,
+    "resnet": resnet, "convnext": convnext, "poolformer": poolformer, "mobilenet_v2": mobilenet_v2, "efficientnet": efficientnet,
     "whisper_encoder": whisper_encoder, "t5_encoder": t5_encoder,
 }
 #: The architectures whose attention implementation can be chosen.

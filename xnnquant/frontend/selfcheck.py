@@ -195,6 +195,19 @@ def _unfused(lowered: Lowered, env: dict[int, np.ndarray], int8: Int8Check | Non
     return views
 
 
+def _int8_read(check: Int8Check, value: Activation) -> Activation:
+    """The qint8 value an int8 node reads for ``value``: its twin, or, for an fp32 value the
+    lowering laid out anew for the node (an ``XNNStaticTranspose``: PoolFormer's
+    ``avg_pool(x) - x`` reads ``x`` channels-last), the twin of that layout, read in it."""
+    if value.id in check.int8_version:
+        return Activation(check.int8_version[value.id], value.shape, value.perm, value.sym)
+    for n in check.graph.nodes:
+        if n.kind == "XNNStaticTranspose" and n.inputs[0] == value.id and n.outputs[0] in check.int8_version:
+            perm = tuple(value.perm[p] for p in n.params["perm"])
+            return Activation(check.int8_version[n.outputs[0]], value.shape, perm, value.sym)
+    return value
+
+
 def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference: QuantizedReference | None,
               int8: Int8Check | None = None, fp32_in: Int8Check | None = None) -> tuple[Any, Any, list[np.ndarray]]:
     """``node``'s arguments for torch: each activation as the interpreter computed it (the first
@@ -215,7 +228,7 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference
         value = lowered.values.get(arg, arg.meta.get("val"))  # a size is read as traced
         if isinstance(value, Activation):
             if int8 is not None:
-                value = Activation(int8.int8_version.get(value.id, value.id), value.shape, value.perm, value.sym)
+                value = _int8_read(int8, value)
             elif fp32_in is not None:
                 value = Activation(fp32_in.float_version.get(value.id, value.id), value.shape, value.perm, value.sym)
             x = torch.from_numpy(np.ascontiguousarray(_logical(env, value)))
