@@ -210,6 +210,19 @@ def test_a_number_where_the_op_takes_a_tensor_is_a_tensor_of_it(name: str) -> No
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("fn", [lambda ids: (ids.to(torch.bfloat16) + 3001).float(),
+                                lambda ids: (ids.to(torch.float16) / 7 + 0.3).float()], ids=["bf16 + int", "f16 + float"])
+def test_a_number_with_half_precision_operands_is_refused(fn: object) -> None:
+    """torch rounds the number to bfloat16 in ``x + 3001`` and not in ``x * 0.1``: held as float32
+    the number gave 16.0 off in the first (and a float16 ulp off in ``x / 7 + 0.3``), held as
+    bfloat16 it broke the second; no one type matches every op, so it is refused."""
+    ids = torch.tensor([[3, 1, 5, 7]])
+    with pytest.raises(xq.UnsupportedConfigError, match=r"runs on ExecuTorch's portable kernels, and cannot: "
+                                                        r"argument 'other' is the number .* with torch\.(b?float16) "
+                                                        r"operands"):
+        xq.export(Arithmetic(fn).eval(), (ids,), weights="fp32", progress=False, check=False)
+
+
 def test_a_dynamic_size_where_the_op_takes_a_tensor_is_computed_when_the_program_runs() -> None:
     module = Arithmetic(lambda ids: ids.cumsum(1) + ids.shape[1]).eval()
     exported = xq.export(module, (_ids(7, 1),), weights="fp32", progress=False, check=False,

@@ -117,6 +117,11 @@ def _number_dtype(number: Any, t: Any, wide: bool, name: str) -> Any:
 
     if isinstance(number, bool):
         return torch.bool
+    if t in (torch.float16, torch.bfloat16):
+        raise XnnquantError(f"argument {name!r} is the number {number!r} with {t} operands: torch rounds such a "
+                            "number to the operands' type in some kernels and not in others, so a portable kernel "
+                            "could compute another result; expected float32 operands (or the number as a tensor "
+                            "of their type)")
     if not isinstance(number, (int, float)):
         raise XnnquantError(f"argument {name!r} is {number!r} ({type(number).__name__}) where the op takes a tensor: "
                             "expected a tensor, or a bool, int or float")
@@ -219,9 +224,14 @@ class _Emitter:
             int      an int type that holds it  t
             int      float64 (or a float64      float64
             float    result)                    float64
-            int      another float type         float32 (torch computes float16 and
-            float    an int type, bool, none    float32  bfloat16 ops in float32)
+            int      float32                    float32
+            float    float32, an int type,      float32
+                     bool, none
             int      bool, none, too narrow     int64
+            any      float16, bfloat16          refused: torch rounds the number to t in
+                                                some kernels and not in others (measured:
+                                                bf16 + 3001 rounds it, bf16 * 0.1 does
+                                                not), so no one type matches every op
 
         A dynamic size (a ``RuntimeInt``) becomes one at run time (``aten::scalar_tensor``)."""
         import numpy as np
