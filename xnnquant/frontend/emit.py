@@ -140,6 +140,7 @@ class _Emitter:
         self.values: dict[Any, Any] = {}  # ATen node -> value index (or tuple of them)
         self.constants: dict[str, int] = {}
         self.tables: dict[int, tuple[int, int, int]] = {}  # id(QuantizedEmbedding) -> (codes, scales, guard)
+        self.copies: dict[tuple[int, tuple[int, ...]], int] = {}  # (value, dim order) -> its copy in that order
 
     def tensor_of(self, spec: TensorIO) -> int:
         return self.method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=bool(spec.dynamic))
@@ -204,12 +205,58 @@ class _Emitter:
         args = torch.fx.node.map_arg(node.args, self.operand)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.operand)
         try:
-            args, kwargs = self.numbers_as_tensors(node, args, kwargs)
+            args, kwargs = self.contiguous_operands(node, *self.numbers_as_tensors(node, args, kwargs))
             self.values[node] = portable_call(self.method, node.target, args, kwargs, out=self.results(node))
         except XnnquantError as exc:
             where = AtenProgram.module_path(node) or "<top level>"
             raise UnsupportedConfigError(f"{node.target} (node {node.name}, module {where}) runs on ExecuTorch's "
                                          f"portable kernels, and cannot: {exc}") from None
+
+    def contiguous_operands(self, node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``args`` and ``kwargs`` with every tensor in another dim order than contiguous (a
+        channels-last input or delegate output) copied contiguous (``relaid``): a portable
+        node reads and writes contiguous tensors.  Measured on 1.4.1: its kernels refuse
+        operands of mixed dim orders (0x12), ``permute_copy`` and ``expand_copy`` refuse a
+        channels-last input, and ``unsqueeze_copy`` of one into a contiguous out ran and gave
+        118 of 120 elements wrong."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return args, kwargs
+        kinds = {a.name: str(a.type) for a in schema.arguments}
+        positional = [a.name for a in schema.arguments if not a.kwarg_only]
+
+        def fixed(name: str, value: Any) -> Any:
+            kind = kinds.get(name, "")
+            if "Tensor" not in kind or value is None:
+                return value
+            if isinstance(value, (list, tuple)):
+                return type(value)(None if v is None else self.relaid(v) for v in value)
+            return self.relaid(value)
+
+        return (tuple(fixed(name, v) for name, v in zip(positional, args)),
+                {name: fixed(name, v) for name, v in kwargs.items()})
+
+    def relaid(self, index: int, order: tuple[int, ...] | None = None) -> int:
+        """Tensor ``index`` in dim order ``order`` (None: contiguous), copied by
+        ``dim_order_ops::_clone_dim_order`` when it is in another (once per tensor and order)."""
+        from ..pte.portable import portable_call
+        from ..pte.quantized import kernel
+        from ..pte.values import ShapeDynamism, Tensor
+
+        value = self.method.values[index]
+        if not isinstance(value, Tensor):
+            return index
+        order = tuple(range(len(value.sizes))) if order is None else tuple(order)
+        if tuple(value.dim_order) == order:
+            return index
+        key = (index, order)
+        if key not in self.copies:
+            out = self.method.tensor(value.scalar_type, value.sizes, dim_order=order,
+                                     dynamic=value.dynamism == ShapeDynamism.DYNAMIC_BOUND)
+            portable_call(self.method, kernel("_clone_dim_order.out"), (index,), {"dim_order": list(order)}, out=out)
+            self.copies[key] = out
+        return self.copies[key]
 
     def numbers_as_tensors(self, node: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``args`` and ``kwargs`` with a number where ``node``'s op takes a tensor made a 0-dim
@@ -290,33 +337,9 @@ class _Emitter:
         return embedding_call(m, table.scheme.bits, codes_index, scales_index, self.operand(node.args[0]), out,
                               quant_min=low, quant_max=high, guard=guard_index)
 
-    def out_order(self, node: Any, val: Any) -> tuple[int, ...]:
-        """The dim order of a portable node's out tensor.  ExecuTorch's portable kernels take
-        tensors that are all contiguous or all channels-last (measured, 1.4.1: otherwise
-        "2 input tensors have different dim orders", error 0x12): a result is channels-last
-        where torch traced it so (``declared_dim_order``) and its operands of that rank are
-        channels-last here too (a constant is contiguous), else contiguous.  A view's traced
-        strides (0 where ``expand`` repeats, permuted where ``permute`` moved dims) describe
-        no copy the kernel writes: a view op's out takes its input's dim order."""
-        from .lowering.walk import declared_dim_order
-
-        rank = len(val.shape)
-        contiguous = tuple(range(rank))
-        returns = getattr(getattr(node.target, "_schema", None), "returns", ())
-        if returns and returns[0].alias_info is not None and node.args and node.args[0] in self.values:
-            order = tuple(getattr(self.method.values[self.values[node.args[0]]], "dim_order", ()))
-            return order if len(order) == rank else contiguous
-        traced = declared_dim_order(val)
-        for operand in node.all_input_nodes:
-            if len(getattr(operand.meta.get("val"), "shape", ())) == rank:
-                index = self.values.get(operand)
-                if not isinstance(index, int) or getattr(self.method.values[index], "dim_order", None) != traced:
-                    return contiguous
-        return traced
-
     def results(self, node: Any) -> int | list[int]:
-        """The out tensors of a portable node, as torch traced its results (dtype, dim order
-        as ``out_order`` says; sizes at the bounds of their dynamic dims, then bounded)."""
+        """The out tensors of a portable node, as torch traced its results (dtype; sizes at the
+        bounds of their dynamic dims, then bounded), contiguous (``contiguous_operands``)."""
         from .lowering.walk import _dynamic_dims
 
         vals = node.meta.get("val")
@@ -324,26 +347,10 @@ class _Emitter:
         outs = []
         for k, val in enumerate(vals if several else (vals,)):
             sizes = self.program.shape(val, f"result {k} of {node.name}")
-            spec = TensorIO(node.name, tuple(s.bound for s in sizes), _dtype(val), self.out_order(node, val),
+            spec = TensorIO(node.name, tuple(s.bound for s in sizes), _dtype(val), tuple(range(len(sizes))),
                             _dynamic_dims(self.program, sizes))
             outs.append(self.tensor_of(spec))
         return outs if several else outs[0]
-
-    def in_order(self, index: int, spec: TensorIO) -> int:
-        """Tensor ``index`` in the dim order the delegate declares for it (``spec``): a value a
-        portable kernel wrote contiguous, where torch traced it channels-last (``out_order``),
-        is copied into the declared order (``dim_order_ops::_clone_dim_order``); XNNPACK fails
-        the delegate on a tensor in another order ("propagating input shapes failed", 0x1)."""
-        from ..pte.portable import portable_call
-        from ..pte.quantized import kernel
-
-        order = tuple(getattr(self.method.values[index], "dim_order", spec.dim_order))
-        if order == tuple(spec.dim_order):
-            return index
-        out = self.tensor_of(spec)
-        portable_call(self.method, kernel("_clone_dim_order.out"), (index,), {"dim_order": list(spec.dim_order)},
-                      out=out)
-        return out
 
     def delegate(self, lowered: Lowered, payload: NamedPayload) -> None:
         """A delegate call: the tensors of its input nodes in, new tensors for its output nodes;
@@ -351,9 +358,12 @@ class _Emitter:
         m = self.method
         for key, blob in payload.named:
             m.program.add_named_data(key, blob)
-        inputs = [self.operand(node) for node in lowered.input_nodes]
-        if len(lowered.inputs) == len(inputs):  # a TensorIO per input node (a lowering that refused none)
-            inputs = [self.in_order(index, spec) for index, spec in zip(inputs, lowered.inputs)]
+        if len(lowered.inputs) != len(lowered.input_nodes):
+            raise XnnquantError(f"a delegate declares {len(lowered.inputs)} inputs for {len(lowered.input_nodes)} "
+                                "input nodes (its lowering refused one); expected one each")
+        # each in the dim order the delegate declares (XNNPACK fails a delegate given another: 0x1)
+        inputs = [self.relaid(self.operand(node), spec.dim_order)
+                  for node, spec in zip(lowered.input_nodes, lowered.inputs)]
         outputs = [self.tensor_of(spec) for spec in lowered.outputs]
         for node, index in zip(lowered.output_nodes, outputs):
             self.values[node] = index
