@@ -14,7 +14,8 @@ excluded from the statistics in both:
 
 The two run interleaved, ``--repeat`` rounds (default 3), after a warm-up of each (torch's
 and numba's first calls); the medians are compared.  Then one more export under cProfile
-says where its time goes: tracing the module at the batches' shapes, the torch ops of the
+says where its time goes: tracing the module at the batches' shapes (``batches.fx_traced``'s
+quick traces, else torch.export's), the torch ops of the
 program, the Gram matrices (``Calibration.add``), GPTQ (with its inverse Cholesky and
 re-fit), the self-check.
 
@@ -45,7 +46,8 @@ def load_note() -> str:
 
 #: (label, substring of cProfile's function line) of the parts of an export
 PARTS = (
-    ("trace the module at the batches' shapes", "batches.py", "(_traced)"),
+    ("trace the module at the batches' shapes", "batches.py", "(programs_for)"),
+    ("  of which quick traces (make_fx)", "batches.py", "(fx_traced)"),
     ("torch ops of the program (both batches)", "evaluation.py", "(_compute)"),
     ("Gram matrices (Calibration.add)", "schemes/calibration.py", "(add)"),
     ("GPTQ (36 linears; q, k, v as one)", "schemes/gptq.py", "(gptq)"),

@@ -19,10 +19,12 @@ shape of the batches when they are few (``STATIC_SHAPES``), or once with every d
 differs between batches dynamic; each decomposed with the tables the export's program was
 decomposed with (size arithmetic aside, which torch computes as it is) and rewritten by the
 same passes (``passes.BEFORE_CALIBRATION``), so that all have the same layers, constants and
-names, node for node (``isomorphic``).  Not decomposed by what its own nodes would need: a
-program is only run here (torch runs every ATen op), and a dim made dynamic for the batches
-can make an op look in need of decomposition for lowering (a norm over a dynamic batch dim
-took 7 s to decompose on MiniLM, for nothing).
+names, node for node (``isomorphic``).  A static trace is ``fx_traced``'s (``make_fx``, about
+half torch.export's cost) when it matches a torch.export trace at another shape node for
+node, every argument but sizes equal; else torch.export's.  Not decomposed by what its own
+nodes would need: a program is only run here (torch runs every ATen op), and a dim made
+dynamic for the batches can make an op look in need of decomposition for lowering (a norm
+over a dynamic batch dim took 7 s to decompose on MiniLM, for nothing).
 
 This module knows nothing of what the batches are used for: weight statistics
 (``calibration.py``) or anything else that runs a program on inputs.
@@ -77,12 +79,14 @@ class CalibrationData:
                     return False
         return True
 
-    def programs_for(self, module: Any, lowered: AtenProgram,
-                     decompositions: Sequence[dict[Any, Any]] = ()) -> tuple[AtenProgram, ...]:
+    def programs_for(self, module: Any, lowered: AtenProgram, decompositions: Sequence[dict[Any, Any]] = (),
+                     exported: Any = None) -> tuple[AtenProgram, ...]:
         """The program to run each batch on (module docstring), all with the same nodes in
         the same order (``isomorphic``): the lowering's own for the batches that fit it; for
         the others, when they come in at most ``STATIC_SHAPES`` shapes, one program traced
-        at each shape, else one program traced with the dims that differ dynamic; each
+        at each shape (by ``fx_traced`` when ``exported``, the ``ExportedProgram``
+        ``lowered`` was made of, is given and nothing was decomposed, else by
+        torch.export), else one program traced with the dims that differ dynamic; each
         traced program decomposed with ``decompositions`` in turn (the tables ``lowered``
         was decomposed with)."""
         shapes = [tuple(tuple(x.shape) for x in batch) for batch in self.batches]
@@ -92,8 +96,15 @@ class CalibrationData:
                 by_shape[shape] = lowered
         missing = sorted({shape for shape in shapes if shape not in by_shape}, key=shapes.index)
         if len(missing) <= STATIC_SHAPES:
+            # a quick trace is checked against a program torch.export traced statically: the
+            # lowering's own (unless dynamic: it has size nodes), else the last shape's
+            reference = None if lowered.ranges or exported is None or decompositions else lowered
             for shape in missing:
-                by_shape[shape] = self._traced(module, shapes.index(shape), decompositions, dynamic=False)
+                index = shapes.index(shape)
+                quick = None if reference is None else fx_traced(module, self.batches[index], exported, reference)
+                by_shape[shape] = quick or self._traced(module, index, decompositions, dynamic=False)
+                if quick is None and exported is not None and not decompositions:
+                    reference = by_shape[shape]
             programs = tuple(by_shape[shape] for shape in shapes)
             if all(isomorphic(programs[0], p) for p in programs[1:]):
                 return programs
@@ -114,7 +125,7 @@ class CalibrationData:
                    for i, x in enumerate(first)] if dynamic else [set() for _ in first]
         spec = by_signature(module, [dict.fromkeys(sorted(dims), torch.export.Dim.AUTO) or None for dims in varying])
         try:
-            with _without_stack_traces():
+            with without_stack_traces():
                 exported = torch.export.export(module, first, dynamic_shapes=spec if any(varying) else None,
                                                strict=False)
         except Exception as exc:  # torch's tracing errors come in many types; say where they came from
@@ -158,6 +169,111 @@ def by_signature(module: Any, specs: list[Any]) -> Any:
             for name, where in bound.arguments.items()}
 
 
+def fx_traced(module: Any, inputs: tuple[Any, ...], exported: Any, reference: AtenProgram) -> AtenProgram | None:
+    """``module`` traced on ``inputs`` at about half torch.export's cost, or None.
+
+    torch.export's program (``exported``, traced from ``module`` at any shape) is ATen as
+    ``make_fx`` records it before dispatch, over fake tensors, with the module's parameters
+    and buffers lifted to placeholders.  Here ``make_fx`` records ``module`` called
+    functionally on those tensors and ``inputs``, without the checks torch.export adds
+    (guards, constraint solving, the graph signature), and the placeholders are given the
+    names of ``exported``'s, in its order.  The program is used only when, after the
+    passes before calibration, it has the nodes of ``reference`` (a program torch.export
+    traced statically, at another shape) in the same order (``isomorphic``) and every
+    argument other than an int (a size, which the shapes change) equal to
+    ``reference``'s, node for node (``fixed_args_equal``); else None, and torch.export
+    traces the batch.  A module with inputs other than parameters, buffers and user
+    inputs (a lifted tensor constant) gives None at once."""
+    import torch
+    from torch.export.graph_signature import InputKind
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree
+
+    from .passes import BEFORE_CALIBRATION, run_passes
+
+    specs = exported.graph_signature.input_specs
+    lifted = [s.target for s in specs if s.kind in (InputKind.PARAMETER, InputKind.BUFFER)]
+    if len(lifted) + len(inputs) != len(specs) or any(s.kind == InputKind.USER_INPUT for s in specs[:len(lifted)]):
+        return None
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers(remove_duplicate=False))}
+    if any(name not in tensors for name in lifted):
+        return None
+
+    def call(*flat: Any) -> tuple[Any, ...]:
+        out = torch.func.functional_call(module, dict(zip(lifted, flat[:len(lifted)])), tuple(flat[len(lifted):]))
+        return tuple(_pytree.tree_leaves(out))
+
+    try:  # torch.export traces it again on failure, and logs and says why if it fails too
+        with without_stack_traces(), _backends_off(), _quiet("torch._subclasses.fake_tensor"):
+            graph = make_fx(call, tracing_mode="fake", pre_dispatch=True)(*(tensors[n] for n in lifted), *inputs).graph
+    except Exception:
+        return None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    names = [n.name for n in exported.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(names):
+        return None
+    for node in placeholders:
+        node._rename(f"_{node.name}")  # out of the way of the names given below
+    for node, name in zip(placeholders, names):
+        node._rename(name)
+        node.target = name  # a placeholder's target is its argument's name
+    program = AtenProgram.of(_Exported(graph, exported.graph_signature, exported.state_dict,
+                                       getattr(exported, "constants", {})))
+    run_passes(program, None, BEFORE_CALIBRATION)
+    return program if isomorphic(reference, program) and fixed_args_equal(reference, program) else None
+
+
+@dataclass(frozen=True)
+class _Exported:
+    """What ``AtenProgram.of`` reads of a ``torch.export.ExportedProgram``."""
+
+    graph: Any
+    graph_signature: Any
+    state_dict: Any
+    constants: Any
+
+
+def fixed_args_equal(a: AtenProgram, b: AtenProgram) -> bool:
+    """True when the nodes of ``a`` and ``b`` (``isomorphic``) have equal arguments, node
+    for node, defaults written out, except ints (sizes, which two traces at two shapes
+    differ in): the same structure, the same floats, bools, dtypes, devices, strings and
+    None."""
+    from torch.fx import Node
+    from torch.utils import _pytree
+
+    for x, y in zip(a.graph.nodes, b.graph.nodes):
+        if x.op == "placeholder":
+            continue
+        left, left_spec = _pytree.tree_flatten(_arguments(x))
+        right, right_spec = _pytree.tree_flatten(_arguments(y))
+        if left_spec != right_spec:
+            return False
+        for u, v in zip(left, right):
+            if isinstance(u, Node) or (type(u) is int and type(v) is int):
+                continue
+            if type(u) is not type(v) or u != v:
+                return False
+    return True
+
+
+def _arguments(node: Any) -> Any:
+    """``node``'s arguments, for an ATen op every one of its schema's in order, a default
+    written out (one tracer writes ``layer_norm``'s ``cudnn_enable=False``, another leaves
+    it out)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or node.op != "call_function":
+        return node.args, node.kwargs
+    missing = object()
+    full = []
+    for i, argument in enumerate(schema.arguments):
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name, missing)
+        if value is missing:
+            value = argument.default_value if argument.has_default_value() else None
+        full.append(value)
+    return full
+
+
 def isomorphic(a: AtenProgram, b: AtenProgram) -> bool:
     """True when ``a`` and ``b`` have the same nodes in the same order: each pair with the
     same op and target, reading the nodes at the same positions, constants of the same
@@ -180,9 +296,9 @@ def isomorphic(a: AtenProgram, b: AtenProgram) -> bool:
 
 
 @contextmanager
-def _without_stack_traces() -> Iterator[None]:
-    """torch.fx records no Python stack trace per node inside the block (a calibration
-    program is only run, never shown: a third of a trace's time saved)."""
+def without_stack_traces() -> Iterator[None]:
+    """torch.fx records no Python stack trace per node inside the block (no node's is ever
+    read or shown here: a third of a trace's time saved)."""
     import torch.fx.config
 
     before = torch.fx.config.do_not_emit_stack_traces
@@ -191,6 +307,35 @@ def _without_stack_traces() -> Iterator[None]:
         yield
     finally:
         torch.fx.config.do_not_emit_stack_traces = before
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """``logger`` logs nothing inside the block."""
+    import logging
+
+    log = logging.getLogger(logger)
+    before = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = before
+
+
+@contextmanager
+def _backends_off() -> Iterator[None]:
+    """cuDNN, oneDNN and NNPACK off inside the block, as torch.export traces (an op that
+    takes the flag records it: ``layer_norm(..., cudnn_enable=False)``)."""
+    import torch
+
+    backends = (torch.backends.cudnn, torch.backends.mkldnn, torch.backends.nnpack)
+    before = [backend.set_flags(False) for backend in backends]
+    try:
+        yield
+    finally:
+        for backend, flags in zip(backends, before):
+            backend.set_flags(*flags)
 
 
 def _misfit(module: Any, index: int, batch: tuple[Any, ...], exc: Exception) -> XnnquantError:
