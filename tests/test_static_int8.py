@@ -186,6 +186,29 @@ def test_calibration_choices_are_options() -> None:
     assert str(xq.StaticInt8(bias_correction=False)) == "qint8(bias_correction=False)"
 
 
+@pytest.mark.parametrize("example_batch", [1, 2])
+def test_a_batch_of_stacked_examples_calibrates_as_the_examples_one_by_one(example_batch: int) -> None:
+    """A program of ``(n, 4, 8, 8)`` calibrated with batches of ``m * n`` images along dim 0 (16 for
+    a program of one) runs them as ``m`` of its inputs, in order: the same bytes as the same
+    images given one input at a time (with percentile ranges, which every image moves).  A
+    batch whose dim 0 is not a multiple of the program's is refused, naming it."""
+    module = CASES["conv + batch norm + relu"][0]().eval()
+    images = torch.randn((16, *SHAPE[1:]), generator=torch.Generator().manual_seed(2))
+    one_by_one = [(images[i:i + example_batch],) for i in range(0, 16, example_batch)]
+    stacked = [(images[:8],), (images[8:12],), *one_by_one[12 // example_batch:]]
+    choice = xq.StaticInt8(ranges="percentile", percentile=99.0)
+
+    def export_with(calibration: list[Any]) -> bytes:
+        return xq.export(module, one_by_one[0], weights="qc8w", activations=choice, calibration=calibration,
+                         progress=False).to_bytes()
+
+    reference = export_with(one_by_one)
+    assert export_with(stacked) == reference
+    assert export_with(one_by_one[:-1]) != reference  # the oracle can tell: one input fewer changes the ranges
+    with pytest.raises(XnnquantError, match=r"calibration batch 0, input 0 \('input'\) has shape \(3, 4, "):
+        export_with([(images[:3],)]) if example_batch == 2 else export_with([(images[:3, :, :7],)])
+
+
 # ------------------------------------------------------------------ the self-check
 
 

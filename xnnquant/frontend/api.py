@@ -473,9 +473,9 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
     ``quantize``."""
     from . import static_int8
 
-    batches = static_int8.graph_batches(calibration, lowered.inputs)
+    batches, labels = static_int8.graph_batches(calibration, lowered.inputs)
     with stage("calibrate", timings):
-        seen = static_int8.calibrate(lowered.graph, batches, lowered.sources, lowered.inputs)
+        seen = static_int8.calibrate(lowered.graph, batches, lowered.sources, lowered.inputs, labels=labels)
     with stage("quantize", timings):
         result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters, seen,
                                       ranges=static.ranges, percentile=static.percentile, method=method,

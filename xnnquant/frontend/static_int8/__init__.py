@@ -55,25 +55,53 @@ def describe(graph: Graph, vid: int, sources: Sequence[tuple[str, str, str]], in
     return f"value {vid}"
 
 
-def graph_batches(batches: Sequence[Sequence[Any]], inputs: Sequence[TensorIO]) -> list[list[np.ndarray]]:
+def graph_batches(batches: Sequence[Sequence[Any]],
+                  inputs: Sequence[TensorIO]) -> tuple[list[list[np.ndarray]], list[str]]:
     """The calibration batches (torch tensors in the module's order) as the graph takes them:
-    float32, each input's dims in its declared dim order; ``XnnquantError`` naming the batch and
-    input that does not fit."""
-    out = []
+    float32, each input's dims in its declared dim order, and how an error names each
+    (``"calibration batch 2"``); ``XnnquantError`` naming the batch and input that does not fit.
+
+    A batch of ``m`` example inputs stacked along dim 0 (each input of shape ``(m * n, ...)``
+    where the program takes ``(n, ...)``, the same ``m`` for every input: 32 images for a
+    program of one) is cut into ``m`` inputs of the program's shape, in order: the program is
+    calibrated on what it will be run on."""
+    out, labels = [], []
     for i, batch in enumerate(batches):
         if len(batch) != len(inputs):
             raise XnnquantError(f"calibration batch {i} has {len(batch)} input(s): expected {len(inputs)}")
         arrays = []
         for j, (x, spec) in enumerate(zip(batch, inputs)):
-            what = f"calibration batch {i}, input {j}"
             dtype = str(getattr(x, "dtype", type(x).__name__)).removeprefix("torch.")
             if dtype != "float32":
-                raise XnnquantError(f"{what} ({spec.name!r}) is {dtype}: expected float32, as the example inputs")
-            arr = x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
-            spec.check(tuple(arr.shape), what)
-            arrays.append(np.ascontiguousarray(arr if spec.contiguous else np.transpose(arr, spec.dim_order)))
-        out.append(arrays)
-    return out
+                raise XnnquantError(f"calibration batch {i}, input {j} ({spec.name!r}) is {dtype}: expected float32, "
+                                    "as the example inputs")
+            arrays.append(x.detach().numpy() if hasattr(x, "detach") else np.asarray(x))
+        stacked = _stacked([a.shape for a in arrays], inputs)
+        for piece in range(stacked):
+            what = f"calibration batch {i}" + (f" (example {piece} of {stacked} along dim 0)" if stacked > 1 else "")
+            one = []
+            for j, (arr, spec) in enumerate(zip(arrays, inputs)):
+                if stacked > 1:
+                    n = spec.shape[0]
+                    arr = arr[piece * n:(piece + 1) * n]
+                spec.check(tuple(arr.shape), f"{what}, input {j}")
+                one.append(np.ascontiguousarray(arr if spec.contiguous else np.transpose(arr, spec.dim_order)))
+            out.append(one)
+            labels.append(what)
+    return out, labels
+
+
+def _stacked(shapes: Sequence[tuple[int, ...]], inputs: Sequence[TensorIO]) -> int:
+    """``m`` when every input of a batch is ``m >= 2`` of the program's inputs stacked along a
+    static dim 0 (``graph_batches``), else 1."""
+    counts = set()
+    for shape, spec in zip(shapes, inputs):
+        static = not spec.dynamic or all(d is None for d in spec.dynamic)
+        if not static or not shape or len(shape) != len(spec.shape) or tuple(shape[1:]) != spec.shape[1:] \
+                or spec.shape[0] < 1 or shape[0] % spec.shape[0]:
+            return 1
+        counts.add(shape[0] // spec.shape[0])
+    return counts.pop() if len(counts) == 1 and min(counts) >= 2 else 1
 
 
 @dataclass
@@ -86,9 +114,10 @@ class Calibration:
 
 
 def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Sequence[tuple[str, str, str]],
-              inputs: Sequence[TensorIO], seed: int = 0) -> Calibration:
+              inputs: Sequence[TensorIO], seed: int = 0, labels: Sequence[str] | None = None) -> Calibration:
     """``ValueStats`` of every float input and every value a computing node writes, by value id,
-    and the input means of every filtered node (one run of the float graph per batch)."""
+    and the input means of every filtered node (one run of the float graph per batch; an
+    error names a batch by its label, ``graph_batches``)."""
     if not batches:
         raise XnnquantError("calibration= is empty: expected at least one batch of inputs")
     filtered = [(i, n) for i, n in enumerate(graph.nodes) if n.kind in WEIGHTED]
@@ -103,11 +132,12 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
     means: dict[int, np.ndarray] = {}
     images = 0
     with torch_threads(1):
-        for batch in batches:
+        for b, batch in enumerate(batches):
             values = exposed.run(batch)
+            label = labels[b] if labels is not None else f"calibration batch {b}"
             for vid, s in stats.items():
                 if vid in values and values[vid].dtype == np.float32:
-                    s.add(values[vid], rng)
+                    s.add(values[vid], rng, label)
             for i, n in filtered:
                 m = tap_means(n, values[n.inputs[0]])
                 means[i] = m if i not in means else means[i] + m

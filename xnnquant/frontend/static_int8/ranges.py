@@ -65,9 +65,10 @@ class ValueStats:
     channel_lo: np.ndarray | None = None
     channel_hi: np.ndarray | None = None
 
-    def add(self, x: np.ndarray, rng: np.random.Generator) -> None:
+    def add(self, x: np.ndarray, rng: np.random.Generator, batch: str | None = None) -> None:
         """Take one batch's values of this value (any shape, float32, channels last);
-        ``XnnquantError`` when one is NaN or infinite."""
+        ``XnnquantError`` naming the ``batch`` (default: by its count) when one is NaN or
+        infinite."""
         arr = np.asarray(x, np.float32)
         flat = arr.reshape(-1)
         if flat.size == 0:
@@ -76,9 +77,9 @@ class ValueStats:
         lows, highs = rows.min(axis=0), rows.max(axis=0)
         if not (np.all(np.isfinite(lows)) and np.all(np.isfinite(highs))):
             bad = int(np.flatnonzero(~np.isfinite(flat))[0])
-            raise XnnquantError(f"calibration: {self.name} is not finite on calibration batch "
-                                f"{len(self.samples)} (value {flat[bad]} at flat index {bad}): static int8 needs "
-                                "finite activations to choose their ranges")
+            raise XnnquantError(f"calibration: {self.name} is not finite on "
+                                f"{batch or f'calibration batch {len(self.samples)}'} (value {flat[bad]} at flat "
+                                f"index {bad}): static int8 needs finite activations to choose their ranges")
         self.channel_lo = lows if self.channel_lo is None else np.minimum(self.channel_lo, lows)
         self.channel_hi = highs if self.channel_hi is None else np.maximum(self.channel_hi, highs)
         self.lo, self.hi = min(self.lo, float(lows.min())), max(self.hi, float(highs.max()))
