@@ -11,7 +11,9 @@ the same data: the two agree to the same bound.
 
 from __future__ import annotations
 
+import itertools
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,6 +147,48 @@ def test_what_xnnpack_cannot_resize_runs_outside_it_naming_the_dim(module: torch
             assert np.all(np.abs(got - want) <= bound)
         else:  # a reshape or a slice, a multiply and an add: exact
             np.testing.assert_array_equal(got, want)
+
+
+class LinearsAroundATail(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.relu(self.first(x))[:, -2:])
+
+
+def test_a_program_lowered_again_after_refusals_quantizes_each_filter_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic pure program is lowered whole, then, its refused nodes sent to the portable
+    kernels, once per delegate: each filter's quantization (an ``mse`` search) is kept from the
+    first lowering, not searched again, with the same bytes as searched again."""
+    from xnnquant.frontend import weights as weight_schemes
+    from xnnquant.frontend.lowering import context
+
+    calls: list[tuple[int, ...]] = []
+    original = weight_schemes.WeightScheme.quantize
+
+    def counted(self: Any, arr: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(tuple(arr.shape))
+        return original(self, arr, *args, **kwargs)
+
+    monkeypatch.setattr(weight_schemes.WeightScheme, "quantize", counted)
+    torch.manual_seed(0)
+    module = LinearsAroundATail().eval()
+    spec = ({1: Dim("seq", min=3, max=16)},)
+
+    def export() -> bytes:
+        exported = xq.export(module, (torch.randn(2, 5, 32),), weights="qc8w", dynamic_shapes=spec, progress=False)
+        assert "from its end" in exported.delegation_report()  # lowered again: two delegates
+        return exported.to_pte()
+
+    once = export()
+    assert sorted(calls) == [(32, 64), (64, 32)]
+    fresh = itertools.count()
+    monkeypatch.setattr(context, "_fingerprint", lambda arr: str(next(fresh)).encode())  # no two alike: searched again
+    calls.clear()
+    assert export() == once
+    assert sorted(calls) == [(32, 64), (32, 64), (64, 32), (64, 32)]
 
 
 def test_ceil_mode_max_pool_over_a_dynamic_dim_runs_on_the_portable_kernels() -> None:

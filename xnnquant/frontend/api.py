@@ -396,7 +396,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if static is not None and members is not None:
         _refuse_mixed_static(program)
     policy = options.policy if static is None else _float_policy()
-    weights = WeightOptions(policy, options.method, statistics)
+    twice = options.dynamic_shapes is not None and not options.strict  # lowered again after refusals
+    weights = WeightOptions(policy, options.method, statistics, memo={} if twice else None)
     bar = _progress(options.progress, f"export {options.policy.weights}")
     delegates: list[Lowered | None]
     with stage("lower", timings):

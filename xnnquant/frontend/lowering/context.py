@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -175,6 +175,20 @@ class WeightOptions:
     #: choose schemes and fill the report without quantizing (``xq.check``): filters become
     #: stand-in values of their stored shape, never written
     dry_run: bool = False
+    #: filters already quantized in this export, for a program lowered twice (a dynamic pure
+    #: program whose refused nodes go to the portable kernels: ``api._portable_after_refusals``):
+    #: (tensor id, scheme, method, axis) -> (fingerprint of the values quantized, what they
+    #: became); None: nothing kept.  ``dataclasses.replace`` copies share it.
+    memo: dict[tuple[Any, ...], tuple[bytes, Any]] | None = field(default=None, compare=False)
+
+
+def _fingerprint(arr: np.ndarray) -> bytes:
+    """A digest of ``arr``'s shape, dtype and values (``WeightOptions.memo``)."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{arr.shape} {arr.dtype}".encode(), digest_size=16)
+    digest.update(np.ascontiguousarray(arr).data)
+    return digest.digest()
 
 
 class LoweringContext:
@@ -446,13 +460,21 @@ class LoweringContext:
         if done is not None and axis == 0 and scheme.holds(done, arr.shape):
             stored_q = done  # quantized by sequential calibration (calibration.statistics)
         else:
-            grams = None if stats is None else stats.grams.get(key)
-            try:
-                stored_q = scheme.quantize(arr, options.method, grams, axis=axis)
-            except WeightRefusal:
-                raise
-            except XnnquantError as exc:  # about these weights, whatever the node
-                raise WeightRefusal(str(exc)) from exc
+            memo = (id(weight), str(scheme), options.method, axis, key)
+            seen = None if options.memo is None else options.memo.get(memo)
+            fingerprint = b"" if options.memo is None else _fingerprint(arr)
+            if seen is not None and seen[0] == fingerprint:
+                stored_q = seen[1]  # the same values quantized the same way by an earlier lowering
+            else:
+                grams = None if stats is None else stats.grams.get(key)
+                try:
+                    stored_q = scheme.quantize(arr, options.method, grams, axis=axis)
+                except WeightRefusal:
+                    raise
+                except XnnquantError as exc:  # about these weights, whatever the node
+                    raise WeightRefusal(str(exc)) from exc
+                if options.memo is not None:
+                    options.memo[memo] = (fingerprint, stored_q)
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
                                    scheme.stored_nbytes(tuple(arr.shape), axis, self.graph.scales_in_segment),
                                    weight_sqnr(arr, stored_q), note))
