@@ -143,3 +143,36 @@ def test_a_discrete_output_that_differs_is_refused_saying_where_and_why(monkeypa
                                                 r".* in 1 of 16 elements\. An output of comparisons, argmax or "
                                                 r"rounding of float values flips"):
         xq.export(module, (ids,), weights="fp32", progress=False)
+
+
+class ThresholdAndIds(Threshold):
+    """A comparison of float values, and an output of integer arithmetic only."""
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        return super().forward(ids), ids * 3 + 1
+
+
+@pytest.mark.parametrize(("output", "message"), [
+    (0, r"output 0 \(bool\) .* in 1 of 16 elements\. An output of comparisons, argmax or rounding of float values "
+        r"flips"),
+    (1, r"output 1 \(int64\) .* in 1 of 4 elements\. It is computed from integer values only, exactly on both "
+        r"sides: the program is assembled wrongly; please report it"),
+])
+def test_an_integer_output_that_differs_is_called_wrong_outright(monkeypatch: pytest.MonkeyPatch, output: int,
+                                                                  message: str) -> None:
+    """No rounding explains a difference in an output computed from integers only (token ids
+    times 3 plus 1): the refusal says the program is wrong, where for a comparison of float
+    values it says how rounding can flip it."""
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 5, 7, 2]])
+    run = xq.Exported.run
+
+    def changed(self: xq.Exported, *inputs: Any) -> list[np.ndarray]:
+        outs = run(self, *inputs)
+        outs[output] = outs[output].copy()
+        outs[output].flat[0] = 0 if outs[output].dtype != bool else not outs[output].flat[0]
+        return outs
+
+    monkeypatch.setattr(xq.Exported, "run", changed)
+    with pytest.raises(SelfCheckError, match=message):
+        xq.export(ThresholdAndIds().eval(), (ids,), weights="fp32", progress=False)

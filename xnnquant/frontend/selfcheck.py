@@ -364,8 +364,27 @@ def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgr
         _compare_outputs(program, lowered, env)
         return SelfCheck(compared, worst, eager_error, int8_nodes, steps)
     compared, worst, composite = _composite(program, delegates, inputs)
-    _compare_program(mixed, inputs, composite)
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    exact = [not _reads_floats(program, node) for node in _leaves(output.args[0])]
+    _compare_program(mixed, inputs, composite, exact)
     return SelfCheck(compared, worst, eager_error)
+
+
+def _reads_floats(program: AtenProgram, node: Any) -> bool:
+    """True when a float value (an input, a constant or a node's) enters ``node``'s value."""
+    import torch
+
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if not isinstance(n, torch.fx.Node) or n in seen:
+            continue
+        seen.add(n)
+        val = program.constants.get(n.name) if program.is_constant(n) else n.meta.get("val")
+        if val is None or getattr(val, "dtype", torch.float32).is_floating_point:
+            return True  # a float, or a value of unknown type
+        todo.extend(n.all_input_nodes)
+    return False
 
 
 #: How far a mixed program's outputs, run on ExecuTorch's runtime, may be from the composite
@@ -437,14 +456,24 @@ def _quantizes_activations(exported: Any) -> bool:
     return any(v.datatype in (Datatype.qdint8, Datatype.qint8) for g in exported.delegates for v in g.values)
 
 
-def _compare_program(exported: Any, inputs: tuple[Any, ...], composite: list[Any]) -> None:
-    """A mixed program's outputs on ExecuTorch's runtime against the composite reference."""
+def _compare_program(exported: Any, inputs: tuple[Any, ...], composite: list[Any],
+                     exact: Sequence[bool] = ()) -> None:
+    """A mixed program's outputs on ExecuTorch's runtime against the composite reference;
+    ``exact[i]``: output ``i`` is computed from integer values only (no rounding on either
+    side can explain a difference)."""
     quantized = _quantizes_activations(exported)
     got = exported.run(*inputs)
     for i, (out, ref) in enumerate(zip(got, composite)):
         ref_arr = np.asarray(ref.detach().numpy() if hasattr(ref, "detach") else ref)
         if ref_arr.dtype.kind in "biu":
             differ = np.asarray(out) != ref_arr if np.shape(out) == ref_arr.shape else np.ones(ref_arr.shape, bool)
+            if differ.any() and i < len(exact) and exact[i]:
+                raise SelfCheckError(
+                    f"self-check failed: output {i} ({ref_arr.dtype}) of the program on ExecuTorch's runtime differs "
+                    f"from what its delegates (on the interpreter) and portable kernels (torch) compute in "
+                    f"{int(differ.sum())} of {differ.size} elements. It is computed from integer values only, "
+                    "exactly on both sides: the program is assembled wrongly; please report it. check=False skips "
+                    "this check")
             if differ.any():
                 raise SelfCheckError(
                     f"self-check failed: output {i} ({ref_arr.dtype}) of the program on ExecuTorch's runtime differs "
