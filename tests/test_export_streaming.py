@@ -163,3 +163,59 @@ def test_the_read_ahead_thread_ends_with_its_weight_file(weights_file: Path) -> 
     gc.collect()
     reader.join(timeout=30)  # it reads this small file's warm start first
     assert not reader.is_alive()
+
+
+class TokenModel(torch.nn.Module):
+    """Token ids -> embedding (on the portable kernels: a mixed program) -> norm -> two linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(256, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.up, self.down = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.norm(self.tokens(ids)))))
+
+
+@pytest.mark.parametrize("embeddings", [None, "int8"])
+def test_a_mixed_program_streams_its_table_from_the_file(tmp_path: Path, embeddings: str | None) -> None:
+    """A program with token ids: the embedding table the portable kernels read (as float32, or
+    int8 codes and scales) is read from the weight file; the same bytes as the in-memory export."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    module = TokenModel().eval()
+    path = tmp_path / "tokens.safetensors"
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path))
+    with torch.device("meta"):
+        meta = TokenModel().eval()
+    ids = torch.tensor([[3, 200, 17, 42, 9]])
+    in_memory = xq.export(module, (ids,), weights="qb4w:32", embeddings=embeddings, progress=False)
+    streamed = xq.export(meta, (ids,), weights="qb4w:32", embeddings=embeddings, state_dict=path, progress=False)
+    assert streamed.mixed and streamed.self_check.startswith("skipped")
+    saved = streamed.save(tmp_path / "streamed.pte").read_bytes()
+    assert saved == in_memory.to_pte()
+    assert len(saved) > (256 * 64 * 4 if embeddings is None else 256 * 64)  # the table is in it
+
+
+def test_a_mixed_program_refuses_a_table_the_file_does_not_hold(tmp_path: Path) -> None:
+    """A table the portable kernels read that the file does not hold (a non-persistent buffer):
+    refused, naming it, and nothing written."""
+    from safetensors.torch import save_file
+
+    class TwoTables(TokenModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("extra", torch.zeros(256, 64), persistent=False)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().forward(ids) + torch.nn.functional.embedding(ids, self.extra)
+
+    path = tmp_path / "two.safetensors"
+    save_file({k: v.contiguous() for k, v in TwoTables().state_dict().items()}, str(path))
+    with torch.device("meta"):
+        meta = TwoTables().eval()
+    with pytest.raises(xq.XnnquantError, match="extra"):
+        xq.export(meta, (torch.tensor([[3, 2]]),), weights="qb4w:32", state_dict=path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two.safetensors"]

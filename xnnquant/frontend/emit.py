@@ -152,10 +152,14 @@ class _Emitter:
         if self.program.is_constant(node):
             if node.name not in self.constants:
                 tensor = self.program.constants[node.name]
-                if tensor.device.type == "meta":
-                    raise XnnquantError(f"the portable kernels read {node.name!r}, which a streaming export holds on "
-                                        "the meta device: export the module with its weights in memory")
-                data = tensor.detach().contiguous().numpy()
+                if tensor.device.type != "meta":
+                    data = tensor.detach().contiguous().numpy()
+                elif str(tensor.dtype) == "torch.float32":  # a streaming export's: read from its file now
+                    data = self.program.array(node.name, f"{node.name!r}, which the portable kernels read")
+                else:
+                    raise XnnquantError(f"the portable kernels read {node.name!r} ({tensor.dtype}), which a streaming "
+                                        "export holds on the meta device: only float32 tensors are read from the "
+                                        "weight file; export the module with its weights in memory")
                 self.constants[node.name] = self.method.tensor(_dtype(tensor), tuple(data.shape), data=data)
             return self.constants[node.name]
         val = node.meta.get("val")

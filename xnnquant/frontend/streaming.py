@@ -11,8 +11,9 @@ depends on shapes alone; the same module exported with its weights in memory giv
 same bytes.
 
 Other constants the lowering needs (norm weights, biases, tables, masks) are read when
-lowered, at full size; they are small next to the layer weights of the models this is
-for.  Values computed from the module's tensors ahead of time (a lowering folding an op
+lowered, and those a mixed program's portable kernels read (a token embedding table, float32)
+when the program is emitted, at full size; they are small next to the layer weights of the
+models this is for.  Values computed from the module's tensors ahead of time (a lowering folding an op
 on a parameter) cannot be read from the file and are refused, naming the tensor.
 
 Before anything is written, every tensor the graph reads is checked against the file:
