@@ -121,9 +121,10 @@ TAKEN = {"bert": True, "gpt2": True, "t5_encoder": True, "resnet": True, "llama"
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TAKEN))
 def test_the_quick_trace_of_transformers_models(name: str) -> None:
-    """Real architectures, checked against torch.export's program at the first batch's shape
-    (the example's, at batch 1, can differ from a batch's: transformers' mask code depends
-    on sizes).  Text models at another length (GPT-2 reads its rows through ``view(-1, K)``),
+    """Real architectures, ``fx_traced`` called directly (an export tries it only when it
+    decomposes nothing, which these mostly need), checked against torch.export's program at
+    the first batch's shape (the example's, at batch 1, can differ from a batch's:
+    transformers' mask code depends on sizes).  Text models at another length (GPT-2 reads its rows through ``view(-1, K)``),
     vision models at another batch size."""
     pytest.importorskip("transformers")
     import hf_models
