@@ -160,6 +160,64 @@ def test_convolutions_are_calibrated_and_quantized_sequentially() -> None:
     assert report.ok, str(report)
 
 
+class ConvNet1d(torch.nn.Module):
+    """1-D convolutions (as Whisper's encoder starts): padded, strided, pointwise; a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(4, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv1d(8, 16, 3, stride=2, padding=1)
+        self.c3 = torch.nn.Conv1d(16, 24, 1)
+        self.fc = torch.nn.Linear(24 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.c1(x))
+        x = F.gelu(self.c2(x))
+        return self.fc(torch.tanh(self.c3(x)).flatten(1))
+
+
+class Height1(torch.nn.Module):
+    """``ConvNet1d`` as 2-D convolutions of height 1 (the oracle's twin: its inputs ``[N, C, 1, L]``)."""
+
+    def __init__(self, one_d: ConvNet1d) -> None:
+        super().__init__()
+        for name in ("c1", "c2", "c3"):
+            c = one_d.get_submodule(name)
+            two = torch.nn.Conv2d(c.in_channels, c.out_channels, (1, c.kernel_size[0]), stride=(1, c.stride[0]),
+                                  padding=(0, c.padding[0]))
+            two.weight = torch.nn.Parameter(c.weight.detach().unsqueeze(2).clone())
+            two.bias = torch.nn.Parameter(c.bias.detach().clone())
+            setattr(self, name, two)
+        self.fc = copy.deepcopy(one_d.fc)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.c1(x))
+        x = F.gelu(self.c2(x))
+        return self.fc(torch.tanh(self.c3(x)).flatten(1))
+
+
+def test_one_d_convolutions_are_calibrated_as_two_d_ones_of_height_one() -> None:
+    """GPTQ on 1-D convolutions (they were refused: no statistics): the codes of the 2-D twin of
+    height 1 calibrated by hand, whose OHWI filters ``[OC, 1, K, C]`` are what the lowering stores."""
+    torch.manual_seed(0)
+    module = ConvNet1d().eval()
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 4, 12, generator=gen),) for _ in range(2)]
+    exported = xq.export(module, batches[0], weights="qc8w", method="gptq", calibration=batches, progress=False)
+    payload = exported.to_bytes()
+    layers = {"c1": Rows("im2col", (1, 3), (1, 1), (0, 1)), "c2": Rows("im2col", (1, 3), (1, 2), (0, 1)),
+              "c3": Rows("pixels"), "fc": Rows("last")}
+    by_hand = _hand_sequential(Height1(module).eval(), [(x.unsqueeze(2),) for (x,) in batches], layers,
+                               lambda w, cal: xq.quantize_per_channel(w, 8, method="gptq", calibration=cal))
+    for name, qt in by_hand.items():
+        assert qt.to_bytes() in payload, name
+    assert {row.path: row.scheme for row in exported.report} == dict.fromkeys(layers, "qc8w")
+    # the oracle can tell: calibrated on the float model's activations, the linear differs
+    floating = _hand_sequential(Height1(module).eval(), [(x.unsqueeze(2),) for (x,) in batches], {"fc": layers["fc"]},
+                                lambda w, cal: xq.quantize_per_channel(w, 8, method="gptq", calibration=cal))
+    assert floating["fc"].to_bytes() != by_hand["fc"].to_bytes()
+
+
 def test_act_mse_on_a_convolution() -> None:
     torch.manual_seed(0)
     module = ConvNet().eval()

@@ -23,6 +23,8 @@ Layers are found in the graph (``layer_use``), whatever module computes them::
     convolution, one group                   OHWI [OC, KH, KW, C]   im2col [N, OH, OW, KH * KW * C]:
                                              (flattened per row)    each output pixel's window,
                                                                     (kh, kw, c) with c fastest
+    1-D convolution, input [N, C, L]         as 2-D of height 1     the 2-D rows of [N, C, 1, L]
+                                             (OHWI [OC, 1, K, C])   without the unit dim: [N, L', ...]
 
 A grouped, depthwise or transposed convolution gets no statistics (each group of output
 channels reads other inputs: one Gram per group would be needed); its quantized layers
@@ -59,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -111,6 +113,8 @@ class Rows(NamedTuple):
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
+    #: a 1-D convolution's input ``[N, C, L]``, read as ``[N, C, 1, L]`` (its rows lead ``[N, L']``)
+    one_d: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,7 @@ def layer_use(program: AtenProgram, node: Any) -> LayerUse | None:
         k = int(shape[0] if transposed else shape[1])
         layout = _transposed if transposed else _same
         return LayerUse(node, x, w, Layer(LayerKind.LINEAR, k), Rows("last"), k, layout, layout)
-    if node.target in (aten.convolution.default, aten.conv2d.default):
+    if node.target in (aten.convolution.default, aten.conv2d.default, aten.conv1d.default):
         return _convolution(program, node, args)
     return None
 
@@ -187,7 +191,7 @@ def _convolution(program: AtenProgram, node: Any, args: list[Any]) -> LayerUse |
         return args[i] if len(args) > i else node.kwargs.get(name, default)
 
     x, w = args[0], args[1]
-    if node.target is torch.ops.aten.conv2d.default:
+    if node.target in (torch.ops.aten.conv2d.default, torch.ops.aten.conv1d.default):
         stride, padding, dilation, transposed, groups = (arg(3, "stride", 1), arg(4, "padding", 0),
                                                          arg(5, "dilation", 1), False, arg(6, "groups", 1))
     else:
@@ -196,11 +200,41 @@ def _convolution(program: AtenProgram, node: Any, args: list[Any]) -> LayerUse |
         return None
     filt = program.constants[w.name]
     val = x.meta.get("val")
-    if filt.dim() != 4 or getattr(val, "dim", lambda: 0)() != 4:
+    rank = getattr(val, "dim", lambda: 0)()
+    if filt.dim() != rank or rank not in (3, 4):
         return None
-    oc, per_group, kh, kw = (int(d) for d in filt.shape)
-    channels, groups = int(val.shape[1]), int(groups)
-    geometry = Rows("im2col", (kh, kw), _pair(stride), _pair(padding), _pair(dilation))
+    if rank == 3:  # 1-D: a 2-D convolution of height 1, as the lowering stores it (lowering/conv.py)
+        return _one_d(_convolution_2d(node, x, w, tuple(int(d) for d in filt.shape[:2]) + (1, int(filt.shape[2])),
+                                      int(val.shape[1]), (1, _one(stride)), (0, _one(padding)), (1, _one(dilation)),
+                                      transposed, int(groups)))
+    return _convolution_2d(node, x, w, tuple(int(d) for d in filt.shape), int(val.shape[1]), _pair(stride),
+                           _pair(padding), _pair(dilation), transposed, int(groups))
+
+
+def _one(v: Any) -> int:
+    return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
+
+
+def _one_d(use: LayerUse) -> LayerUse:
+    """A 2-D ``LayerUse`` of height 1 as the 1-D convolution's: rows of ``[N, C, L]`` inputs
+    (``Rows.one_d``), filters ``[OC, C/g, K]``."""
+    stored, unstored = use.stored, use.unstored
+
+    def stored_1d(a: np.ndarray) -> np.ndarray:
+        return stored(a.reshape(a.shape[0], a.shape[1], 1, a.shape[2]))
+
+    def unstored_1d(a: np.ndarray) -> np.ndarray:
+        b = unstored(a)
+        return b.reshape(b.shape[0], b.shape[1], b.shape[3])
+
+    return replace(use, rows=use.rows._replace(one_d=True), stored=stored_1d, unstored=unstored_1d)
+
+
+def _convolution_2d(node: Any, x: Any, w: Any, shape: tuple[int, ...], channels: int, stride: tuple[int, int],
+                    padding: tuple[int, int], dilation: tuple[int, int], transposed: bool,
+                    groups: int) -> LayerUse:
+    oc, per_group, kh, kw = shape
+    geometry = Rows("im2col", (kh, kw), stride, padding, dilation)
     if transposed:
         return LayerUse(node, x, w, Layer(LayerKind.TRANSPOSED), geometry, 0, _same, _same,
                         "a transposed convolution is not calibrated")
@@ -225,6 +259,9 @@ def layer_rows(x: Any, rows: Rows) -> Any:
 
     if rows.kind == "last":
         return x
+    if rows.one_d:  # computed as the 2-D convolution of height 1, the unit dim dropped from the lead
+        two_d = layer_rows(x.unsqueeze(2), rows._replace(one_d=False))
+        return two_d.reshape(two_d.shape[0], two_d.shape[2], two_d.shape[3])
     if rows.kind == "pixels":
         return x.permute(0, 2, 3, 1)
     n, c, h, w = x.shape
@@ -240,6 +277,9 @@ def _lead_shape(x: Any, rows: Rows) -> tuple[int, ...]:
     """The leading dims of ``layer_rows(x, rows)`` (what a mask must match)."""
     if rows.kind == "last":
         return tuple(int(d) for d in x.shape[:-1])
+    if rows.one_d:  # the 2-D lead (N, 1, L') without its unit dim
+        lead = _lead_shape(x.unsqueeze(2), rows._replace(one_d=False))
+        return lead[0], lead[2]
     n, _, h, w = (int(d) for d in x.shape)
     if rows.kind == "pixels":
         return n, h, w
