@@ -54,6 +54,8 @@ def _check_quick_trace(module: Any, first: tuple[Any, ...], batch: tuple[Any, ..
     assert _listing(quick) == _listing(slow)
     if sized:  # the oracle can tell: the sizes differ from the reference's
         assert _listing(quick) != _listing(reference)
+    assert [AtenProgram.module_path(n) for n in quick.graph.nodes] == \
+        [AtenProgram.module_path(n) for n in slow.graph.nodes]  # layers named alike (layer_path)
     assert quick.inputs == slow.inputs and sorted(quick.constants) == sorted(slow.constants)
     for name, tensor in slow.constants.items():
         assert torch.equal(quick.constants[name], tensor), name
@@ -164,6 +166,34 @@ def test_an_export_is_the_same_with_either_tracer(monkeypatch: pytest.MonkeyPatc
     assert calls == [True, True]
     monkeypatch.setattr(batches, "fx_traced", lambda *args: None)
     assert _export(module, _encoder_inputs(1, 8), data, calibration_mask=1) == quick
+
+
+class Summed(torch.nn.Module):
+    """A linear whose filter is folded from two parameters (``a + b``: no name of its own, so the
+    module it ran in names it), then an ``nn.Linear``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Module()
+        self.inner.a = torch.nn.Parameter(torch.randn(64, 64) / 8)
+        self.inner.b = torch.nn.Parameter(torch.randn(64, 64) / 8)
+        self.out = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(torch.nn.functional.linear(x, self.inner.a + self.inner.b)))
+
+
+def test_a_filter_without_a_name_is_calibrated_on_quick_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folded ``a + b`` is named by its node's module stack, which make_fx does not record:
+    the quick programs take the reference's, else the layer's statistics were filed under
+    another name and the export refused it ("no calibration statistics")."""
+    torch.manual_seed(0)
+    module = Summed().eval()
+    example = (torch.randn(1, 6, 64),)
+    data = [(torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(b)),) for b in range(2)]
+    quick = _export(module, example, data)
+    monkeypatch.setattr(batches, "fx_traced", lambda *args: None)
+    assert _export(module, example, data) == quick
 
 
 class ShapeScaled(torch.nn.Module):

@@ -182,8 +182,9 @@ def fx_traced(module: Any, inputs: tuple[Any, ...], exported: Any, reference: At
     traced statically, at another shape) in the same order (``isomorphic``) and every
     argument other than an int (a size, which the shapes change) equal to
     ``reference``'s, node for node (``fixed_args_equal``); else None, and torch.export
-    traces the batch.  A module with inputs other than parameters, buffers and user
-    inputs (a lifted tensor constant) gives None at once."""
+    traces the batch.  Its nodes then take ``reference``'s module stacks (make_fx records
+    none).  A module with inputs other than parameters, buffers and user inputs (a lifted
+    tensor constant) gives None at once."""
     import torch
     from torch.export.graph_signature import InputKind
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -218,10 +219,20 @@ def fx_traced(module: Any, inputs: tuple[Any, ...], exported: Any, reference: At
     for node, name in zip(placeholders, names):
         node._rename(name)
         node.target = name  # a placeholder's target is its argument's name
-    program = AtenProgram.of(_Exported(graph, exported.graph_signature, exported.state_dict,
-                                       getattr(exported, "constants", {})))
-    run_passes(program, None, BEFORE_CALIBRATION)
-    return program if isomorphic(reference, program) and fixed_args_equal(reference, program) else None
+    try:  # the quick program is only a shortcut: whatever fails here, torch.export traces the batch
+        program = AtenProgram.of(_Exported(graph, exported.graph_signature, exported.state_dict,
+                                           getattr(exported, "constants", {})))
+        run_passes(program, None, BEFORE_CALIBRATION)
+    except Exception:
+        return None
+    if not (isomorphic(reference, program) and fixed_args_equal(reference, program)):
+        return None
+    for mine, theirs in zip(program.graph.nodes, reference.graph.nodes):
+        # make_fx records no module stack: a filter without a name of its own (a folded a + b)
+        # is named by the module its layer ran in (AtenProgram.layer_path), as in ``reference``
+        if "nn_module_stack" in theirs.meta:
+            mine.meta["nn_module_stack"] = theirs.meta["nn_module_stack"]
+    return program
 
 
 @dataclass(frozen=True)
