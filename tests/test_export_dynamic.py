@@ -11,7 +11,6 @@ the same data: the two agree to the same bound.
 
 from __future__ import annotations
 
-import itertools
 import re
 from typing import Any
 
@@ -161,7 +160,8 @@ class LinearsAroundATail(torch.nn.Module):
 def test_a_program_lowered_again_after_refusals_quantizes_each_filter_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A dynamic pure program is lowered whole, then, its refused nodes sent to the portable
     kernels, once per delegate: each filter's quantization (an ``mse`` search) is kept from the
-    first lowering, not searched again, with the same bytes as searched again."""
+    first lowering, not searched again, with the same bytes as searched again; nothing is kept
+    after the export."""
     from xnnquant.frontend import weights as weight_schemes
     from xnnquant.frontend.lowering import context
 
@@ -182,10 +182,19 @@ def test_a_program_lowered_again_after_refusals_quantizes_each_filter_once(monke
         assert "from its end" in exported.delegation_report()  # lowered again: two delegates
         return exported.to_pte()
 
+    made: list[Any] = []
+
+    class Recorded(context.WeightOptions):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(context, "WeightOptions", Recorded)
     once = export()
     assert sorted(calls) == [(32, 64), (64, 32)]
-    fresh = itertools.count()
-    monkeypatch.setattr(context, "_fingerprint", lambda arr: str(next(fresh)).encode())  # no two alike: searched again
+    kept = [w.memo for w in made if w.memo is not None]  # the export's (dry runs keep none)
+    assert kept and all(memo == {} for memo in kept)  # emptied after lowering
+    monkeypatch.setattr(context, "_known", lambda *args: None)  # nothing kept: searched again
     calls.clear()
     assert export() == once
     assert sorted(calls) == [(32, 64), (32, 64), (64, 32), (64, 32)]

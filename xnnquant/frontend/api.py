@@ -396,7 +396,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if static is not None and members is not None:
         _refuse_mixed_static(program)
     policy = options.policy if static is None else _float_policy()
-    twice = options.dynamic_shapes is not None and not options.strict  # lowered again after refusals
+    # a dynamic pure program may be lowered again after refusals: its filters' quantization is kept
+    twice = members is None and options.dynamic_shapes is not None and not options.strict
     weights = WeightOptions(policy, options.method, statistics, memo={} if twice else None)
     bar = _progress(options.progress, f"export {options.policy.weights}")
     delegates: list[Lowered | None]
@@ -409,6 +410,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
             rows: list[ReportRow] = []
             delegates = [None if group is None else lower(program, options.target, replace(weights, rows=rows),
                                                           members=group) for group in members]
+        if weights.memo:
+            weights.memo.clear()  # the float values it holds are needed no more
     if members is None:
         rows = lowered.rows
     rows[:0] = embedding_rows(program)  # in place: a streaming export fills its rows in when it writes

@@ -177,18 +177,20 @@ class WeightOptions:
     dry_run: bool = False
     #: filters already quantized in this export, for a program lowered twice (a dynamic pure
     #: program whose refused nodes go to the portable kernels: ``api._portable_after_refusals``):
-    #: (tensor id, scheme, method, axis) -> (fingerprint of the values quantized, what they
-    #: became); None: nothing kept.  ``dataclasses.replace`` copies share it.
-    memo: dict[tuple[Any, ...], tuple[bytes, Any]] | None = field(default=None, compare=False)
+    #: (tensor id, scheme, method, axis, layer) -> (the float values quantized, what they
+    #: became), reused when the values are equal (``_known``); None: nothing kept.
+    #: ``dataclasses.replace`` copies share it; the export clears it after lowering.
+    memo: dict[tuple[Any, ...], tuple[np.ndarray, Any]] | None = field(default=None, compare=False)
 
 
-def _fingerprint(arr: np.ndarray) -> bytes:
-    """A digest of ``arr``'s shape, dtype and values (``WeightOptions.memo``)."""
-    import hashlib
-
-    digest = hashlib.blake2b(f"{arr.shape} {arr.dtype}".encode(), digest_size=16)
-    digest.update(np.ascontiguousarray(arr).data)
-    return digest.digest()
+def _known(memo: dict[tuple[Any, ...], tuple[np.ndarray, Any]] | None, key: tuple[Any, ...],
+           arr: np.ndarray) -> Any:
+    """What ``arr`` was quantized to under ``key`` earlier in this export, or None (its values
+    compared in full: two nodes may read one tensor in two layouts of one shape)."""
+    seen = None if memo is None else memo.get(key)
+    if seen is not None and seen[0].shape == arr.shape and np.array_equal(seen[0], arr):
+        return seen[1]
+    return None
 
 
 class LoweringContext:
@@ -461,11 +463,8 @@ class LoweringContext:
             stored_q = done  # quantized by sequential calibration (calibration.statistics)
         else:
             memo = (id(weight), str(scheme), options.method, axis, key)
-            seen = None if options.memo is None else options.memo.get(memo)
-            fingerprint = b"" if options.memo is None else _fingerprint(arr)
-            if seen is not None and seen[0] == fingerprint:
-                stored_q = seen[1]  # the same values quantized the same way by an earlier lowering
-            else:
+            stored_q = _known(options.memo, memo, arr)  # quantized so by an earlier lowering
+            if stored_q is None:
                 grams = None if stats is None else stats.grams.get(key)
                 try:
                     stored_q = scheme.quantize(arr, options.method, grams, axis=axis)
@@ -474,7 +473,7 @@ class LoweringContext:
                 except XnnquantError as exc:  # about these weights, whatever the node
                     raise WeightRefusal(str(exc)) from exc
                 if options.memo is not None:
-                    options.memo[memo] = (fingerprint, stored_q)
+                    options.memo[memo] = (arr, stored_q)
         self.rows.append(ReportRow(path, tuple(int(d) for d in arr.shape), str(scheme),
                                    scheme.stored_nbytes(tuple(arr.shape), axis, self.graph.scales_in_segment),
                                    weight_sqnr(arr, stored_q), note))
