@@ -219,3 +219,54 @@ def test_a_mixed_program_refuses_a_table_the_file_does_not_hold(tmp_path: Path) 
     with pytest.raises(xq.XnnquantError, match="extra"):
         xq.export(meta, (torch.tensor([[3, 2]]),), weights="qb4w:32", state_dict=path, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two.safetensors"]
+
+
+def _hf_llama_on_meta(rotary_with_data: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """transformers' Llama (``hf_models.llama``) and the same architecture built on meta,
+    its rotary embedding (non-persistent ``inv_freq`` buffers, absent from checkpoints) built
+    on the CPU when ``rotary_with_data``, as transformers' own loading materializes it."""
+    pytest.importorskip("transformers")
+    import hf_models
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    module, _ = hf_models.llama()
+    config = module.model.config
+    with torch.device("meta"):
+        meta = hf_models._Logits(LlamaForCausalLM(config), "logits").eval()
+    if rotary_with_data:
+        meta.model.model.rotary_emb = LlamaRotaryEmbedding(config)
+    return module, meta
+
+
+@pytest.mark.parametrize("example_device", ["cpu", "meta"])
+def test_transformers_llama_streams_with_its_rotary_buffers_in_memory(tmp_path: Path, example_device: str) -> None:
+    """Parameters on meta, the rotary inv_freq buffers holding data: the rotary tables fold
+    from the buffers on the CPU (the trace says device=meta for the positions and the copies),
+    and the streamed .pte is the in-memory one byte for byte.  Refused before ('holds data
+    of its own'); with the buffers on meta too, refused naming inv_freq (next test)."""
+    from safetensors.torch import save_file
+
+    module, meta = _hf_llama_on_meta(rotary_with_data=True)
+    path = tmp_path / "llama.safetensors"
+    save_file({k: v.contiguous().clone() for k, v in module.state_dict().items()}, str(path))
+    assert not any("inv_freq" in name for name in module.state_dict())  # not in the file
+    ids = torch.tensor([[5, 77, 3, 120, 64, 9, 31, 2, 88, 14, 60, 1]])
+    in_memory = xq.export(module, (ids,), weights="qb4w:32", progress=False)
+    example = ids if example_device == "cpu" else torch.empty(ids.shape, dtype=ids.dtype, device="meta")
+    streamed = xq.export(meta, (example,), weights="qb4w:32", state_dict=path, progress=False)
+    assert streamed.save(tmp_path / "streamed.pte").read_bytes() == in_memory.to_pte()
+
+
+def test_transformers_llama_on_meta_alone_is_refused_naming_inv_freq(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    module, meta = _hf_llama_on_meta(rotary_with_data=False)
+    path = tmp_path / "llama.safetensors"
+    save_file({k: v.contiguous().clone() for k, v in module.state_dict().items()}, str(path))
+    with pytest.raises(xq.XnnquantError) as info:
+        xq.export(meta, (torch.tensor([[5, 77, 3]]),), weights="qb4w:32", state_dict=path, progress=False)
+    message = str(info.value)
+    assert "'model.model.rotary_emb.inv_freq' is on the meta device and" in message
+    assert "does not hold it" in message and "outside torch.device('meta')" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama.safetensors"]

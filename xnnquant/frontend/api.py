@@ -658,8 +658,10 @@ class _PassOptions:
 
 
 def _check_streamed(module: Any, path: str) -> None:
-    """A streaming export's module holds no data of its own: every parameter is on ``meta``."""
-    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+    """A streaming export's module holds no weights of its own: every parameter is on
+    ``meta``.  A buffer may hold data (one the file lacks: a non-persistent buffer such as a
+    rotary ``inv_freq``, made outside ``torch.device('meta')``); its values are the module's."""
+    for name, tensor in module.named_parameters():
         if tensor.device.type != "meta":
             raise XnnquantError(
                 f"state_dict= (xnnquant export --weights-from) reads the module's tensors from {path!r}, but {name!r} "

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import UnsupportedConfigError, XnnquantError
-from .streaming import WeightFile, meta_tensor_refusal
+from .streaming import WeightFile, absent_buffer, meta_tensor_refusal
 
 
 class Size(NamedTuple):
@@ -205,5 +205,7 @@ class AtenProgram:
             raise XnnquantError(f"{what} is on the meta device: its values are needed here (pass state_dict= with a "
                                 "safetensors file holding the module's tensors)")
         if name is None:
-            raise XnnquantError(meta_tensor_refusal(what, self.origins.get(placeholder)))
+            raise XnnquantError(meta_tensor_refusal(what, self.origins.get(placeholder), self.weight_file))
+        if name not in self.weight_file.file.tensors:
+            raise XnnquantError(f"{what}: " + absent_buffer(name, self.weight_file))
         return self.weight_file.array(name, tuple(int(d) for d in tensor.shape), what)

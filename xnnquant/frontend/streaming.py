@@ -16,6 +16,11 @@ when the program is emitted, at full size; they are small next to the layer weig
 models this is for.  Values computed from the module's tensors ahead of time (a lowering folding an op
 on a parameter) cannot be read from the file and are refused, naming the tensor.
 
+Parameters must be on meta.  A buffer may hold data: one the module computes when it is
+built (a rotary ``inv_freq``, non-persistent, so absent from checkpoints) is taken from the
+module, and values folded from it alone are computed ahead of time as in memory
+(``passes.constants``).  Such a buffer left on meta is refused by name, saying so.
+
 Before anything is written, every tensor the graph reads is checked against the file:
 present, of the module's shape, floating point.  A tensor whose bytes turn out bad while
 the payload is written (a non-finite value) stops the writing with an error naming it,
@@ -172,11 +177,23 @@ def laid_out_shape(shape: tuple[int, ...], layout: Layout | None) -> tuple[int, 
     return tuple(int(d) for d in layout(stand_in).shape)
 
 
-def meta_tensor_refusal(what: str, name: str | None) -> str:
-    """Why a meta tensor that is not one of the file's tensors cannot be read."""
+def meta_tensor_refusal(what: str, name: str | None, file: WeightFile | None = None) -> str:
+    """Why a meta tensor that is not one of the file's tensors cannot be read (computed from
+    the module's tensor ``name``, when known; ``file``: the weight file, to say whether it
+    holds ``name``)."""
+    if name and file is not None and name not in file.file.tensors:
+        return f"{what} is computed from {name!r}: " + absent_buffer(name, file)
     origin = f" (computed from {name!r})" if name else ""
     return (f"{what} is on the meta device{origin}: a streaming export reads parameters and buffers as they are "
             "stored, and this value is computed from them ahead of time")
+
+
+def absent_buffer(name: str, file: WeightFile) -> str:
+    """What to do about the module's meta tensor ``name`` that ``file`` does not hold."""
+    return (f"{name!r} is on the meta device and {file.path!r} does not hold it (a buffer the module computes "
+            "when it is built, such as a rotary embedding's inv_freq, is not saved with the weights); expected "
+            "it to hold data: build the submodule that owns it outside torch.device('meta') (a streaming export "
+            "takes the values of buffers that hold data from the module)")
 
 
 def is_meta(x: Any) -> bool:

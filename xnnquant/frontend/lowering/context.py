@@ -450,7 +450,7 @@ class LoweringContext:
             stored = self.program.stored.get(name or "")
             if stored is None:
                 origin = self.program.origins.get(name or "")
-                raise XnnquantError(meta_tensor_refusal(f"the weight of {path!r}", origin))
+                raise XnnquantError(meta_tensor_refusal(f"the weight of {path!r}", origin, file))
             shape = tuple(int(d) for d in weight.shape)
             deferred = file.weight(stored, shape, path, scheme, options.method, note, layout, axis, self.rows)
             return self.graph.constant(deferred), scheme

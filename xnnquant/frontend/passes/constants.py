@@ -7,6 +7,13 @@ placeholder holding torch's result; a node with several results is folded throug
 report.  Ops that draw random numbers are left to their lowering (none exists: they are
 refused by name).  On a streaming export's meta tensors the result is a meta tensor,
 which the lowering refuses to read, naming the tensor it was computed from.
+
+A streaming export traces its module on ``meta``, so the tensors its ``forward`` makes
+(``arange(..., device=x.device)``) and the copies it moves there (``buffer.to(x.device)``)
+say ``device=meta``.  The program runs on the CPU: a node whose inputs all hold data (a
+buffer kept in memory, Llama's rotary ``inv_freq``, or another folded value) is computed
+on the CPU, so rotary tables and position ids fold into values as they do in memory; a
+node with a meta input is computed on meta (its data-holding inputs moved there).
 """
 
 from __future__ import annotations
@@ -18,6 +25,16 @@ import torch
 
 from ..program import AtenProgram
 from . import replace_uses, rewrite
+
+_META = torch.device("meta")
+
+
+def _is_meta(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device == _META
+
+
+def _on_cpu(value: Any) -> Any:
+    return torch.device("cpu") if isinstance(value, torch.device) and value == _META else value
 
 
 def _inputs(node: Any) -> list[Any]:
@@ -39,8 +56,13 @@ def fold_constants(program: AtenProgram, options: Any) -> None:
         if not foldable(program, node):
             continue
         values = {n: program.constants[n.name] for n in _inputs(node)}
+        on_meta = [_is_meta(v) for v in values.values()]
+        if any(on_meta):  # no data in, none out: all on meta
+            values = {n: v.to(_META) if isinstance(v, torch.Tensor) else v for n, v in values.items()}
         args = torch.fx.node.map_arg(node.args, values.__getitem__)
         kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
+        if not any(on_meta):  # computed from data: on the CPU (module docstring)
+            args, kwargs = torch.utils._pytree.tree_map(_on_cpu, (args, kwargs))
         with torch.no_grad():
             try:
                 result = node.target(*args, **kwargs)
