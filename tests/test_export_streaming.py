@@ -270,3 +270,57 @@ def test_transformers_llama_on_meta_alone_is_refused_naming_inv_freq(tmp_path: P
     assert "'model.model.rotary_emb.inv_freq' is on the meta device and" in message
     assert "does not hold it" in message and "outside torch.device('meta')" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama.safetensors"]
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5_encoder", "resnet"])
+def test_transformers_architectures_stream_to_the_in_memory_bytes(tmp_path: Path, name: str) -> None:
+    """Small transformers models built on meta, the example on the CPU, the checkpoint in a
+    file: the same bytes as the in-memory export.  Their folds read small tensors the file
+    holds: BERT's token type table and GPT-2's position table looked up at the example's
+    positions, T5's relative attention bias (each refused on the old code, 'computed from them
+    ahead of time'); ResNet's float example is traced on meta with the parameters (torch.export
+    failed: two devices).  The buffers no checkpoint holds (BERT's position ids) are given the
+    module's values, as a user builds their submodules outside meta."""
+    pytest.importorskip("transformers")
+    import hf_models
+    from safetensors.torch import save_file
+
+    build = hf_models.ARCHITECTURES[name]
+    module, example = build()
+    stored = module.state_dict()
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous().clone() for k, v in stored.items()}, str(path))
+    with torch.device("meta"):
+        meta, _ = build()
+    data = dict(module.named_buffers())
+    for owner, sub in meta.named_modules():
+        for buffer in [b for b, value in sub._buffers.items() if value is not None]:
+            full = f"{owner}.{buffer}" if owner else buffer
+            if full not in stored:
+                sub._buffers[buffer] = data[full].clone()
+    in_memory = xq.export(module, example, weights="qb4w:32", progress=False)
+    streamed = xq.export(meta, example, weights="qb4w:32", state_dict=path, progress=False)
+    written = streamed.save(tmp_path / "streamed.pte").read_bytes()
+    assert written == (in_memory.to_pte() if in_memory.mixed else in_memory.save(tmp_path / "mem.pte").read_bytes())
+
+
+def test_a_fold_reading_more_than_the_bound_from_the_file_is_refused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2's position table looked up at the example's positions, with FOLD_READ_BYTES below
+    the table's size: not read, so refused naming the table, nothing written."""
+    pytest.importorskip("transformers")
+    import hf_models
+    from safetensors.torch import save_file
+
+    from xnnquant.frontend.passes import constants
+
+    module, example = hf_models.gpt2()
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous().clone() for k, v in module.state_dict().items()}, str(path))
+    with torch.device("meta"):
+        meta, _ = hf_models.gpt2()
+    table = module.model.transformer.wpe.weight
+    monkeypatch.setattr(constants, "FOLD_READ_BYTES", table.numel() * table.element_size() - 1)
+    with pytest.raises(xq.XnnquantError, match=r"computed from 'model\.transformer\.wpe\.weight'"):
+        xq.export(meta, example, weights="qb4w:32", state_dict=path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

@@ -186,6 +186,8 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
             with torch_threads(1):  # one small op a parameter: threads would only wait for each other
                 _check_module(torch, module)
             inputs = _check_inputs(torch, example_inputs)
+            if options.state_dict is not None:  # shapes and dtypes only: traced with the meta parameters
+                inputs = tuple(x.to("meta") for x in inputs)
             if options.calibration is not None:
                 options.calibration.check_fits(inputs)
             spec = options.dynamic_shapes
@@ -373,9 +375,9 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
         weight_file = WeightFile(options.state_dict)
     timings: dict[str, float] = {}
+    if weight_file is not None and isinstance(module, _torch().nn.Module):  # before tracing on meta
+        _check_streamed(module, weight_file.path)
     eager, traced, decompositions = _traced(module, example_inputs, options, timings)
-    if weight_file is not None and eager is not None:
-        _check_streamed(eager, weight_file.path)
     from .lowering.context import WeightOptions
     from .lowering.walk import Lowered, lower
     from .passes import AFTER_CALIBRATION, BEFORE_CALIBRATION, run_passes

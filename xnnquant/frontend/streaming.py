@@ -19,7 +19,9 @@ on a parameter) cannot be read from the file and are refused, naming the tensor.
 Parameters must be on meta.  A buffer may hold data: one the module computes when it is
 built (a rotary ``inv_freq``, non-persistent, so absent from checkpoints) is taken from the
 module, and values folded from it alone are computed ahead of time as in memory
-(``passes.constants``).  Such a buffer left on meta is refused by name, saying so.
+(``passes.constants``).  Such a buffer left on meta is refused by name, saying so.  A fold
+may also read small tensors the file holds (``passes.constants.FOLD_READ_BYTES``).  The
+example inputs are traced on meta, as the parameters are.
 
 Before anything is written, every tensor the graph reads is checked against the file:
 present, of the module's shape, floating point.  A tensor whose bytes turn out bad while

@@ -12,8 +12,11 @@ A streaming export traces its module on ``meta``, so the tensors its ``forward``
 (``arange(..., device=x.device)``) and the copies it moves there (``buffer.to(x.device)``)
 say ``device=meta``.  The program runs on the CPU: a node whose inputs all hold data (a
 buffer kept in memory, Llama's rotary ``inv_freq``, or another folded value) is computed
-on the CPU, so rotary tables and position ids fold into values as they do in memory; a
-node with a meta input is computed on meta (its data-holding inputs moved there).
+on the CPU, so rotary tables and position ids fold into values as they do in memory.  A
+meta input the weight file holds is read from it first when the node's meta inputs come to
+at most ``FOLD_READ_BYTES`` (a position embedding table looked up at the example's
+positions, token type ids); a node with a meta input left is computed on meta (its
+data-holding inputs moved there).
 """
 
 from __future__ import annotations
@@ -50,12 +53,37 @@ def foldable(program: AtenProgram, node: Any) -> bool:
     return all(program.is_constant(n) for n in _inputs(node))
 
 
+#: Bytes of a streaming export's meta tensors one node may read from the weight file to be
+#: folded (a position table, token type ids: megabytes); a node reading more (a layer weight
+#: transposed) stays on meta, and the lowering refuses it by name.
+FOLD_READ_BYTES = 64 << 20
+
+
+def _with_data(program: AtenProgram, values: dict[Any, Any], read: dict[str, Any]) -> dict[Any, Any]:
+    """``values`` with their meta tensors read from a streaming export's weight file, when it
+    holds them all and they come to at most ``FOLD_READ_BYTES`` (``read``: the ones read so
+    far, by placeholder name); else ``values`` as they are."""
+    meta = {n: v for n, v in values.items() if _is_meta(v)}
+    if not meta or program.weight_file is None:
+        return values
+    if sum(v.numel() * v.element_size() for n, v in meta.items() if n.name not in read) > FOLD_READ_BYTES:
+        return values
+    for n in meta:
+        if n.name not in read:
+            read[n.name] = program.stored_tensor(n.name)
+        if read[n.name] is None:
+            return values
+    return {n: read[n.name] if n in meta else v for n, v in values.items()}
+
+
 @rewrite("constants")
 def fold_constants(program: AtenProgram, options: Any) -> None:
+    read: dict[str, Any] = {}  # meta tensors read from the weight file, by placeholder (_with_data)
     for node in list(program.graph.nodes):
         if not foldable(program, node):
             continue
         values = {n: program.constants[n.name] for n in _inputs(node)}
+        values = _with_data(program, values, read)
         on_meta = [_is_meta(v) for v in values.values()]
         if any(on_meta):  # no data in, none out: all on meta
             values = {n: v.to(_META) if isinstance(v, torch.Tensor) else v for n, v in values.items()}
