@@ -324,3 +324,32 @@ def test_a_fold_reading_more_than_the_bound_from_the_file_is_refused(tmp_path: P
     with pytest.raises(xq.XnnquantError, match=r"computed from 'model\.transformer\.wpe\.weight'"):
         xq.export(meta, example, weights="qb4w:32", state_dict=path, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def test_a_tied_output_layer_is_read_by_the_name_the_file_holds(tmp_path: Path) -> None:
+    """transformers' Llama with its output layer tied to the token table (as Llama 3.2 1B):
+    checkpoints hold the tensor once, as the token table, while torch.export names the output
+    layer's weight 'model.lm_head.weight'.  Streamed, it is read by the file's name; the same
+    bytes as in memory (refused on the old code: no tensor 'model.lm_head.weight' in the file)."""
+    pytest.importorskip("transformers")
+    import hf_models
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    module = hf_models._Logits(LlamaForCausalLM(config), "logits").eval()
+    assert module.model.lm_head.weight is module.model.model.embed_tokens.weight
+    path = tmp_path / "tied.safetensors"
+    save_file({k: v.contiguous().clone() for k, v in module.state_dict().items() if k != "model.lm_head.weight"},
+              str(path))
+    with torch.device("meta"):
+        meta = hf_models._Logits(LlamaForCausalLM(config), "logits").eval()
+    meta.model.model.rotary_emb = LlamaRotaryEmbedding(config)
+    ids = torch.tensor([[5, 77, 3, 120, 64, 9]])
+    in_memory = xq.export(module, (ids,), weights="qb4w:32", progress=False)
+    streamed = xq.export(meta, (ids,), weights="qb4w:32", state_dict=path, progress=False)
+    assert streamed.save(tmp_path / "streamed.pte").read_bytes() == in_memory.to_pte()

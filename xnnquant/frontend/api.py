@@ -385,6 +385,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
+        if eager is not None:
+            program.find_tied(eager)
         program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
     statistics = _statistics(eager, program, decompositions, options, timings, traced)

@@ -9,7 +9,7 @@ program is never changed) and the tensors its placeholders stand for:
   (``"layer.0.weight"``), which names report rows and refusals;
 * ``stored``: placeholder name -> the name to read its values by in a streaming export's
   weight file (only the module's own parameters and buffers: a tensor a pass computed
-  from them has none);
+  from them has none; a tied tensor: the name the file holds, ``find_tied``);
 * ``inputs``: the user inputs' placeholder names, in order (``input_names``: as the
   module's program names them);
 * ``ranges``: the range of each dynamic size symbol (torch.export's ``range_constraints``).
@@ -191,6 +191,22 @@ class AtenProgram:
         return self.origins.get(getattr(node, "name", ""))
 
     # ----------------------------------------------------------------- values
+
+    def find_tied(self, module: Any) -> None:
+        """Read a tied tensor by the name the weight file holds it under.  One parameter of
+        ``module`` known by several names (a language model's output layer tied to its token
+        table) is saved once, under one of them, and torch.export may name it by another."""
+        if self.weight_file is None:
+            return
+        held = self.weight_file.file.tensors
+        names: dict[int, list[str]] = {}
+        for name, tensor in (*module.named_parameters(remove_duplicate=False),
+                             *module.named_buffers(remove_duplicate=False)):
+            names.setdefault(id(tensor), []).append(name)
+        by_name = {name: group for group in names.values() for name in group}
+        for placeholder, name in self.stored.items():
+            if name not in held:
+                self.stored[placeholder] = next((n for n in by_name.get(name, ()) if n in held), name)
 
     def stored_tensor(self, placeholder: str) -> Any:
         """The values of a streaming export's meta constant ``placeholder``, read from the
