@@ -481,7 +481,8 @@ def test_verify_module_must_be_callable(exported: xq.Exported) -> None:
                        "fallback=('qc8w', 'fp32'))"),
     (dict(fallback=b"qc8w"), "fallback must be 'auto', None, a scheme or a sequence of schemes: got bytes b'qc8w' "
                              "(e.g. fallback=('qc8w', 'fp32'))"),
-    (dict(state_dict=123), "state_dict must be the path of a safetensors file: got int"),
+    (dict(state_dict=123), "state_dict must be the path of a safetensors file (or of a sharded checkpoint's .json "
+                           "index): got int"),
     (dict(calibration=5), "calibration must be an iterable of input tuples (one tuple of the module's positional "
                           "inputs per batch): got int"),
     (dict(calibration=[(torch.zeros(2, 63),)]), "calibration batch 0 ((2, 63) torch.float32) does not fit the "

@@ -353,3 +353,52 @@ def test_a_tied_output_layer_is_read_by_the_name_the_file_holds(tmp_path: Path) 
     in_memory = xq.export(module, (ids,), weights="qb4w:32", progress=False)
     streamed = xq.export(meta, (ids,), weights="qb4w:32", state_dict=path, progress=False)
     assert streamed.save(tmp_path / "streamed.pte").read_bytes() == in_memory.to_pte()
+
+
+def _sharded(tmp_path: Path, shards: int = 2) -> Path:
+    """The decoder's tensors in ``shards`` files and a Hugging Face index naming each one's file
+    (written by the safetensors package and json, as transformers' save_pretrained does)."""
+    from safetensors.numpy import save_file
+
+    tensors = dict(random_tensors(CONFIG, seed=3))
+    names = list(tensors)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i::shards]
+        save_file({n: tensors[n] for n in part}, str(tmp_path / file))
+        weight_map.update(dict.fromkeys(part, file))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return index
+
+
+def test_a_sharded_checkpoint_streams_to_the_in_memory_bytes(tmp_path: Path) -> None:
+    """state_dict= the index of a checkpoint in 3 files, each tensor read from its own: the
+    in-memory export's bytes (refused on the old code: not a safetensors file)."""
+    index = _sharded(tmp_path, shards=3)
+    in_memory = xq.export(decoder(CONFIG, "cpu", seed=3), (X,), weights="qb4w:32", method="minmax", progress=False)
+    assert stream(index).save(tmp_path / "out.xnn").read_bytes() == in_memory.to_bytes()
+
+
+def test_a_bad_index_is_refused_naming_what_is_wrong(tmp_path: Path) -> None:
+    index = _sharded(tmp_path)
+    content = json.loads(index.read_text())
+    q = "layers.1.self_attn.q_proj.weight"
+    wrong = next(f for f in set(content["weight_map"].values()) if f != content["weight_map"][q])
+    cases = {
+        "wrong file": ({**content, "weight_map": {**content["weight_map"], q: wrong}},
+                       rf"tensor '{q}' is mapped to '{wrong}', which does not hold it"),
+        "missing file": ({**content, "weight_map": {**content["weight_map"], q: "gone.safetensors"}},
+                         r"cannot open safetensors file .*gone\.safetensors"),
+        "no map": ({"metadata": {}}, r"expected a 'weight_map' of tensor name -> safetensors file name, got NoneType"),
+    }
+    for label, (bad, message) in cases.items():
+        path = tmp_path / f"{label.replace(' ', '_')}.index.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(xq.XnnquantError, match=message):
+            stream(path).save(tmp_path / "out.pte")
+        assert not (tmp_path / "out.pte").exists(), label
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(xq.XnnquantError, match=r"cannot read the checkpoint index .*broken\.json.*expected JSON"):
+        stream(tmp_path / "broken.json")

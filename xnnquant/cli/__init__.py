@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a callable returning the calibration batches (an iterable of input tuples)")
     export.add_argument("--weights-from", default=None, metavar="FILE.safetensors",
                         help="streaming export: the module is built on the meta device and its tensors are read "
-                             "from this file one at a time while the output is written")
+                             "from this file (or the files of a sharded checkpoint's .json index) one at a time "
+                             "while the output is written")
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export)

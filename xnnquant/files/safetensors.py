@@ -165,6 +165,72 @@ class SafetensorsFile:
         return self._offsets[name]
 
 
+class ShardedSafetensors:
+    """A checkpoint saved in several safetensors files, as Hugging Face saves models larger
+    than a few GB, read through its index (``model.safetensors.index.json``), which names
+    the file of each tensor::
+
+        {"metadata": {...}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                           "lm_head.weight": "model-00002-of-00002.safetensors", ...}}
+
+    The files sit beside the index.  Each is opened and checked as one ``SafetensorsFile``;
+    a tensor the index maps to a file that lacks it is refused at opening.  The reads of
+    ``SafetensorsFile`` go to the tensor's file; ``tensors`` lists them file by file, each
+    file's in its own order.
+    """
+
+    def __init__(self, index: str | os.PathLike[str]) -> None:
+        self.path = Path(index)
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise XnnquantError(f"cannot read the checkpoint index {os.fspath(index)!r}: {exc}; expected JSON with a "
+                                "'weight_map' of tensor name -> safetensors file") from None
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise XnnquantError(f"{self.path}: expected a 'weight_map' of tensor name -> safetensors file name, "
+                                f"got {type(weight_map).__name__}")
+        self.shards = {file: SafetensorsFile(self.path.parent / file) for file in sorted(set(weight_map.values()))}
+        self._shard_of: dict[str, SafetensorsFile] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        for file, shard in self.shards.items():
+            for name in shard.tensors:
+                if weight_map.get(name) == file:
+                    self._shard_of[name] = shard
+                    self.tensors[name] = shard.tensors[name]
+        for name, file in weight_map.items():
+            if name not in self.tensors:
+                raise XnnquantError(f"{self.path}: tensor {name!r} is mapped to {file!r}, which does not hold it")
+
+    def _shard(self, name: str) -> SafetensorsFile:
+        if name not in self._shard_of:
+            near = ", ".join(sorted(self.tensors)[:5])
+            raise XnnquantError(f"{self.path}: no tensor {name!r} in the checkpoint ({len(self.tensors)} tensors: "
+                                f"{near}, ...)")
+        return self._shard_of[name]
+
+    def info(self, name: str) -> TensorInfo:
+        return self._shard(name).info(name)
+
+    def read(self, name: str) -> np.ndarray:
+        return self._shard(name).read(name)
+
+    def warm(self, name: str, chunk: int = 16 << 20) -> None:
+        self._shard(name).warm(name, chunk)
+
+    def nbytes(self, name: str) -> int:
+        return self._shard(name).nbytes(name)
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedSafetensors:
+    """The checkpoint at ``path``: one safetensors file, or the index of a sharded one
+    (a ``.json`` file, ``ShardedSafetensors``)."""
+    if os.fspath(path).endswith(".json"):
+        return ShardedSafetensors(path)
+    return SafetensorsFile(path)
+
+
 def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
     """What tells one file from another at the same path: device, inode, size, mtime (ns)."""
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns

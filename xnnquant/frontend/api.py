@@ -333,8 +333,9 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     choices, see ``static_int8``; the whole program must run in XNNPACK).
     ``target``: ``"1.4.1"`` (default; uses XNNGelu, XNNTanh, ...) or ``"xn01"`` (the XN01
     schema's node kinds only; ``"seed"`` is the same).
-    ``state_dict``: a safetensors file holding the module's parameters and buffers, for a
-    module built on the ``meta`` device (example inputs on ``meta`` too): a streaming
+    ``state_dict``: a safetensors file holding the module's parameters and buffers (or the
+    ``.json`` index of a checkpoint in several files), for a
+    module built on the ``meta`` device (example inputs traced on ``meta`` too): a streaming
     export (``streaming.py``).  Layer weights are then read and quantized only when the
     result is written (``Exported.save``, one weight at a time), so neither the float
     model nor the payload is ever whole in memory; the bytes are those of the same module

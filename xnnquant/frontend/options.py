@@ -154,7 +154,8 @@ class ExportOptions:
         path = None
         if state_dict is not None:
             if not isinstance(state_dict, (str, os.PathLike)):
-                raise XnnquantError(f"state_dict must be the path of a safetensors file: got "
+                raise XnnquantError(f"state_dict must be the path of a safetensors file (or of a sharded "
+                                    f"checkpoint's .json index): got "
                                     f"{type(state_dict).__name__}")
             path = Path(os.fspath(state_dict))
             if chosen_target is not Target.ET_1_4_1:

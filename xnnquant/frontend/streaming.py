@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import XnnquantError
-from ..files.safetensors import SafetensorsFile, TensorInfo
+from ..files.safetensors import SafetensorsFile, ShardedSafetensors, TensorInfo, open_checkpoint
 from ..graph import Deferred
 from ..tensor import QuantizedTensor
 from .report import ReportRow
@@ -60,7 +60,7 @@ READ_AHEAD_BYTES = 256 << 20
 WARM_START_BYTES = 1 << 30
 
 
-def _read_requests(file: SafetensorsFile, requests: queue.SimpleQueue[str | None]) -> None:
+def _read_requests(file: SafetensorsFile | ShardedSafetensors, requests: queue.SimpleQueue[str | None]) -> None:
     """The reader thread: warm each tensor named in ``requests`` until ``None`` comes.  A
     read that fails changes nothing: the export's own read of that tensor reports it."""
     while (name := requests.get()) is not None:
@@ -77,7 +77,7 @@ class WeightFile:
     """The safetensors file a streaming export reads its tensors from."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.file = SafetensorsFile(path)
+        self.file = open_checkpoint(path)  # one file, or a sharded checkpoint's index
         self.order: list[str] = []  # the layer weights, in the order they are written
         self._ahead = 0  # weights up to this position have been handed to the reader
         self._requests: queue.SimpleQueue[str | None] = queue.SimpleQueue()
