@@ -23,6 +23,10 @@ module, and values folded from it alone are computed ahead of time as in memory
 may also read small tensors the file holds (``passes.constants.FOLD_READ_BYTES``).  The
 example inputs are traced on meta, as the parameters are.
 
+A 2-D layer weight or embedding table quantized into codes is read and quantized a piece
+of rows at a time (``by_rows``, ``PIECE_BYTES`` of floats), with the codes, scales and SQNR
+of the whole: a 128k-token table is 1 GB of float32.
+
 Before anything is written, every tensor the graph reads is checked against the file:
 present, of the module's shape, floating point.  A tensor whose bytes turn out bad while
 the payload is written (a non-finite value) stops the writing with an error naming it,
@@ -126,16 +130,22 @@ class WeightFile:
         self.check(name, shape, what)
         return self.finite(name, self.file.read(name).astype(np.float32, copy=False))
 
-    def finite(self, name: str, values: np.ndarray) -> np.ndarray:
-        """``values`` of tensor ``name``, or ``XnnquantError`` naming the file, the tensor and the
-        first non-finite value (what an export of the module with its weights in memory refuses)."""
+    def finite(self, name: str, values: np.ndarray, offset: int = 0) -> np.ndarray:
+        """``values`` of tensor ``name`` (its flat values from ``offset`` on), or ``XnnquantError``
+        naming the file, the tensor and the first non-finite value, with the count of them among
+        ``values`` (what an export of the module with its weights in memory refuses)."""
         bad = ~np.isfinite(values)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise XnnquantError(f"{self.path}: tensor {name!r} is not finite (NaN or inf, {int(bad.sum())} value(s), "
-                                f"first {values.ravel()[first]} at flat index {first}): a program computed from it "
-                                "would be too; expected finite values")
+                                f"first {values.ravel()[first]} at flat index {offset + first}): a program computed "
+                                "from it would be too; expected finite values")
         return values
+
+    def rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of the 2-D tensor ``name``, as float32, checked finite."""
+        mapped = self.file.read(name)  # mapped afresh: its pages leave memory with this piece
+        return self.finite(name, mapped[lo:hi].astype(np.float32, copy=False), lo * int(np.prod(mapped.shape[1:])))
 
     def weight(self, name: str, shape: tuple[int, ...], path: str, scheme: WeightScheme, method: str, note: str,
                layout: Layout | None, axis: int, rows: list[ReportRow]) -> Deferred:
@@ -145,7 +155,7 @@ class WeightFile:
         measured one each time the weight is made (found by identity: rows may be put before it).
         """
         self.check(name, shape, f"the weight of {path!r}")
-        from .weights import weight_sqnr
+        from .weights import SchemeKind, weight_sqnr
 
         dims = laid_out_shape(shape, layout)
         row = [ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis), math.nan, note)]
@@ -156,19 +166,71 @@ class WeightFile:
 
         def make() -> QuantizedTensor | np.ndarray:
             self.read_ahead(position)  # the disk reads the next weights while this one is quantized
-            weight = self.finite(name, self.file.read(name).astype(np.float32, copy=False))
-            if layout is not None:
-                weight = np.ascontiguousarray(layout(weight))
-            try:
-                stored = scheme.quantize(weight, method, None, axis=axis)
-            except XnnquantError as exc:
-                raise XnnquantError(f"{where}: {exc}") from None
+            def quantize(weight: np.ndarray) -> Any:
+                try:
+                    return scheme.quantize(weight, method, None, axis=axis)
+                except XnnquantError as exc:
+                    raise XnnquantError(f"{where}: {exc}") from None
+
+            if layout is None and axis == 0 and len(shape) == 2 and scheme.kind is not SchemeKind.FP32:
+                stored, sqnr = by_rows(lambda lo, hi: self.rows(name, lo, hi), shape, quantize)  # codes by rows
+            else:
+                weight = self.finite(name, self.file.read(name).astype(np.float32, copy=False))
+                if layout is not None:
+                    weight = np.ascontiguousarray(layout(weight))
+                stored = quantize(weight)
+                sqnr = weight_sqnr(weight, stored)
             at = next(i for i, r in enumerate(rows) if r is row[0])
-            row[0] = rows[at] = ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis),
-                                          weight_sqnr(weight, stored), note)
+            row[0] = rows[at] = ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis), sqnr, note)
             return stored
 
         return Deferred(scheme.datatype, dims, make, where, group_size=scheme.group_size, channel_dim=axis)
+
+
+#: Float32 bytes of a streamed 2-D tensor read and quantized at a time (``by_rows``): a
+#: larger one (a 128k-token table or the output layer tied to it: 1 GB) goes by pieces of rows.
+PIECE_BYTES = 128 << 20
+
+
+def by_rows(read: Callable[[int, int], np.ndarray], shape: tuple[int, ...],
+            quantize: Callable[[np.ndarray], Any]) -> tuple[QuantizedTensor, float]:
+    """``quantize`` of the float32 rows ``read(0, rows)`` of a ``shape`` tensor and its
+    ``weight_sqnr``, made a piece of rows at a time: at most ``PIECE_BYTES`` of floats, in
+    whole pieces of ``weight_sqnr``'s sums.  The schemes given here (per output channel on
+    axis 0, or in groups along each row) make each row's codes and scales from that row
+    alone, so the codes, scales and figure are those of the whole tensor at once (a test
+    compares)::
+
+        rows 0 .. p-1     -> codes[0:p],  scale[0:p],  sums of weight_sqnr's pieces
+        rows p .. 2p-1    -> codes[p:2p], ...
+        ...                  one float piece in memory at a time; codes filled in place
+    """
+    from .weights import sqnr_of, sqnr_rows, sqnr_sums
+
+    rows, width = shape[0], int(np.prod(shape[1:]))
+    step = sqnr_rows(width)
+    piece = max(step, PIECE_BYTES // (4 * width) // step * step)
+    out: QuantizedTensor | None = None
+    codes = scale = np.empty(0)
+    sums = []
+    for lo in range(0, rows, piece):
+        hi = min(rows, lo + piece)
+        values = read(lo, hi)
+        part = quantize(values)
+        sums.append(sqnr_sums(values, part))
+        del values
+        if hi - lo == rows:
+            return part, sqnr_of(sums[0])
+        if out is None:  # the whole tensor's codes and scales, filled piece by piece
+            codes = np.empty((rows, *part.codes.shape[1:]), part.codes.dtype)
+            scale = np.empty((rows, *np.shape(part.scale)[1:]), np.float32)
+            out = part
+        if np.ndim(part.zero_point):
+            raise XnnquantError("by_rows takes schemes of zero point 0")  # pragma: no cover (symmetric schemes)
+        codes[lo:hi], scale[lo:hi] = part.codes, part.scale
+    assert out is not None
+    return (QuantizedTensor(out.datatype, codes, scale, 0, channel_dim=0, group_size=out.group_size, meta=out.meta),
+            sqnr_of(np.concatenate(sums)))
 
 
 def laid_out_shape(shape: tuple[int, ...], layout: Layout | None) -> tuple[int, ...]:

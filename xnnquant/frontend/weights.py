@@ -309,9 +309,21 @@ def weight_sqnr(weight: np.ndarray, q: QuantizedTensor | np.ndarray) -> float:
     """
     if not isinstance(q, QuantizedTensor):
         return float("inf") if np.array_equal(q, weight) else float(sqnr_db(weight, q))
+    return sqnr_of(sqnr_sums(weight, q))
+
+
+def sqnr_rows(width: int) -> int:
+    """Output channels of ``width`` values each that one of ``weight_sqnr``'s pieces takes."""
+    return max(1, SQNR_PIECE // max(1, width))
+
+
+def sqnr_sums(weight: np.ndarray, q: QuantizedTensor) -> np.ndarray:
+    """The (signal, noise) sums of squares of ``weight_sqnr``'s pieces, float64 ``(pieces, 2)``
+    in row order: the sums of rows ``a:b`` of a weight whose ``a`` is a multiple of
+    ``sqnr_rows`` are the rows of its sums from ``a // sqnr_rows``."""
     axis = q.channel_dim or 0
     rows = q.shape[axis]
-    step = max(1, SQNR_PIECE // max(1, q.codes.size // rows))
+    step = sqnr_rows(q.codes.size // rows)
     sums = np.zeros((-(-rows // step), 2), np.float64)  # (signal, noise) of each piece
 
     # per-channel (axis 0) and blockwise weights of zero point 0: a compiled pass
@@ -333,6 +345,11 @@ def weight_sqnr(weight: np.ndarray, q: QuantizedTensor | np.ndarray) -> float:
             sums[start // step] = np.dot(w, w), np.dot(d, d)
 
     for_ranges(pieces, rows, step)
+    return sums
+
+
+def sqnr_of(sums: np.ndarray) -> float:
+    """``weight_sqnr``'s figure from its pieces' sums (``sqnr_sums``)."""
     signal, noise = (float(x) for x in np.add.reduce(sums, axis=0))  # pairwise, in piece order
     if noise == 0:
         return float("inf")

@@ -36,6 +36,7 @@ import torch
 from ...tensor import QuantizedTensor
 from ..program import AtenProgram
 from ..report import ReportRow
+from ..streaming import by_rows, is_meta
 from ..weights import EmbeddingScheme, weight_sqnr
 from . import rewrite
 
@@ -122,9 +123,17 @@ def _table(program: AtenProgram, node: Any, scheme: EmbeddingScheme, options: An
     if getattr(options, "dry_run", False):
         return QuantizedEmbedding(scheme, table.name, (rows, dim), None,
                                   ReportRow(path, (rows, dim), str(scheme), nbytes, math.nan))
-    values = program.array(table.name, f"the table of {where}")
-    quantized = scheme.quantize(values, getattr(options, "method", "mse"))
-    row = ReportRow(path, (rows, dim), str(scheme), nbytes, weight_sqnr(values, quantized))
+    method = getattr(options, "method", "mse")
+    file, name = program.weight_file, program.stored.get(table.name, "")
+    if is_meta(program.constants[table.name]) and file is not None and name in file.file.tensors:
+        # a streaming export's table, read and quantized by pieces of rows (a 128k-token table is 1 GB of floats)
+        file.check(name, shape, f"the table of {where}")
+        quantized, sqnr = by_rows(lambda lo, hi: file.rows(name, lo, hi), shape, lambda t: scheme.quantize(t, method))
+    else:
+        values = program.array(table.name, f"the table of {where}")
+        quantized = scheme.quantize(values, method)
+        sqnr = weight_sqnr(values, quantized)
+    row = ReportRow(path, (rows, dim), str(scheme), nbytes, sqnr)
     return QuantizedEmbedding(scheme, table.name, (rows, dim), quantized, row)
 
 
