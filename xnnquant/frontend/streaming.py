@@ -209,11 +209,11 @@ def by_rows(read: Callable[[int, int], np.ndarray], shape: tuple[int, ...],
 
     rows, width = shape[0], int(np.prod(shape[1:]))
     step = sqnr_rows(width)
-    piece = max(step, PIECE_BYTES // (4 * width) // step * step)
+    piece = max(step, PIECE_BYTES // (4 * max(1, width)) // step * step)
     out: QuantizedTensor | None = None
     codes = scale = np.empty(0)
     sums = []
-    for lo in range(0, rows, piece):
+    for lo in range(0, max(rows, 1), piece):  # an empty tensor: one piece of no rows
         hi = min(rows, lo + piece)
         values = read(lo, hi)
         part = quantize(values)
