@@ -467,3 +467,13 @@ def test_a_table_and_tied_layer_streamed_by_pieces_give_the_in_memory_bytes(tmp_
     assert streamed.save(tmp_path / "streamed.pte").read_bytes() == in_memory.to_pte()
     assert [(r.path, r.nbytes, r.sqnr_db) for r in streamed.report] == \
         [(r.path, r.nbytes, r.sqnr_db) for r in in_memory.report]
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (4, 0)])
+def test_quantizing_an_empty_tensor_by_rows_is_the_schemes_error(shape: tuple[int, int]) -> None:
+    from xnnquant.frontend import streaming, weights
+
+    scheme = weights.WeightScheme.parse("qc8w")
+    empty = np.zeros(shape, np.float32)
+    with pytest.raises(xq.XnnquantError, match=r"w is empty: got shape \(\d, \d\)"):
+        streaming.by_rows(lambda lo, hi: empty[lo:hi], shape, lambda w: scheme.quantize(w, "minmax"))
