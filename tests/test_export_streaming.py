@@ -178,10 +178,8 @@ class TokenModel(torch.nn.Module):
         return self.down(torch.relu(self.up(self.norm(self.tokens(ids)))))
 
 
-@pytest.mark.parametrize("embeddings", [None, "int8"])
-def test_a_mixed_program_streams_its_table_from_the_file(tmp_path: Path, embeddings: str | None) -> None:
-    """A program with token ids: the embedding table the portable kernels read (as float32, or
-    int8 codes and scales) is read from the weight file; the same bytes as the in-memory export."""
+def _token_model(tmp_path: Path) -> tuple[TokenModel, TokenModel, Path, torch.Tensor]:
+    """The seeded token model, its tensors in a file, its twin on meta, and token ids."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
@@ -190,7 +188,14 @@ def test_a_mixed_program_streams_its_table_from_the_file(tmp_path: Path, embeddi
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path))
     with torch.device("meta"):
         meta = TokenModel().eval()
-    ids = torch.tensor([[3, 200, 17, 42, 9]])
+    return module, meta, path, torch.tensor([[3, 200, 17, 42, 9]])
+
+
+@pytest.mark.parametrize("embeddings", [None, "int8"])
+def test_a_mixed_program_streams_its_table_from_the_file(tmp_path: Path, embeddings: str | None) -> None:
+    """A program with token ids: the embedding table the portable kernels read (as float32, or
+    int8 codes and scales) is read from the weight file; the same bytes as the in-memory export."""
+    module, meta, path, ids = _token_model(tmp_path)
     in_memory = xq.export(module, (ids,), weights="qb4w:32", embeddings=embeddings, progress=False)
     streamed = xq.export(meta, (ids,), weights="qb4w:32", embeddings=embeddings, state_dict=path, progress=False)
     assert streamed.mixed and streamed.self_check.startswith("skipped")
@@ -392,6 +397,7 @@ def test_a_bad_index_is_refused_naming_what_is_wrong(tmp_path: Path) -> None:
         "missing file": ({**content, "weight_map": {**content["weight_map"], q: "gone.safetensors"}},
                          r"cannot open safetensors file .*gone\.safetensors"),
         "no map": ({"metadata": {}}, r"expected a 'weight_map' of tensor name -> safetensors file name, got NoneType"),
+        "empty map": ({"weight_map": {}}, r"safetensors file name, got an empty one"),
     }
     for label, (bad, message) in cases.items():
         path = tmp_path / f"{label.replace(' ', '_')}.index.json"
@@ -449,19 +455,11 @@ def test_a_table_and_tied_layer_streamed_by_pieces_give_the_in_memory_bytes(tmp_
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The token model's int8 table and linears read by pieces of 16 rows: the .pte and the report
     (SQNR to the last bit) of the in-memory export."""
-    from safetensors.torch import save_file
-
     from xnnquant.frontend import streaming, weights
 
     monkeypatch.setattr(weights, "SQNR_PIECE", 64 * 4)
     monkeypatch.setattr(streaming, "PIECE_BYTES", 4 * 64 * 16)
-    torch.manual_seed(0)
-    module = TokenModel().eval()
-    path = tmp_path / "tokens.safetensors"
-    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path))
-    with torch.device("meta"):
-        meta = TokenModel().eval()
-    ids = torch.tensor([[3, 200, 17, 42, 9]])
+    module, meta, path, ids = _token_model(tmp_path)
     in_memory = xq.export(module, (ids,), weights="qb4w:32", embeddings="int8", progress=False)
     streamed = xq.export(meta, (ids,), weights="qb4w:32", embeddings="int8", state_dict=path, progress=False)
     assert streamed.save(tmp_path / "streamed.pte").read_bytes() == in_memory.to_pte()
@@ -477,3 +475,31 @@ def test_quantizing_an_empty_tensor_by_rows_is_the_schemes_error(shape: tuple[in
     empty = np.zeros(shape, np.float32)
     with pytest.raises(xq.XnnquantError, match=r"w is empty: got shape \(\d, \d\)"):
         streaming.by_rows(lambda lo, hi: empty[lo:hi], shape, lambda w: scheme.quantize(w, "minmax"))
+
+
+@pytest.mark.parametrize(("stored", "message"), [
+    (np.zeros((63, 64), np.float32), r"tensor 'model\.transformer\.wpe\.weight' has shape \(63, 64\), but the "
+                                     r"module's 'model\.transformer\.wpe\.weight' \(torch\.float32\) has shape "
+                                     r"\(64, 64\)"),
+    (np.zeros((64, 64), np.int32), r"tensor 'model\.transformer\.wpe\.weight' is I32, but the module's .* needs a "
+                                   r"floating-point tensor"),
+])
+def test_a_table_read_for_a_fold_is_checked_against_the_module(tmp_path: Path, stored: np.ndarray,
+                                                                message: str) -> None:
+    """GPT-2's position table, read to be looked up at the example's positions, stored with
+    another shape or as integers: refused by the file's checks, naming it (on the old code the
+    refusal named only a folded value on meta), nothing written."""
+    pytest.importorskip("transformers")
+    import hf_models
+    from safetensors.numpy import save_file
+
+    module, example = hf_models.gpt2()
+    tensors = {k: v.contiguous().numpy() for k, v in module.state_dict().items()}
+    tensors["model.transformer.wpe.weight"] = stored
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    with torch.device("meta"):
+        meta, _ = hf_models.gpt2()
+    with pytest.raises(xq.XnnquantError, match=message):
+        xq.export(meta, example, weights="qb4w:32", state_dict=path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

@@ -93,9 +93,7 @@ class SafetensorsFile:
     def info(self, name: str) -> TensorInfo:
         """The tensor ``name``; a missing one is an error listing a few that exist."""
         if name not in self.tensors:
-            near = ", ".join(sorted(self.tensors)[:5])
-            raise XnnquantError(f"{self.path}: no tensor {name!r} in the file ({len(self.tensors)} tensors: "
-                                f"{near}, ...)")
+            raise _no_tensor(self.path, name, self.tensors, "file")
         return self.tensors[name]
 
     def read(self, name: str) -> np.ndarray:
@@ -189,8 +187,10 @@ class ShardedSafetensors:
                                 "'weight_map' of tensor name -> safetensors file") from None
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            got = "an empty one" if weight_map == {} else type(weight_map).__name__ if not isinstance(
+                weight_map, dict) else "names that are not strings"
             raise XnnquantError(f"{self.path}: expected a 'weight_map' of tensor name -> safetensors file name, "
-                                f"got {type(weight_map).__name__}")
+                                f"got {got}")
         self.shards = {file: SafetensorsFile(self.path.parent / file) for file in sorted(set(weight_map.values()))}
         self._shard_of: dict[str, SafetensorsFile] = {}
         self.tensors: dict[str, TensorInfo] = {}
@@ -205,9 +205,7 @@ class ShardedSafetensors:
 
     def _shard(self, name: str) -> SafetensorsFile:
         if name not in self._shard_of:
-            near = ", ".join(sorted(self.tensors)[:5])
-            raise XnnquantError(f"{self.path}: no tensor {name!r} in the checkpoint ({len(self.tensors)} tensors: "
-                                f"{near}, ...)")
+            raise _no_tensor(self.path, name, self.tensors, "checkpoint")
         return self._shard_of[name]
 
     def info(self, name: str) -> TensorInfo:
@@ -221,6 +219,12 @@ class ShardedSafetensors:
 
     def nbytes(self, name: str) -> int:
         return self._shard(name).nbytes(name)
+
+
+def _no_tensor(path: Path, name: str, tensors: dict[str, TensorInfo], what: str) -> XnnquantError:
+    """The error for a tensor ``name`` that the ``what`` at ``path`` lacks, listing a few it has."""
+    near = ", ".join(sorted(tensors)[:5])
+    return XnnquantError(f"{path}: no tensor {name!r} in the {what} ({len(tensors)} tensors: {near}, ...)")
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedSafetensors:

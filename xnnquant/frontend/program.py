@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import UnsupportedConfigError, XnnquantError
-from .streaming import FLOAT_DTYPES, WeightFile, absent_buffer, meta_tensor_refusal
+from .streaming import WeightFile, absent_buffer, meta_tensor_refusal
 
 
 class Size(NamedTuple):
@@ -210,20 +210,23 @@ class AtenProgram:
 
     def stored_tensor(self, placeholder: str) -> Any:
         """The values of a streaming export's meta constant ``placeholder``, read from the
-        weight file as the module's dtype (a float tensor read as float32, checked finite);
-        None when the file does not hold it, or holds it with another shape or kind of dtype."""
+        weight file as the module's dtype (a float tensor read as float32, checked finite), or
+        None when the file does not hold it.  A tensor the file holds with another shape, or a
+        float one stored as integers or the other way round, is refused by ``WeightFile``'s
+        checks, naming the tensor."""
         import torch
 
         tensor, name = self.constants[placeholder], self.stored.get(placeholder)
         file = self.weight_file
         if file is None or name is None or name not in file.file.tensors:
             return None
-        info = file.file.info(name)
         shape = tuple(int(d) for d in tensor.shape)
-        if info.shape != shape or tensor.dtype.is_floating_point != (info.dtype in FLOAT_DTYPES):
-            return None
-        what = f"{placeholder!r} ({name!r})"
-        values = file.array(name, shape, what) if tensor.dtype.is_floating_point else np.array(file.file.read(name))
+        what = f"the module's {self.origins.get(placeholder, placeholder)!r} ({tensor.dtype})"
+        if tensor.dtype.is_floating_point:
+            values = file.array(name, shape, what)
+        else:
+            info = file.check(name, shape, what, floating=False)
+            values = np.array(file.file.read(info.name))
         return torch.from_numpy(np.ascontiguousarray(values)).to(tensor.dtype)
 
     def array(self, placeholder: str, what: str) -> np.ndarray:

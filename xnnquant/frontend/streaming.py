@@ -115,14 +115,15 @@ class WeightFile:
     def path(self) -> str:
         return str(self.file.path)
 
-    def check(self, name: str, shape: tuple[int, ...], what: str) -> TensorInfo:
-        """The file's tensor ``name`` after checking that it fits ``what`` (of ``shape``)."""
+    def check(self, name: str, shape: tuple[int, ...], what: str, floating: bool = True) -> TensorInfo:
+        """The file's tensor ``name`` after checking that it fits ``what`` (of ``shape``, a
+        floating-point tensor, or an integer or bool one when not ``floating``)."""
         info = self.file.info(name)
         if info.shape != shape:
             raise XnnquantError(f"{self.path}: tensor {name!r} has shape {info.shape}, but {what} has shape {shape}")
-        if info.dtype not in FLOAT_DTYPES:
-            raise XnnquantError(f"{self.path}: tensor {name!r} is {info.dtype}, but {what} needs a floating-point "
-                                f"tensor ({', '.join(FLOAT_DTYPES)})")
+        if (info.dtype in FLOAT_DTYPES) != floating:
+            kinds = f"a floating-point tensor ({', '.join(FLOAT_DTYPES)})" if floating else "an integer or bool tensor"
+            raise XnnquantError(f"{self.path}: tensor {name!r} is {info.dtype}, but {what} needs {kinds}")
         return info
 
     def array(self, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -256,8 +257,9 @@ def absent_buffer(name: str, file: WeightFile) -> str:
     """What to do about the module's meta tensor ``name`` that ``file`` does not hold."""
     return (f"{name!r} is on the meta device and {file.path!r} does not hold it (a buffer the module computes "
             "when it is built, such as a rotary embedding's inv_freq, is not saved with the weights); expected "
-            "it to hold data: build the submodule that owns it outside torch.device('meta') (a streaming export "
-            "takes the values of buffers that hold data from the module)")
+            "it to hold data: build the submodule that owns it outside torch.device('meta'), or, when that "
+            "submodule has parameters, give the buffer its values (owner.register_buffer(name, values, "
+            "persistent=False)); a streaming export takes the values of buffers that hold data from the module")
 
 
 def is_meta(x: Any) -> bool:
