@@ -14,10 +14,11 @@ excluded from the statistics in both:
 
 The two run interleaved, ``--repeat`` rounds (default 3), after a warm-up of each (torch's
 and numba's first calls); the medians are compared.  Then one more export under cProfile
-says where its time goes: tracing the module at the batches' shapes (``batches.fx_traced``'s
-quick traces, else torch.export's), the torch ops of the
-program, the Gram matrices (``Calibration.add``), GPTQ (with its inverse Cholesky and
-re-fit), the self-check.
+says where its time goes: the batches run through the module itself (``frontend/eager.py``:
+the time the calling thread waits for them at each layer) or, where it cannot stand in for
+the program, tracing the module at the batches' shapes (``batches.fx_traced``'s quick
+traces, else torch.export's) and the torch ops of the program; the Gram matrices
+(``Calibration.add``), GPTQ (with its inverse Cholesky and re-fit), the self-check.
 
 Run: ``python benchmarks/sequential_export.py [--repeat N]``.
 """
@@ -46,6 +47,7 @@ def load_note() -> str:
 
 #: (label, substring of cProfile's function line) of the parts of an export
 PARTS = (
+    ("the module's run, waited for at each layer", "eager.py", "(_arrivals)"),
     ("trace the module at the batches' shapes", "batches.py", "(programs_for)"),
     ("  of which quick traces (make_fx)", "batches.py", "(fx_traced)"),
     ("torch ops of the program (both batches)", "evaluation.py", "(_compute)"),

@@ -22,6 +22,7 @@ import pytest
 
 import xnnquant as xq
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
+from xnnquant.frontend import eager
 from xnnquant.frontend.calibration import Rows, layer_rows
 
 torch = pytest.importorskip("torch")
@@ -314,11 +315,17 @@ def _encoder_batches(lengths: list[int], seed: int = 4) -> list[tuple[Any, Any]]
     return out
 
 
-@pytest.mark.parametrize("lengths", [[10, 7], [5, 6, 7, 9]], ids=["static traces", "one dynamic trace"])
-def test_batches_of_other_shapes_than_the_example(lengths: list[int]) -> None:
-    """Batches of other sequence lengths (and batch size) than the example run on the module
-    traced at their shapes: one static trace per shape, or, past ``STATIC_SHAPES`` shapes, one
-    with the length dynamic.  Padding rows are left out with ``calibration_mask=1``."""
+@pytest.mark.parametrize("run", ["module", "traces"])
+@pytest.mark.parametrize("lengths", [[10, 7], [5, 6, 7, 9]], ids=["two shapes", "four shapes"])
+def test_batches_of_other_shapes_than_the_example(monkeypatch: pytest.MonkeyPatch, lengths: list[int],
+                                                  run: str) -> None:
+    """Batches of other sequence lengths (and batch size) than the example run through the
+    module itself (its layers are ``nn.Linear`` calls: ``frontend/eager.py``) or, with that
+    switched off, on the module traced at their shapes: one static trace per shape, or, past
+    ``STATIC_SHAPES`` shapes, one with the length dynamic.  Padding rows are left out with
+    ``calibration_mask=1``."""
+    if run == "traces":
+        monkeypatch.setattr(eager, "statistics", lambda *args: None)
     torch.manual_seed(0)
     module = Encoder().eval()
     example = (torch.randn(1, 8, 64), torch.ones(1, 8))
@@ -367,6 +374,7 @@ def test_calibration_traces_are_decomposed_as_the_export(monkeypatch: pytest.Mon
         return original(self, decomp_table, **kwargs)
 
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    monkeypatch.setattr(eager, "statistics", lambda *args: None)  # traced, not run through the module
     torch.manual_seed(0)
     module = Normalized().eval()
     example = (torch.randn(1, 8, 64), torch.ones(1, 8))

@@ -7,7 +7,9 @@ shapes, ``batches.fx_traced`` traces it with ``make_fx`` at about half torch.exp
 The oracle is torch.export itself: the quick program must be torch.export's program at that
 shape, node for node, every argument equal, sizes included, and every constant equal.  Where
 the two tracers could differ (a trace unlike the example's), the quick one is refused and
-torch.export traces the batch; the exported bytes are the same either way.
+torch.export traces the batch; the exported bytes are the same either way.  A module whose
+calibrated layers are all ``nn.Linear`` calls runs the batches itself instead
+(``frontend/eager.py``, ``test_calibration_eager.py``): here that is switched off.
 """
 
 from __future__ import annotations
@@ -17,12 +19,18 @@ from typing import Any
 import pytest
 
 import xnnquant as xq
-from xnnquant.frontend import batches
+from xnnquant.frontend import batches, eager
 from xnnquant.frontend.batches import CalibrationData, fx_traced
 from xnnquant.frontend.passes import BEFORE_CALIBRATION, run_passes
 from xnnquant.frontend.program import AtenProgram
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _traced_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of other shapes run on traced programs, never through the module itself."""
+    monkeypatch.setattr(eager, "statistics", lambda *args: None)
 
 
 def _reference(module: Any, example: tuple[Any, ...]) -> tuple[Any, AtenProgram]:

@@ -13,8 +13,10 @@ Stages, each timed in ``Exported.timings`` (seconds):
 ``calibrate``   running the program (after the passes before calibration) on the
                 ``calibration`` batches, node by node (when given); for an
                 activation-aware method, quantizing each layer on the way
-                (``calibration.statistics``); includes tracing the module again
-                when the batches' shapes differ from the example's
+                (``calibration.statistics``); when the batches' shapes differ
+                from the example's, the module runs them itself where it can
+                stand in for the program (``eager.statistics``), else it is
+                traced again at their shapes
                 (``batches.CalibrationData.programs_for``)
 ``lower``       lowering node by node, quantizing each weight on the way
 ``calibrate``   static int8 only: the float graph run on the real XNNPACK on the
@@ -287,13 +289,19 @@ def _statistics(module: Any, program: Any, decompositions: tuple[dict[Any, Any],
                 timings: dict[str, float], exported: Any = None) -> Any:
     """Calibration statistics of the layers (None without ``calibration=``), from the batches
     run through ``program`` (after the passes before calibration) or, when their shapes
-    differ from the example's, through the module traced on them and decomposed as
-    ``program`` was (``decompositions``)."""
+    differ from the example's, through the module itself (``eager.statistics``: the same
+    statistics, without tracing) or, where it cannot stand in for the program, through the
+    module traced on them and decomposed as ``program`` was (``decompositions``)."""
     if options.calibration is None or options.static_int8 is not None:
         return None  # static int8 calibrates the lowered graph itself (static_int8.calibrate)
+    from . import eager
     from .calibration import statistics
 
     with stage("calibrate", timings):
+        if not options.calibration.fits(program):  # the module would be traced again: run it instead
+            found = eager.statistics(module, program, options.calibration, options.policy, options.method)
+            if found is not None:
+                return found
         programs = options.calibration.programs_for(module, program, decompositions, exported)
         return statistics(programs, options.calibration, options.policy, options.method)
 

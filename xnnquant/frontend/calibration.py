@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -71,7 +71,7 @@ from ..schemes.calibration import Calibration
 from ..schemes.checks import ACTIVATION_AWARE_METHODS
 from ..tensor import QuantizedTensor
 from .batches import CalibrationData
-from .evaluation import BatchRun, evaluate
+from .evaluation import evaluate
 from .program import AtenProgram
 from .weights import Layer, LayerKind, WeightPolicy, WeightScheme
 
@@ -287,8 +287,18 @@ def _lead_shape(x: Any, rows: Rows) -> tuple[int, ...]:
     return n, (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
 
 
-class _Calibrating:
-    """The state of one ``statistics`` run (module docstring)."""
+class LayerInputs(Protocol):
+    """What the calibration reads of a run of the batches: a node's value in every batch, and
+    its shapes (None when not known; a ``BatchRun`` knows them after the node's values are freed)."""
+
+    def values(self, node: Any) -> list[Any]: ...
+
+    def shapes(self, node: Any) -> list[tuple[int, ...]] | None: ...
+
+
+class Calibrating:
+    """The state of one sequential calibration (module docstring): run by ``statistics`` over
+    the program's run, or by ``eager.statistics`` over the module's."""
 
     def __init__(self, program: AtenProgram, data: CalibrationData, policy: WeightPolicy | None,
                  method: str) -> None:
@@ -306,7 +316,7 @@ class _Calibrating:
             if len(names) > 1:
                 self.stats.renamed.update({name: f"{path} [{name}]" for name in names})
 
-    def before(self, node: Any, run: BatchRun) -> dict[Any, Any] | None:
+    def before(self, node: Any, run: LayerInputs) -> dict[Any, Any] | None:
         use = layer_use(self.program, node)
         if use is None:
             return None
@@ -317,13 +327,13 @@ class _Calibrating:
             if use.rows.kind == "last":
                 self._absmax(use, path, run)
             return None
-        scheme = self._scheme(use)
+        scheme = self.scheme(use)
         if scheme is None:
             return None  # the lowering stores it as it is, refuses it, or says why it has no statistics
-        self._quantize_readers(use, scheme, run)
+        self.quantize_readers(use, scheme, run)
         return {use.weight: self.swapped[use.weight]}
 
-    def _scheme(self, use: LayerUse) -> WeightScheme | None:
+    def scheme(self, use: LayerUse) -> WeightScheme | None:
         """The quantized scheme ``use``'s filter takes, or None (fp32, refused, not calibrated)."""
         assert self.policy is not None
         choice = self.policy.choose(use.layer)
@@ -331,7 +341,7 @@ class _Calibrating:
             return None
         return choice.scheme
 
-    def _quantize_readers(self, use: LayerUse, scheme: WeightScheme, run: BatchRun) -> None:
+    def quantize_readers(self, use: LayerUse, scheme: WeightScheme, run: LayerInputs) -> None:
         """Quantize ``use`` with every other layer that reads the same input the same way and
         takes the same scheme (query, key and value), not yet quantized: their filters' rows
         stacked into one matrix, quantized at once (one factorization of the shared Gram, one
@@ -343,7 +353,7 @@ class _Calibrating:
         for user in use.input.users:
             other = layer_use(self.program, user)
             if other is not None and other.rows == use.rows and other.weight not in self.swapped \
-                    and all(other.weight is not r.weight for r in readers) and self._scheme(other) == scheme:
+                    and all(other.weight is not r.weight for r in readers) and self.scheme(other) == scheme:
                 readers.append(other)
         paths = [self.stats.key(r.weight.name, self.program.layer_path(r.weight.name, r.node)) for r in readers]
         calibration = self._gram(use, paths[0], run)
@@ -362,7 +372,7 @@ class _Calibrating:
             self.stats.quantized[path] = part
             self.swapped[reader.weight] = torch.from_numpy(reader.unstored(part.dequantize()))
 
-    def _mask(self, b: int, x: Any, use: LayerUse, path: str, run: BatchRun) -> Any:
+    def _mask(self, b: int, x: Any, use: LayerUse, path: str, run: LayerInputs) -> Any:
         """Batch ``b``'s mask (numpy bool, the rows' leading shape), or None.  A linear whose
         input is its rows flattened (GPT-2's ``x.view(-1, K)`` of ``(batch, tokens, K)``) takes
         the mask flattened alike: the view keeps the rows in their order."""
@@ -387,7 +397,7 @@ class _Calibrating:
                 "of every calibrated layer")
         return mask.numpy()
 
-    def _absmax(self, use: LayerUse, path: str, run: BatchRun) -> None:
+    def _absmax(self, use: LayerUse, path: str, run: LayerInputs) -> None:
         import torch
 
         top = self.stats.absmax.get(path)
@@ -406,7 +416,7 @@ class _Calibrating:
         if top is not None:
             self.stats.absmax[path] = top
 
-    def _gram(self, use: LayerUse, path: str, run: BatchRun) -> Calibration:
+    def _gram(self, use: LayerUse, path: str, run: LayerInputs) -> Calibration:
         """The ``Calibration`` of ``use``'s input over every batch (shared by its readers)."""
         key = (use.input, use.rows)
         if key in self.shared:
@@ -436,7 +446,7 @@ def statistics(programs: tuple[AtenProgram, ...], data: CalibrationData, policy:
     ``batches.CalibrationData.programs_for``) and gather ``LayerStatistics`` (module
     docstring): sequentially calibrated and quantized layers for an activation-aware
     ``method`` (with the export's ``policy``), else the linears' input maxima."""
-    state = _Calibrating(programs[0], data, policy, method)
+    state = Calibrating(programs[0], data, policy, method)
     evaluate(programs[0], data.batches, before=state.before, programs=programs)
     return state.stats
 
