@@ -252,3 +252,30 @@ def test_unusable_inputs_get_the_programs_error_and_leave_the_module_as_it_was(m
     with pytest.raises(XnnquantError) as theirs:
         _export(module, data)
     assert str(theirs.value) == str(ours.value)
+
+
+def test_a_transformers_llama_calibrates_as_its_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' Llama (padding masks, rotary positions) runs the batches itself: the traced
+    path's .pte bytes (BERT, RoBERTa, DistilBERT, Qwen2 and T5 too: README)."""
+    pytest.importorskip("transformers")
+    import hf_models
+
+    module, example = hf_models.ARCHITECTURES["llama"]("eager")
+    data, masks = [], []
+    for i, length in enumerate((9, 14)):
+        ids = torch.randint(2, 128, (3, length), generator=torch.Generator().manual_seed(i))
+        mask = torch.ones_like(ids)
+        mask[0, -2:] = 0
+        data.append((ids, mask) if len(example) == 2 else (ids,))
+        masks.append(mask.bool())
+
+    def export() -> bytes:
+        return xq.export(module, example, weights="qb4w:32", method="gptq", calibration=data,
+                         calibration_mask=masks, progress=False, check=False).to_pte()
+
+    spy = _Spy(monkeypatch)
+    ours = export()
+    assert spy.results[0] is not None and spy.traces == 0
+    monkeypatch.undo()
+    _Spy(monkeypatch, off=True)
+    assert export() == ours

@@ -24,6 +24,14 @@ batch runs through the module once, as the program's run computes each node once
 statistics are the program's run's (same keys, same quantization; the inputs are the
 module's eager values, which torch computes with the kernels the program's ATen ops call).
 
+The batches' forwards run side by side and take turns at those layers, so a module that
+keeps Python state from one layer to a later one within a forward (an attribute, not a
+tensor the program reads) would see another batch's there; its layers would then be
+calibrated on other inputs than its program computes, never lowered otherwise.  Buffers are
+not such state: ``AtenProgram.of`` refuses a module that updates them.  The six
+architectures of ``tests/hf_models.py`` that take this path (BERT, RoBERTa, DistilBERT,
+Llama, Qwen2, T5) give the traced path's bytes.
+
 The module must meet the layers in the program's order, each once, in every batch (the
 program is a trace of this forward at the example's shapes: a branch on a shape can take
 another way at a batch's shapes).  When a batch does not, or its forward raises, or a mask
