@@ -279,3 +279,22 @@ def test_a_transformers_llama_calibrates_as_its_program(monkeypatch: pytest.Monk
     monkeypatch.undo()
     _Spy(monkeypatch, off=True)
     assert export() == ours
+
+
+def test_a_callers_thread_local_mode_keeps_the_programs_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch function mode is thread-local: batch threads would run without it, so the
+    program's run calibrates, under it (here a mode that counts calls and changes nothing)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counting(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    spy = _Spy(monkeypatch)
+    with Counting():
+        _export(Block().eval(), _batches([10, 7]), check=False)
+    assert spy.results == [None] and spy.traces == 2 and Counting.calls > 0

@@ -32,6 +32,9 @@ not such state: ``AtenProgram.of`` refuses a module that updates them.  The six
 architectures of ``tests/hf_models.py`` that take this path (BERT, RoBERTa, DistilBERT,
 Llama, Qwen2, T5) give the traced path's bytes.
 
+The batch threads do not inherit the caller's thread-local state: under autocast or a
+torch function or dispatch mode, the program's run calibrates instead.
+
 The module must meet the layers in the program's order, each once, in every batch (the
 program is a trace of this forward at the example's shapes: a branch on a shape can take
 another way at a batch's shapes).  When a batch does not, or its forward raises, or a mask
@@ -81,7 +84,8 @@ def statistics(module: Any, program: AtenProgram, data: CalibrationData, policy:
     calibration) with ``data``'s batches run through ``module`` (module docstring), or None
     when the module cannot stand in for the program."""
     state = Calibrating(program, data, policy, method)
-    steps = _plan(module, program, state) if state.aware and 1 <= len(data) <= MAX_BATCHES else None
+    plain = state.aware and 1 <= len(data) <= MAX_BATCHES and not _caller_modes()
+    steps = _plan(module, program, state) if plain else None
     if not steps:
         return None
     meeting = _Meeting(module, steps, data, state)
@@ -90,6 +94,15 @@ def statistics(module: Any, program: AtenProgram, data: CalibrationData, policy:
     except _Refused:
         return None
     return state.stats
+
+
+def _caller_modes() -> bool:
+    """True when the calling thread computes under a state its batch threads would not
+    inherit (it is thread-local): autocast, a torch function or dispatch mode."""
+    import torch
+
+    return bool(torch.is_autocast_enabled("cpu") or torch._C._len_torch_function_stack()
+                or torch._C._len_torch_dispatch_stack())
 
 
 def _plan(module: Any, program: AtenProgram, state: Calibrating) -> list[_Step] | None:
