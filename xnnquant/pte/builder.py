@@ -199,6 +199,27 @@ class MethodBuilder:
             constant = self.program.constant(stored.tobytes())
         return self.value(Tensor(st, sizes, order, dynamism, constant, planned and constant == 0))
 
+    def state(self, data: np.ndarray, *, dtype: ScalarType | np.dtype | type | str | None = None,
+              dim_order: Sequence[int] | None = None) -> int:
+        """A tensor of method state: planned memory holding ``data`` (its initial values, any
+        array; the element type ``dtype``, else ``data``'s) when the method is loaded, and
+        whatever the method's instructions last wrote into it from one call to the next.  A
+        fresh load of the method starts from ``data`` again.  Its memory is never shared.
+
+        The initial values are stored once per program for equal bytes (the mutable data
+        segment, ``writer.SegmentLayout``)."""
+        array = np.asarray(data)
+        st = scalar_type(array.dtype if dtype is None else dtype)
+        sizes = tuple(int(d) for d in array.shape)
+        order = tuple(range(len(sizes))) if dim_order is None else tuple(int(d) for d in dim_order)
+        if sorted(order) != list(range(len(sizes))):
+            raise XnnquantError(f"dim_order must be a permutation of the {len(sizes)} dims: got {order}")
+        stored = np.array(array.transpose(order), dtype=NUMPY_DTYPES[st], order="C")
+        if not np.array_equal(stored.astype(array.dtype), array.transpose(order), equal_nan=array.dtype.kind in "fc"):
+            raise XnnquantError(f"state data of dtype {array.dtype} does not cast exactly to {st.name}")
+        index = self.program.mutable_data(stored.tobytes())
+        return self.value(Tensor(st, sizes, order, ShapeDynamism.STATIC, 0, True, index))
+
     # ------------------------------------------------------------------ signature
 
     def input(self, value: int) -> int:
@@ -260,6 +281,9 @@ class ProgramBuilder:
         #: constant tensor data by constant index; index 0 is the empty placeholder that
         #: non-constant tensors point at
         self.constants: list[bytes] = [b""]
+        #: initial values of method state (``MethodBuilder.state``) by index, each distinct
+        #: once; index 0 is the empty placeholder that tensors without state point at
+        self.mutable: list[bytes] = [b""]
         self.named_data: dict[str, Payload] = {}
 
     def method(self, name: str = "forward") -> MethodBuilder:
@@ -273,6 +297,15 @@ class ProgramBuilder:
         """Index of a new constant holding ``data`` (a tensor's bytes in memory order)."""
         self.constants.append(bytes(data))
         return len(self.constants) - 1
+
+    def mutable_data(self, data: bytes) -> int:
+        """Index of the initial values ``data`` of a state tensor (equal bytes: one index)."""
+        data = bytes(data)
+        for index, held in enumerate(self.mutable):
+            if index and len(held) == len(data) and held == data:
+                return index
+        self.mutable.append(data)
+        return len(self.mutable) - 1
 
     def add_named_data(self, key: str, data: BytesLike | Chunked) -> None:
         """A blob found by ``key`` (XNNPACK delegates name their constants so), bytes or

@@ -22,7 +22,8 @@ default (``greedy`` of exir/memory_planning.py), on lifetimes counted in instruc
                       delegate; ``non_const_buffer_sizes = [0, arena 1]`` (entry 0:
                       constants, unused), [0, 0] when nothing is planned
 
-A planned tensor no instruction, input or output names is live for the whole method.
+A planned tensor no instruction, input or output names is live for the whole method, and
+so is method state (``Tensor.state``): its values must survive from one call to the next.
 Inputs and outputs are planned (the runtime copies inputs into their planned memory).
 """
 
@@ -93,6 +94,10 @@ def lifetimes(method: MethodBuilder) -> dict[int, tuple[int, int]]:
         touch(index, end)
     for index in sorted(planned - spans.keys()):
         spans[index] = [0, end]
+    for index in planned:  # state outlives every call: it shares its bytes with nothing
+        value = values[index]
+        if isinstance(value, Tensor) and value.state:
+            spans[index] = [0, end]
     return {index: (span[0], span[1]) for index, span in spans.items()}
 
 

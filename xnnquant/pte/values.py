@@ -142,7 +142,9 @@ class Tensor:
     channels-last).  ``constant``: index into the program's constant segment (0: not a
     constant).  ``planned``: the memory planner gives it a place in arena 1 (a constant
     or an unplanned tensor has none; the caller then supplies an unplanned input's
-    memory).
+    memory).  ``state``: index into the program's mutable data (0: none): the tensor is
+    method state, planned memory that the runtime fills with that data when it loads the
+    method and that keeps its values from one call of the method to the next.
     """
 
     scalar_type: ScalarType
@@ -151,6 +153,7 @@ class Tensor:
     dynamism: ShapeDynamism = ShapeDynamism.STATIC
     constant: int = 0
     planned: bool = True
+    state: int = 0
 
     @property
     def nbytes(self) -> int:

@@ -11,12 +11,16 @@ What goes where::
 
     Program        version 0 (omitted), execution_plan (one per method), constant_buffer [],
                    backend_delegate_data [], segments, constant_segment (segment 0),
+                   mutable_data_segments (with state: [segment 1]; else absent),
                    named_data (absent without named data)
     ExecutionPlan  name, container_meta_type (pytree.py), values, inputs, outputs,
                    chains [one chain: inputs [], outputs [], instructions],
                    operators, delegates (payloads in segments), non_const_buffer_sizes
     segments       0: the constant segment (always; empty without constants), then
-                   each distinct delegate payload, then each distinct named-data blob
+                   with state the mutable data segment (initial values of method state,
+                   ``Tensor.data_buffer_idx`` indexing its offsets for a tensor that also
+                   has an ``allocation_info``), then each distinct delegate payload, then
+                   each distinct named-data blob
 """
 
 from __future__ import annotations
@@ -71,12 +75,15 @@ class Segment:
 class SegmentLayout:
     """Where a program's data goes: ``segments`` in file order, ``constant_offsets`` (the
     start of each constant in segment 0), the segment of each method's delegates
-    (``delegate_segments[method][delegate]``) and of each named-data key."""
+    (``delegate_segments[method][delegate]``) and of each named-data key; with state, the
+    mutable data segment (segment 1) and the start of each state's initial values in it
+    (``mutable_offsets``; ``()`` without state)."""
 
     segments: tuple[Segment, ...]
     constant_offsets: tuple[int, ...]
     delegate_segments: tuple[tuple[int, ...], ...]
     named_segments: tuple[tuple[str, int], ...]
+    mutable_offsets: tuple[int, ...] = ()
 
     @property
     def data_size(self) -> int:
@@ -86,9 +93,12 @@ class SegmentLayout:
 
     @classmethod
     def of(cls, program: ProgramBuilder) -> SegmentLayout:
-        """The constant segment, then each distinct delegate payload in method and
-        delegate order, then each distinct named blob in the order added; each segment
-        at the next multiple of 128 (``PTE_SEGMENT_ALIGNMENT``) after the previous one."""
+        """The constant segment, then the mutable data segment (with state: each state's
+        initial values end to end, unpadded: the runtime copies them into planned memory),
+        then each distinct delegate payload in method and delegate order, then each distinct
+        named blob in the order added; each segment at the next multiple of 128
+        (``PTE_SEGMENT_ALIGNMENT``) after the previous one.  This is ExecuTorch 1.4.1's order
+        (``exir/_serialize/_program.py``)."""
         # constants: each padded with zeros to 16, except the last
         pieces: list[Payload] = []
         offsets, at = [], 0
@@ -101,6 +111,14 @@ class SegmentLayout:
                 pieces.append(bytes(pad))
                 at += pad
         segments = [(tuple(pieces), at, 1)]
+        mutable_offsets: list[int] = []
+        if len(program.mutable) > 1:
+            at = 0
+            for data in program.mutable:
+                mutable_offsets.append(at)
+                at += len(data)
+            segments.append((tuple(program.mutable), at, 1))
+        first = len(segments)  # the first delegate's segment
         distinct: list[Payload] = []
         delegate_segments = []
         for method in program.methods:
@@ -113,7 +131,7 @@ class SegmentLayout:
                     distinct.append(payload)
                     segments.append(((payload,), _size(payload), 1))
                     same = len(distinct) - 1
-                found.append(1 + same)
+                found.append(first + same)
             delegate_segments.append(tuple(found))
         named: list[tuple[str, int]] = []
         blobs: list[Payload] = []
@@ -125,13 +143,13 @@ class SegmentLayout:
                 blobs.append(blob)
                 segments.append(((blob,), _size(blob), CONSTANT_TENSOR_ALIGNMENT))
                 same = len(blobs) - 1
-            named.append((key, 1 + len(distinct) + same))
+            named.append((key, first + len(distinct) + same))
         placed, end = [], 0
         for seg_pieces, size, alignment in segments:
             offset = _align(end, math.lcm(PTE_SEGMENT_ALIGNMENT, alignment))
             placed.append(Segment(seg_pieces, size, offset))
             end = offset + size
-        return cls(tuple(placed), tuple(offsets), tuple(delegate_segments), tuple(named))
+        return cls(tuple(placed), tuple(offsets), tuple(delegate_segments), tuple(named), tuple(mutable_offsets))
 
 
 def _size(payload: Payload) -> int:
@@ -176,7 +194,7 @@ def _evalue_table(b: flatbuffers.Builder, value: EValue, allocation: int | None)
         fb.TensorAddSizes(b, sizes)
         fb.TensorAddDimOrder(b, order)
         fb.TensorAddRequiresGrad(b, False)
-        fb.TensorAddDataBufferIdx(b, value.constant)
+        fb.TensorAddDataBufferIdx(b, value.state or value.constant)  # state: mutable data, else constants
         if info is not None:
             fb.TensorAddAllocationInfo(b, info)
         fb.TensorAddLayout(b, 0)
@@ -323,6 +341,13 @@ def program_flatbuffer(program: ProgramBuilder, layout: SegmentLayout,
     fb.SubsegmentOffsetsAddSegmentIndex(b, 0)
     fb.SubsegmentOffsetsAddOffsets(b, offsets)
     constant_segment = fb.SubsegmentOffsetsEnd(b)
+    mutable = None
+    if layout.mutable_offsets:
+        mutable_offsets = _ints(b, fb.SubsegmentOffsetsStartOffsetsVector, layout.mutable_offsets, "PrependUint64")
+        fb.SubsegmentOffsetsStart(b)
+        fb.SubsegmentOffsetsAddSegmentIndex(b, 1)
+        fb.SubsegmentOffsetsAddOffsets(b, mutable_offsets)
+        mutable = _tables(b, fb.ProgramStartMutableDataSegmentsVector, [fb.SubsegmentOffsetsEnd(b)])
     named = None
     if program.named_data:
         entries = []
@@ -340,6 +365,8 @@ def program_flatbuffer(program: ProgramBuilder, layout: SegmentLayout,
     fb.ProgramAddBackendDelegateData(b, inline_data)
     fb.ProgramAddSegments(b, segments)
     fb.ProgramAddConstantSegment(b, constant_segment)
+    if mutable is not None:
+        fb.ProgramAddMutableDataSegments(b, mutable)
     if named is not None:
         fb.ProgramAddNamedData(b, named)
     b.Finish(fb.ProgramEnd(b), file_identifier=FILE_IDENTIFIER)
