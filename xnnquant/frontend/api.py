@@ -32,6 +32,7 @@ torch is imported here, on first use; ``import xnnquant`` does not import it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -230,7 +231,7 @@ def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], 
     tables = []
     table = decomposition_table()
     extra = {op: fn for op, fn in _unrunnable(program, strict).items() if op not in table}
-    if needs_decomposition(program) or extra:
+    if needs_decomposition(program) or extra or _mutates(program):
         tables.append({**extra, **table})
         program = program.run_decompositions(tables[-1])
     for _ in range(2):  # a decomposition may give ops that need one too
@@ -240,6 +241,13 @@ def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], 
         tables.append(extra)
         program = program.run_decompositions(extra)
     return program, tuple(tables)
+
+
+def _mutates(program: Any) -> bool:
+    """True when a node writes into one of its arguments (``index_copy_`` on a buffer): the
+    decomposition makes the graph functional (the buffers' new values become outputs)."""
+    return any(node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "is_mutable", False)
+               for node in program.graph.nodes)
 
 
 #: Lowered ops without a portable kernel whose decomposition is one op that has one: when
@@ -394,11 +402,13 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
     with stage("passes", timings):
         program = AtenProgram.of(traced, weight_file)
+        _check_state(program, options)
         if eager is not None:
             program.find_tied(eager)
         program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
-    statistics = _statistics(eager, program, decompositions, options, timings, traced)
+    with buffers_kept(eager, [program.origins[name] for name in program.mutated]):
+        statistics = _statistics(eager, program, decompositions, options, timings, traced)
     with stage("passes", timings):
         pass_options = _PassOptions(statistics, options.strict, options.embeddings, options.method)
         run_passes(program, pass_options, AFTER_CALIBRATION)
@@ -456,10 +466,59 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         from .evaluation import single_threaded
         from .selfcheck import self_check
 
-        with stage("check", timings), single_threaded():
+        with stage("check", timings), single_threaded(), \
+                buffers_kept(eager, [program.origins[name] for name in program.mutated]):
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
                                              exported if members is not None else None, int8)
+    exported.state = {program.origins[name]: tuple(program.state[name].shape) for name in program.state}
     return exported
+
+
+@contextlib.contextmanager
+def buffers_kept(module: Any, names: Iterable[str]) -> Iterator[None]:
+    """Run the body (which calls ``module``: calibration, the self-check) and put back the
+    values of the buffers ``names`` that the module's forward updates: export never leaves
+    the caller's module changed."""
+    names = list(names)
+    if module is None or not names:
+        yield
+        return
+    torch = _torch()
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    saved = {name: buffers[name].detach().clone() for name in names if name in buffers}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                buffers[name].copy_(value)
+
+
+def _check_state(program: AtenProgram, options: ExportOptions) -> None:
+    """What a program with state (buffers the module updates) cannot be: one XNNPACK graph
+    (``strict=True``: the updates run outside XNNPACK), streamed (its initial values are the
+    module's), or static int8."""
+    if not program.state:
+        return
+    names = ", ".join(repr(program.origins[name]) for name in program.mutated)
+    if options.strict:
+        from ..errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError(
+            f"strict=True asks for one pure XNNPACK graph, and the module updates its buffers ({names}): that "
+            "state lives in the program around the XNNPACK delegates, which are stateless; export without "
+            "strict=True")
+    if options.static_int8 is not None:
+        from ..errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError(f"activations='qint8' rewrites one XNNPACK graph into int8, and the module "
+                                     f"updates its buffers ({names}), state that runs outside XNNPACK; expected "
+                                     "activations='dynamic'")
+    meta = [program.origins[name] for name in program.state if program.state[name].device.type == "meta"]
+    if meta:
+        raise XnnquantError(f"the buffers {', '.join(map(repr, meta))}, which the module updates, are on the meta "
+                            "device: their values when exported are the program's initial state; give them data "
+                            "(build them outside torch.device('meta'))")
 
 
 def _float_policy() -> Any:
@@ -585,7 +644,7 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
         phases = sorted({n.meta[PARTITION] for n in calls if n.meta.get(PARTITION, -1) >= 0})
         float_io = all(_dtype(n) == "float32" for n in program.graph.nodes if n.op == "placeholder"
                        and n.name in program.inputs)
-        if options.strict or (not portable and phases in ([], [0]) and float_io):
+        if options.strict or (not portable and phases in ([], [0]) and float_io and not program.state):
             return Partition(None, list(pass_options.problems))
         groups: list[set[Any] | None] = [None] * (max(phases, default=-1) + 1)
         for phase in phases:

@@ -15,9 +15,25 @@ constant it reads becomes a constant tensor of the program; a static size it rea
 traced int, and a dynamic one is computed when the program runs, where it is first needed:
 ``aten::sym_size.int`` reads a tensor's dim into an ``Int`` value, and arithmetic on sizes
 (``operator.mul``, ``torch.sym_max``, ...) is ExecuTorch's ``executorch_prim::`` kernels on
-``Int`` values (``SIZE_KERNELS``).  A delegate reads the tensors of its input nodes and
-writes new float32 tensors for its output nodes (``lowering.walk.Lowered``).
+``Int`` values (``SIZE_KERNELS``); a size read from a tensor (``tensor.item()``, an input
+position) is ``aten::_local_scalar_dense``.  A delegate reads the tensors of its input nodes
+and writes new float32 tensors for its output nodes (``lowering.walk.Lowered``).
 Memory is planned by the program builder from the instructions' order.
+
+State.  A buffer the module mutates (``AtenProgram.state``) is a state tensor of the method
+(``MethodBuilder.state``: planned, its initial values the buffer's when exported, kept from
+one call to the next).  Nodes and delegates read it as any tensor.  Its new value is
+written in place when that is exact, else copied into it after the last instruction::
+
+    in place   index_put(old, [None, .., idx, ..], values) of a state (or of such a write
+               of it: a chain), idx one 1-D integer index, values of the state's shape
+               but idx's length at that dim (a KV cache update):
+               aten::index_put_(state, indices, values, false), nothing copied.  Exact
+               when every other reader of the old value runs before the write
+               (``inplace_writes``); the kernel fails the method for an index out of
+               range.
+    otherwise  the new value is computed into a tensor of its own, then
+               aten::copy_(state, new value) ends the method.
 """
 
 from __future__ import annotations
@@ -98,10 +114,8 @@ def output_specs(program: AtenProgram) -> list[TensorIO]:
     """The program's outputs as the method declares them."""
     from .lowering.walk import _dynamic_dims
 
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
     specs = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(program.user_outputs()):
         val = getattr(item, "meta", {}).get("val")
         if not hasattr(val, "shape"):
             raise XnnquantError(f"output {i} is not a tensor (got {type(val).__name__}): a program returns tensors")
@@ -141,6 +155,7 @@ class _Emitter:
         self.constants: dict[str, int] = {}
         self.tables: dict[int, tuple[int, int, int]] = {}  # id(QuantizedEmbedding) -> (codes, scales, guard)
         self.copies: dict[tuple[int, tuple[int, ...]], int] = {}  # (value, dim order) -> its copy in that order
+        self.inplace: dict[Any, Any] = {}  # index_put node -> the state placeholder it writes in place
 
     def tensor_of(self, spec: TensorIO) -> int:
         return self.method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=bool(spec.dynamic))
@@ -181,9 +196,13 @@ class _Emitter:
         from ..pte.portable import RuntimeInt
 
         m = self.method
-        out = m.int_value(int(node.meta["val"].node.hint))  # the traced value, rewritten when the program runs
+        hint = node.meta["val"].node.hint
+        out = m.int_value(int(hint) if hint is not None else size.bound)  # rewritten when the program runs
         if node.target is torch.ops.aten.sym_size.int:
             m.kernel_call("aten::sym_size", "int", [self.operand(node.args[0]), m.int_value(int(node.args[1])), out])
+            return RuntimeInt(out, size.bound)
+        if node.target in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            m.kernel_call("aten::_local_scalar_dense", "", [self.operand(node.args[0]), out])
             return RuntimeInt(out, size.bound)
         kernel = SIZE_KERNELS.get(getattr(node.target, "__name__", ""))
         if kernel is None:
@@ -206,6 +225,9 @@ class _Emitter:
         if isinstance(node.target, QuantizedEmbedding):
             self.values[node] = self.quantized_embedding(node, node.target)
             return
+        if node in self.inplace:
+            self.values[node] = self.write_in_place(node)
+            return
         args = torch.fx.node.map_arg(node.args, self.operand)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.operand)
         try:
@@ -215,6 +237,26 @@ class _Emitter:
             where = AtenProgram.module_path(node) or "<top level>"
             raise UnsupportedConfigError(f"{node.target} (node {node.name}, module {where}) runs on ExecuTorch's "
                                          f"portable kernels, and cannot: {exc}") from None
+
+    def write_in_place(self, node: Any) -> int:
+        """``index_put(old, indices, values)`` as ``aten::index_put_`` on the state ``old`` holds
+        (module docstring); returns the state's value index."""
+        m = self.method
+        state = self.operand(node.args[0])
+        indices = m.optional_tensor_list([None if i is None else self.relaid(self.operand(i))
+                                          for i in node.args[1]])
+        values = self.relaid(self.operand(node.args[2]))
+        m.kernel_call("aten::index_put_", "", [state, indices, values, m.bool_value(False), state])
+        return int(state)
+
+    def write_back(self) -> None:
+        """After the last instruction: each state whose new value was not written in place
+        takes it (``aten::copy_``)."""
+        m = self.method
+        for placeholder, value in self.program.state_updates():
+            state, new = self.values[placeholder], self.operand(value)
+            if new != state:
+                m.kernel_call("aten::copy_", "", [state, self.relaid(new), m.bool_value(False), state])
 
     def contiguous_operands(self, node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -384,6 +426,9 @@ def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Se
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     for name, spec in zip(program.inputs, inputs):
         emitter.values[placeholders[name]] = m.input(emitter.tensor_of(spec))
+    for name, initial in program.state.items():
+        emitter.values[placeholders[name]] = m.state(initial.detach().contiguous().numpy())
+    emitter.inplace = inplace_writes(program)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     last = max([n.meta.get(PHASE, 0) for n in calls] + [len(delegates) - 1], default=0)
     for phase in range(last + 1):
@@ -400,16 +445,69 @@ def emit(program: AtenProgram, delegates: Sequence[Lowered | None], payloads: Se
         if lowered is not None:
             assert payload is not None, f"delegate {phase} has no payload"
             emitter.delegate(lowered, payload)
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    states = {emitter.values[placeholders[name]] for name in program.state}
     used: set[int] = set()
-    for item in items:
+    for item in program.user_outputs():
         index = emitter.operand(item)
-        if index in used or index in m.inputs or index in emitter.constants.values():
+        if index in used or index in m.inputs or index in emitter.constants.values() or index in states:
             index = emitter.values[item] = _copy(m, index)  # an output is written once, by its own value
         used.add(index)
         m.output(index)
+    if program.state:  # after the outputs' copies: they read the values of this call
+        emitter.write_back()
     return builder
+
+
+def inplace_writes(program: AtenProgram) -> dict[Any, Any]:
+    """The ``index_put`` nodes that write into a state in place (``_Emitter.write_in_place``):
+    node -> the state placeholder.  A write qualifies when it runs on the portable kernels,
+    its input is a state or such a write of one, ``accumulate`` is false, it has one index
+    (1-D, integer) and ``values`` of the input's shape at every other dim, and every other
+    reader of its input (but sizes, which do not change) runs before it, as ``emit`` orders
+    the program (portable nodes of a phase in graph order, then that phase's delegate)."""
+    import torch
+
+    order = {node: k for k, node in enumerate(program.graph.nodes)}
+
+    def position(node: Any) -> tuple[float, int, int]:
+        part = node.meta.get(PARTITION, PORTABLE)
+        if node.op == "output":
+            return (float("inf"), 0, 0)
+        if part >= 0:
+            return (node.meta.get(PHASE, 0), 1, 0)
+        return (node.meta.get(PHASE, 0), 0, order[node])
+
+    writes: dict[Any, Any] = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.index_put.default:
+            continue
+        old = node.args[0]
+        state = old if program.is_state(old) else writes.get(old)
+        if state is None or node.meta.get(PARTITION, PORTABLE) != PORTABLE:
+            continue
+        accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+        indexed = [(d, i) for d, i in enumerate(node.args[1]) if i is not None]
+        if accumulate or len(indexed) != 1:
+            continue
+        dim, index = indexed[0]
+        have, want, ids = (getattr(n.meta.get("val"), "shape", None) for n in (node.args[2], old, index))
+        index_dtype = getattr(index.meta.get("val"), "dtype", None)
+        if have is None or want is None or ids is None or len(ids) != 1 or \
+                index_dtype not in (torch.int64, torch.int32) or len(have) != len(want) or \
+                node.args[2].meta["val"].dtype != old.meta["val"].dtype or \
+                any(str(h) != str(ids[0] if d == dim else w) for d, (h, w) in enumerate(zip(have, want))):
+            continue
+        readers = [u for u in old.users if u is not node and not (u.op == "call_function" and _reads_size_only(u))]
+        if all(position(u) < position(node) for u in readers):
+            writes[node] = state
+    return writes
+
+
+def _reads_size_only(node: Any) -> bool:
+    """True for a node that reads only its input's sizes (``sym_size``)."""
+    import torch
+
+    return node.target is torch.ops.aten.sym_size.int
 
 
 def _copy(method: MethodBuilder, index: int) -> int:

@@ -173,7 +173,9 @@ def evaluate(program: AtenProgram, batches: Sequence[tuple[Any, ...]], *, before
     with torch.no_grad(), torch_threads(1 if run.parallel else torch.get_num_threads()):
         for node in program.graph.nodes:
             if node.op == "placeholder":
-                if not program.is_constant(node):
+                if program.is_state(node):  # each batch from the state's values when exported
+                    run._values[node] = [program.state[node.name].clone() for _ in batches]
+                elif not program.is_constant(node):
                     run._values[node] = [batch[position[node.name]] for batch in batches]
             elif node.op == "call_function":
                 swap = before(node, run) if before is not None else None

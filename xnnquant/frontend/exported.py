@@ -129,6 +129,9 @@ class Exported:
     #: static int8: what its stages made (``static_int8.StaticResult``: the float graph, the int8
     #: one, the calibration statistics), for inspection; None otherwise
     static_int8: Any = None
+    #: the buffers the module updates, by name: their shapes (method state of the program, kept
+    #: from one call to the next, starting from the module's values when exported)
+    state: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -224,9 +227,14 @@ class Exported:
 
     def _run_program(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """The program on ExecuTorch's runtime, each input a tensor in its declared dtype and dim order."""
-        import torch
-
         from ..pte.run import run_method
+
+        results = run_method(self.to_pte(), "forward", self._tensors(arrays))
+        return [np.ascontiguousarray(r) for r in results]
+
+    def _tensors(self, arrays: list[np.ndarray]) -> list[Any]:
+        """``arrays`` (laid out in the declared dim orders) as the tensors the runtime takes."""
+        import torch
 
         tensors = []
         for array, spec in zip(arrays, self.inputs):
@@ -234,8 +242,13 @@ class Exported:
                 raise XnnquantError(f"input {spec.name!r} is {array.dtype}: the program takes {spec.dtype}")
             # torch's logical sizes over memory laid out in the declared dim order
             tensors.append(torch.from_numpy(array).permute(*np.argsort(spec.dim_order).tolist()))
-        results = run_method(self.to_pte(), "forward", tensors)
-        return [np.ascontiguousarray(r) for r in results]
+        return tensors
+
+    def session(self) -> Session:
+        """The program loaded once on ExecuTorch's runtime: ``session.run(*inputs)`` calls its
+        ``forward`` on the state the previous calls left (``state``: a module with a cache,
+        called step by step), ``session.reset()`` starts again from the exported values."""
+        return Session(self)
 
     @staticmethod
     def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
@@ -303,3 +316,30 @@ class Exported:
         return (f"Exported(weights={str(self.weights)!r}, method={self.method!r}, target={str(self.target)!r}, "
                 f"{len(self.graph.nodes)} nodes, {len(self.report)} weights)")
 
+
+
+class Session:
+    """``Exported.session()``: the exported program loaded once (``pte.run.Session``), called
+    with the module's inputs as ``Exported.run`` takes them."""
+
+    def __init__(self, exported: Exported) -> None:
+        from ..pte.run import Session as ProgramSession
+
+        self.exported = exported
+        self._session = ProgramSession(exported.to_pte())
+
+    def run(self, *inputs: Any) -> list[np.ndarray]:
+        """``forward`` on ``inputs`` (numpy arrays or torch tensors), after every earlier call."""
+        from ..arrays import to_numpy
+
+        specs = self.exported.inputs
+        if len(inputs) != len(specs):
+            raise XnnquantError(f"run takes the module's {len(specs)} input(s): got {len(inputs)}")
+        arrays = [Exported._laid_out(to_numpy(x, f"inputs[{i}]"), spec, i) for i, (x, spec) in
+                  enumerate(zip(inputs, specs))]
+        results = self._session.run("forward", self.exported._tensors(arrays))
+        return [np.ascontiguousarray(r) for r in results]
+
+    def reset(self) -> None:
+        """Load the program again: its state holds the values it was exported with."""
+        self._session.reset()

@@ -12,7 +12,14 @@ program is never changed) and the tensors its placeholders stand for:
   from them has none; a tied tensor: the name the file holds, ``find_tied``);
 * ``inputs``: the user inputs' placeholder names, in order (``input_names``: as the
   module's program names them);
-* ``ranges``: the range of each dynamic size symbol (torch.export's ``range_constraints``).
+* ``state``: placeholder name -> the values a buffer the module mutates holds when it is
+  exported (a KV cache): method state of the ``.pte``, read and written by the program,
+  never a constant (no pass folds it, no delegate embeds it).  The graph's first
+  ``len(mutated)`` outputs are the buffers' values after the call (torch.export's
+  buffer mutations), ``mutated`` naming each one's state placeholder; ``user_outputs``
+  are the rest;
+* ``ranges``: the range of each dynamic size symbol (torch.export's ``range_constraints``,
+  the unbacked sizes a program reads from tensors, ``tensor.item()``, among them).
 
 Dynamic sizes.  A dim torch.export traced as symbolic (``dynamic_shapes=``) is a
 ``torch.SymInt``; ``size(d)`` gives ``Size(bound, expr)``: the largest value its range
@@ -57,6 +64,10 @@ class AtenProgram:
     ranges: dict[Any, Any] = field(default_factory=dict)
     #: size symbol (``"s27"``) -> the name the user gave its ``torch.export.Dim`` (``"seq"``)
     dim_names: dict[str, str] = field(default_factory=dict)
+    #: placeholder name -> initial values of a buffer the program mutates (module docstring)
+    state: dict[str, Any] = field(default_factory=dict)
+    #: state placeholder names, in the order of the graph's first outputs (their final values)
+    mutated: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, program: Any, weight_file: WeightFile | None = None) -> AtenProgram:
@@ -64,10 +75,13 @@ class AtenProgram:
         import torch
 
         sig = program.graph_signature
-        if getattr(sig, "buffers_to_mutate", None):
-            raise UnsupportedConfigError(
-                f"the module mutates buffers ({', '.join(sorted(sig.buffers_to_mutate.values()))}): "
-                "a delegate cannot hold state; export the module in eval mode without in-place buffer updates")
+        mutations = [spec for spec in sig.output_specs if spec.kind.name == "BUFFER_MUTATION"]
+        assert all(spec.kind.name == "BUFFER_MUTATION" for spec in sig.output_specs[:len(mutations)]), \
+            "torch.export lists the buffer updates before the user outputs"
+        if any(spec.kind.name not in ("BUFFER_MUTATION", "USER_OUTPUT") for spec in sig.output_specs):
+            kinds = sorted({spec.kind.name for spec in sig.output_specs} - {"BUFFER_MUTATION", "USER_OUTPUT"})
+            raise UnsupportedConfigError(f"the program's outputs include {', '.join(kinds)}: expected the module's "
+                                         "outputs and its buffer updates only")
         graph = torch.fx.Graph()
         copied: dict[Any, Any] = {}
         results, _ = graph.graph_copy(program.graph, copied, return_output_node=True)
@@ -82,7 +96,10 @@ class AtenProgram:
             name = copied[old].name
             if old.name in sources:
                 origin = sources[old.name]
-                out.constants[name] = named[origin]
+                if any(spec.target == origin for spec in mutations):
+                    out.state[name] = named[origin].detach().clone()  # the values when exported
+                else:
+                    out.constants[name] = named[origin]
                 out.origins[name] = origin
                 out.stored[name] = origin
             elif old.name in sig.user_inputs:
@@ -90,7 +107,27 @@ class AtenProgram:
                 out.input_names[name] = old.name
             else:
                 raise UnsupportedConfigError(f"placeholder {old.name!r} is neither an input nor a weight")
+        by_origin = {origin: name for name, origin in out.origins.items() if name in out.state}
+        out.mutated = [by_origin[spec.target] for spec in mutations]
         return out
+
+    def user_outputs(self) -> list[Any]:
+        """The items of the graph's output node that the module returns (the buffers' final
+        values, the first ``len(mutated)``, left out)."""
+        output = next(n for n in self.graph.nodes if n.op == "output")
+        items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+        return list(items[len(self.mutated):])
+
+    def state_updates(self) -> list[tuple[Any, Any]]:
+        """(state placeholder node, the node of its value after the call), one per mutated buffer."""
+        output = next(n for n in self.graph.nodes if n.op == "output")
+        items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+        placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
+        return [(placeholders[name], item) for name, item in zip(self.mutated, items)]
+
+    def is_state(self, node: Any) -> bool:
+        """True for a placeholder standing for method state (a buffer the program mutates)."""
+        return getattr(node, "op", None) == "placeholder" and node.name in self.state
 
     # ------------------------------------------------------------------ sizes
 

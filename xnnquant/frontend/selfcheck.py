@@ -117,7 +117,7 @@ def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
     with torch.no_grad():
         for node in program.graph.nodes:
             if node.op == "placeholder":
-                env[node] = program.constants[node.name] if program.is_constant(node) else next(given)
+                env[node] = _placeholder_value(program, node, given)
             elif node.op == "call_function":
                 args = torch.fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
@@ -130,6 +130,15 @@ def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
     raise AssertionError("a graph without an output node")
 
 
+def _placeholder_value(program: AtenProgram, node: Any, inputs: Any) -> Any:
+    """A placeholder's tensor: a constant's, a state's values when exported, else the next of ``inputs``."""
+    if program.is_constant(node):
+        return program.constants[node.name]
+    if program.is_state(node):
+        return program.state[node.name].clone()
+    return next(inputs)
+
+
 def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], program: AtenProgram) -> float:
     """Comparison 1 (module docstring); returns the worst relative error."""
     import torch
@@ -137,6 +146,17 @@ def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], progr
     with torch.no_grad():
         eager = [t for t in _leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
     computed = _evaluate(program, inputs)
+    states, computed = computed[:len(program.mutated)], computed[len(program.mutated):]
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    for name, value in zip(program.mutated, states):  # the buffers' values after the call, too
+        origin = program.origins[name]
+        error = relative_error(value.detach().numpy(), buffers[origin].detach().numpy(),
+                               _magnitude(buffers[origin].detach().numpy()))
+        if not error <= TOLERANCE:
+            raise SelfCheckError(
+                f"self-check failed: buffer {origin!r}, which the module updates, holds other values after the "
+                f"exported program's call than after the module's eager forward (by {error:.3g}, relative to its "
+                f"largest magnitude; tolerance {TOLERANCE:g}): the program's state would not follow the module's")
     worst = 0.0
     for i, (want, got) in enumerate(zip(eager, computed)):
         error = relative_error(got.detach().numpy(), want.detach().numpy(), _magnitude(want.detach().numpy()))
@@ -364,8 +384,7 @@ def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgr
         _compare_outputs(program, lowered, env)
         return SelfCheck(compared, worst, eager_error, int8_nodes, steps)
     compared, worst, composite = _composite(program, delegates, inputs)
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    exact = [not _reads_floats(program, node) for node in _leaves(output.args[0])]
+    exact = [not _reads_floats(program, node) for node in _leaves(program.user_outputs())]
     _compare_program(mixed, inputs, composite, exact)
     return SelfCheck(compared, worst, eager_error)
 
@@ -415,12 +434,16 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
     given = iter(inputs)
     for node in program.graph.nodes:
         if node.op == "placeholder":
-            values[node] = program.constants[node.name] if program.is_constant(node) else next(given)
+            values[node] = _placeholder_value(program, node, given)
 
     def operand(arg: Any) -> Any:
         if arg in values:
             return values[arg]
         val = arg.meta.get("val")
+        if isinstance(val, torch.SymInt) and arg.op == "call_function":  # a size: computed from the values
+            args = torch.fx.node.map_arg(arg.args, operand)
+            values[arg] = int(torch_op(arg.target)(*args, **torch.fx.node.map_arg(arg.kwargs, operand)))
+            return values[arg]
         return int(val.node.hint) if isinstance(val, torch.SymInt) else val
 
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
@@ -445,8 +468,7 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
             for node, vid, spec in zip(lowered.output_nodes, lowered.graph.outputs, lowered.outputs):
                 values[node] = torch.from_numpy(np.ascontiguousarray(
                     np.transpose(np.asarray(env[vid]), np.argsort(spec.dim_order))))
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    return compared, worst, [operand(item) for item in _leaves(output.args[0])]
+    return compared, worst, [operand(item) for item in _leaves(program.user_outputs())]
 
 
 def _quantizes_activations(exported: Any) -> bool:

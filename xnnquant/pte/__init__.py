@@ -15,9 +15,9 @@ torch, ``run`` and ``.ptd`` files executorch, on first use.
 from .builder import Chunked, MethodBuilder, ProgramBuilder
 from .portable import portable_call
 from .reader import Delegate, ProgramError, PteProgram, is_pte, read_ptd, read_pte
-from .run import delegate_io, method_inputs, run_method, verify_pte
+from .run import Session, delegate_io, method_inputs, run_method, verify_pte
 from .values import ScalarType, ShapeDynamism
 
 __all__ = ["Chunked", "Delegate", "MethodBuilder", "ProgramBuilder", "ProgramError", "PteProgram", "ScalarType",
-           "ShapeDynamism", "delegate_io", "is_pte", "method_inputs", "portable_call", "read_ptd", "read_pte",
-           "run_method", "verify_pte"]
+           "Session", "ShapeDynamism", "delegate_io", "is_pte", "method_inputs", "portable_call", "read_ptd",
+           "read_pte", "run_method", "verify_pte"]

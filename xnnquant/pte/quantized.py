@@ -114,6 +114,46 @@ def embedding_call(method: MethodBuilder, bits: int, weight: int, scales: int, i
     return result
 
 
+#: ExecuTorch's LLM kernels (``extension/llm/custom_ops``: the ``custom_ops`` library a device
+#: runtime links, as ``llama_main`` does), out variants of the ``llama::`` operators that
+#: ``executorch.extension.llm.custom_ops`` gives torch.  The pip runtime registers them once
+#: that module is imported (240 -> 248 registered operators), ``TextLLMRunner`` included (it
+#: shares the pip runtime's registry).
+LLAMA_NAMESPACE = "llama"
+LLAMA_KERNELS = frozenset({
+    "llama::custom_sdpa.out", "llama::sdpa_with_kv_cache.out", "llama::update_cache.out",
+    "llama::update_cache_with_indices.out", "llama::custom_quantized_sdpa.out", "llama::fast_hadamard_transform.out",
+})
+
+
+def calls_llama_kernels(operators: Any) -> bool:
+    """True when a program's operators include one of ExecuTorch's LLM kernels."""
+    return any(str(name).startswith(f"{LLAMA_NAMESPACE}::") for name in operators)
+
+
+@functools.cache
+def load_llama_kernels() -> None:
+    """Register ExecuTorch's LLM kernels with the runtime of this process (once), and their
+    operators with torch; ``UnsupportedConfigError`` when the runtime still lacks them."""
+    try:
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (loads libcustom_ops_aot_lib)
+        from executorch.extension.pybindings import portable_lib
+    except ImportError:
+        raise missing_extra("xnnpack", "executorch", "running ExecuTorch's LLM kernels") from None
+    missing = sorted(LLAMA_KERNELS - set(portable_lib._get_operator_names()))
+    if missing:
+        raise UnsupportedConfigError(f"the ExecuTorch runtime has no kernel for {', '.join(missing)} after importing "
+                                     "executorch.extension.llm.custom_ops: expected executorch 1.4.1's LLM kernels")
+
+
+def load_kernels(operators: Any) -> None:
+    """Register the kernel libraries a program's operators need (quantized, LLM)."""
+    if calls_quantized_kernels(operators):
+        load_quantized_kernels()
+    if calls_llama_kernels(operators):
+        load_llama_kernels()
+
+
 def calls_quantized_kernels(operators: Any) -> bool:
     """True when a program's operators (``PteProgram.operators``) include a quantized kernel."""
     return any(str(name).startswith(f"{NAMESPACE}::") for name in operators)

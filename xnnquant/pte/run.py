@@ -50,7 +50,7 @@ from ..arrays import to_numpy
 from ..errors import ProgramError, UnsupportedConfigError, XnnquantError, missing_extra
 from ..graph.divergence import TOLERANCE
 from ..graph.worker import DEFAULT_TIMEOUT, worker
-from .quantized import calls_quantized_kernels, load_quantized_kernels
+from .quantized import load_kernels
 from .reader import Delegate, PteProgram, Source, read_pte
 
 #: ExecuTorch ScalarType codes -> numpy dtypes (runtime/core/portable_type/scalar_type.h).
@@ -117,8 +117,7 @@ def _load(program_bytes: bytes, data_map: bytes | None, operators: Sequence[str]
     """The runtime's module; both buffers must outlive it (see ``_runtime_bytes``).  A program
     calling ExecuTorch's quantized kernels (``operators``) has them registered first."""
     lib = _portable_lib()
-    if calls_quantized_kernels(operators):
-        load_quantized_kernels()
+    load_kernels(operators)
     with _runtime_errors("to load the program"):
         return lib._load_for_executorch_from_buffer(program_bytes, data_map)
 
@@ -192,6 +191,30 @@ def run_method(program: PteProgram | Source, method: str, inputs: Sequence[Any],
     program = _as_program(program, data_files)
     _check_method(program, method)
     return _execute(_load(_runtime_bytes(program)[0], _data_map(program), program.operators), method, inputs)
+
+
+class Session:
+    """One loaded program whose methods keep their state between calls (a KV cache): each
+    call of a method runs on the values the previous calls left in its state tensors, and
+    ``reset()`` loads the program again, which puts the file's initial values back.
+
+    ``session.run("forward", inputs)`` (arrays or tensors) returns the outputs as numpy
+    arrays; ``run_method`` instead loads the program anew for every call.
+    """
+
+    def __init__(self, program: PteProgram | Source, data_files: Any = ()) -> None:
+        self.program = _as_program(program, data_files)
+        self._module = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Load the program again: every state holds its initial values."""
+        self._module = None  # the runtime frees the old method before loading the new one
+        self._module = _load(_runtime_bytes(self.program)[0], _data_map(self.program), self.program.operators)
+
+    def run(self, method: str, inputs: Sequence[Any]) -> list[np.ndarray]:
+        _check_method(self.program, method)
+        return _execute(self._module, method, inputs)
 
 
 class _Cutter:
