@@ -19,6 +19,7 @@ from .errors import (
 )
 from .frontend import Exported, FallbackWarning, StaticInt8, check, export
 from .frontend.divergence import VerifyReport, verify
+from .llm import LLM, Generation, export_llm, generate
 from .schemes import (
     Calibration,
     CalibrationWarning,
@@ -33,12 +34,14 @@ from .tensor import QuantizedTensor
 __version__ = "0.1.0"
 
 __all__ = [
+    "LLM",
     "STORAGE",
     "Calibration",
     "CalibrationWarning",
     "Datatype",
     "Exported",
     "FallbackWarning",
+    "Generation",
     "MissingExtraError",
     "PayloadError",
     "QuantParamsKind",
@@ -51,7 +54,9 @@ __all__ = [
     "XnnquantError",
     "check",
     "export",
+    "export_llm",
     "from_xnn_c",
+    "generate",
     "graph",
     "packing",
     "quantize_bias",

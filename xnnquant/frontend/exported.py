@@ -132,6 +132,8 @@ class Exported:
     #: the buffers the module updates, by name: their shapes (method state of the program, kept
     #: from one call to the next, starting from the module's values when exported)
     state: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: an LLM program (``xq.export_llm``): its interface and metadata (``llm.export.LLMInfo``)
+    llm: Any = None
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -286,7 +288,8 @@ class Exported:
                 text += f"\nfp32 <-> qint8 boundaries ({len(self.boundaries)}):" + "".join(
                     f"\n  {b}" for b in self.boundaries)
             return text
-        return self.delegation_report() + "\n" + format_report(self.report)
+        head = "" if self.llm is None else f"{self.llm}\n"
+        return head + self.delegation_report() + "\n" + format_report(self.report)
 
     @property
     def _tables(self) -> str:

@@ -34,3 +34,11 @@ def input_spec(count: int) -> str:
 def output_spec(count: int) -> str:
     """The pytree spec of a tuple of ``count`` outputs."""
     return json.dumps([1, _tuple([_LEAF] * count)])
+
+
+def constant_spec(value: Any) -> str:
+    """The pytree spec of a constant method's outputs: one leaf for an int or a bool, a list of
+    leaves for a list (ExecuTorch's ``extension.pytree``, as its emitter writes them)."""
+    if isinstance(value, list):
+        return json.dumps([1, {"type": "builtins.list", "context": "null", "children_spec": [_LEAF] * len(value)}])
+    return json.dumps([1, _LEAF])

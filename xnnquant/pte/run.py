@@ -182,7 +182,8 @@ def _execute(module: Any, method: str, inputs: Sequence[Any]) -> list[np.ndarray
         tensors.append(x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array)))
     with _runtime_errors(f"to run method {method!r}"):
         results = module.run_method(method, tensors)
-    return [np.array(r.numpy(), copy=True) for r in results]
+    # a constant method returns ints, floats or bools as they are
+    return [np.array(r.numpy(), copy=True) if isinstance(r, torch.Tensor) else r for r in results]
 
 
 def run_method(program: PteProgram | Source, method: str, inputs: Sequence[Any],
