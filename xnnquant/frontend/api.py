@@ -203,6 +203,8 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
             try:
                 with without_stack_traces():  # nothing reads them: a third of the trace's time
                     program = torch.export.export(module, inputs, dynamic_shapes=spec, strict=False)
+            except XnnquantError:  # the module's own refusal (xnnquant.llm's attention), as it is
+                raise
             except Exception as exc:  # torch's tracing errors come in many types; say where they came from
                 what = " with these dynamic_shapes" if options.dynamic_shapes is not None else ""
                 raise XnnquantError(f"torch.export.export failed on {type(module).__name__}{what}: "

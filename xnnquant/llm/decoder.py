@@ -171,6 +171,11 @@ class Transformers(Family):
 
     def __init__(self, model: Any) -> None:
         self.config = model.config.get_text_config()
+        for name in ("attn_logit_softcapping", "final_attn_softcapping"):
+            if getattr(self.config, name, None) is not None:
+                raise XnnquantError(f"{type(model).__name__} caps its attention scores ({name}="
+                                    f"{getattr(self.config, name)}): ExecuTorch's attention kernel "
+                                    "(llama::custom_sdpa) has no such term; expected plain causal attention")
 
     def cache_shapes(self, model: Any) -> list[tuple[int, int]]:
         from transformers.configuration_utils import get_head_shapes

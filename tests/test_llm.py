@@ -1,0 +1,246 @@
+"""``xq.export_llm`` and ``xq.generate`` against independent oracles.
+
+* transformers' own models (their own attention and cache, the whole sequence at once):
+  a float32 program, prefilled then decoding token by token on ExecuTorch's runtime, gives
+  their logits at every position, for tiny random decoders of several families; greedy
+  generation gives ``model.generate``'s tokens.
+* ExecuTorch's own llama ``Transformer`` without a cache, on the whole sequence.
+* ExecuTorch's ``TextLLMRunner``: it loads our quantized file with a tokenizer and
+  generates what ``xq.generate`` generates.
+* ExecuTorch's runtime and deserializer read the metadata methods as written.
+
+Float32 logits agree to float rounding: XNNPACK's kernels and ExecuTorch's attention kernel
+sum in other orders than torch's (``RTOL``, relative to the logits' largest magnitude).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+import xnnquant as xq
+from xnnquant.errors import XnnquantError
+from xnnquant.pte import read_pte
+
+pytestmark = pytest.mark.xnnpack
+
+#: float32 rounding of the sums of a 2-layer decoder of width 64 (measured: below 5e-7 of the
+#: logits' largest magnitude for every family here), with margin for other CPUs' kernels
+RTOL = 1e-5
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+#: tiny decoders of the families users export: grouped-query attention (llama), q/k norms and
+#: a head dim of its own (qwen3), one fused qkv projection (phi3), a tied and scaled token table
+#: (gemma), partial rotary with layer norms and biases (phi), learned positions (gpt2)
+FAMILIES = {
+    "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)),
+    "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=32)),
+    "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**COMMON)),
+    "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**COMMON, head_dim=32)),
+    "phi": lambda: tf.PhiForCausalLM(tf.PhiConfig(**COMMON)),
+    "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                                    bos_token_id=1, eos_token_id=2)),
+}
+
+
+def _model(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return FAMILIES[family]().eval()
+
+
+def _ids(n: int, seed: int = 1, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(3, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _stepped(llm: xq.LLM, ids: torch.Tensor, prompt: int) -> list[np.ndarray]:
+    """Logits of positions prompt-1 .. n-1: the prompt in one call, then one call per token."""
+    out = [llm.forward(ids[0, :prompt].tolist(), 0)]
+    for i in range(prompt, ids.shape[1]):
+        out.append(llm.forward([int(ids[0, i])], i))
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_float_program_gives_transformers_logits_at_every_step(family: str) -> None:
+    model = _model(family)
+    before = model.config._attn_implementation
+    exported = xq.export_llm(model, max_context=16, weights="fp32", embeddings=None, progress=False)
+    assert model.config._attn_implementation == before  # the model is left as it was
+    ids = _ids(9)
+    with torch.no_grad():
+        want = model(ids).logits[0].numpy()
+    got = _stepped(xq.LLM(exported), ids, 5)
+    scale = float(np.abs(want).max())
+    for k, logits in enumerate(got):
+        np.testing.assert_allclose(logits, want[4 + k], rtol=0, atol=RTOL * scale)
+
+
+def test_greedy_generation_is_transformers_generate() -> None:
+    model = _model("llama")
+    exported = xq.export_llm(model, max_context=24, weights="fp32", embeddings=None, progress=False)
+    prompt = _ids(5)
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None)[0, 5:].tolist()
+    result = xq.generate(exported, prompt, 12, eos_ids=[])
+    assert result.tokens == want and result.stop == "length" and result.prompt_tokens == 5
+
+
+def test_executorchs_own_llama_transformer() -> None:
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    def make(cache: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return construct_transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=VOCAB,
+                                               hidden_dim=128, max_seq_len=32, max_context_len=32, use_kv_cache=cache,
+                                               enable_dynamic_shape=True, generate_full_logits=not cache)).eval()
+
+    model, whole = make(True), make(False)
+    exported = xq.export_llm(model, max_context=32, weights="fp32", embeddings=None, progress=False)
+    ids = _ids(9)
+    with torch.no_grad():
+        want = whole(ids)[0].numpy()  # no cache: the whole sequence at once, every position's logits
+    got = _stepped(xq.LLM(exported), ids, 5)
+    for k, logits in enumerate(got):
+        np.testing.assert_allclose(logits, want[4 + k], rtol=0, atol=RTOL * float(np.abs(want).max()))
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A qb4w:32 program with int8 embeddings, and a byte-level BPE tokenizer of its vocabulary
+    whose tokens are all ASCII (the runner's callback decodes each token to UTF-8)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>"])
+    tokenizer.train_from_iterator(["the quick brown fox jumps over the lazy dog, then naps in the sun. " * 8], trainer)
+    folder = tmp_path_factory.mktemp("llm")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = dict(COMMON, vocab_size=tokenizer.get_vocab_size(), bos_token_id=1, eos_token_id=2)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**config)).eval()
+    exported = xq.export_llm(model, max_context=32, progress=False)
+    exported.save(folder / "model.pte")
+    return str(folder / "model.pte"), str(folder / "tokenizer.json")
+
+
+def test_executorchs_text_llm_runner_runs_our_file(quantized: tuple[str, str]) -> None:
+    from tokenizers import Tokenizer
+
+    from xnnquant.pte.quantized import load_kernels
+
+    pte, tokenizer_path = quantized
+    load_kernels(read_pte(pte).operators)  # the runner shares the pip runtime's kernels
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    prompt = "the quick brown"
+    ids = Tokenizer.from_file(tokenizer_path).encode(prompt).ids
+    ours = xq.generate(pte, ids, 10)
+    pieces: list[str] = []
+    runner = TextLLMRunner(pte, tokenizer_path)
+    runner.generate(prompt, GenerationConfig(max_new_tokens=10, temperature=0.0, echo=False),
+                    token_callback=pieces.append)
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    assert len(ours.tokens) >= 5
+    assert "".join(pieces) == tokenizer.decode(ours.tokens, skip_special_tokens=False)
+
+
+def test_the_metadata_methods_as_executorch_reads_them(quantized: tuple[str, str]) -> None:
+    from executorch.exir._serialize import _deserialize_pte_binary, _PTEFile, _serialize_pte_binary
+    from executorch.runtime import Runtime
+
+    from xnnquant.pte.quantized import load_kernels
+
+    pte, _ = quantized
+    data = Path(pte).read_bytes()
+    load_kernels(read_pte(data).operators)
+    program = Runtime.get().load_program(data)
+    got = {name: program.load_method(name).execute([]) for name in sorted(program.method_names) if name != "forward"}
+    assert got == {"enable_dynamic_shape": [True], "get_bos_id": [1], "get_eos_ids": [2], "get_max_context_len": [32],
+                   "get_max_seq_len": [32], "get_n_layers": [2], "get_vocab_size": [xq.LLM(pte).info.vocab_size],
+                   "use_kv_cache": [True], "use_sdpa_with_kv_cache": [False]}
+    meta = program.metadata("forward")
+    assert meta.num_inputs() == 2 and meta.num_outputs() == 1
+    # ExecuTorch's serializer writes back what its deserializer read (it stores equal named blobs once
+    # where ours keeps a streamed delegate's constants apart: the bytes differ, the program does not)
+    read = _deserialize_pte_binary(data)
+    again = _deserialize_pte_binary(bytes(_serialize_pte_binary(
+        _PTEFile(read.program, mutable_data=read.mutable_data, named_data=read.named_data),
+        extract_delegate_segments=True)))
+    assert again.program == read.program
+    assert [bytes(b.storage) for b in again.mutable_data] == [bytes(b.storage) for b in read.mutable_data]
+
+
+def test_a_quantized_program_stepped_or_whole_agrees_and_generation_is_reproducible(quantized: tuple[str, str]) -> None:
+    pte, _ = quantized
+    llm = xq.LLM(pte)
+    ids = _ids(8, seed=3, vocab=llm.info.vocab_size)
+    stepped = _stepped(llm, ids, 4)
+    for k, logits in enumerate(stepped):
+        llm.reset()
+        whole = llm.forward(ids[0, :4 + k].tolist(), 0)
+        # per-token int8 activations: each token's codes are its own, so the same program on the whole
+        # prompt differs only where sums in another order move a code (bound: export_llm's STEP_TOLERANCE)
+        assert np.sqrt(np.mean((logits - whole) ** 2) / np.mean(whole ** 2)) < 0.05
+    first = xq.generate(pte, [5, 6, 7], 12, temperature=0.8, top_p=0.9, seed=7)
+    assert xq.generate(pte, [5, 6, 7], 12, temperature=0.8, top_p=0.9, seed=7).tokens == first.tokens
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+def test_models_that_are_not_causal_lms_are_refused() -> None:
+    with pytest.raises(XnnquantError, match="has no language-model head"):
+        xq.export_llm(tf.LlamaModel(tf.LlamaConfig(**COMMON)).eval(), max_context=16)
+    with pytest.raises(XnnquantError, match=r"must be a transformers causal LM .* got Linear"):
+        xq.export_llm(torch.nn.Linear(2, 2), max_context=16)
+    falcon = tf.FalconForCausalLM(tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
+                                                  num_attention_heads=4)).eval()
+    with pytest.raises(XnnquantError, match="does not compute its attention through transformers' attention interface"):
+        xq.export_llm(falcon, max_context=16)
+    gemma2 = tf.Gemma2ForCausalLM(tf.Gemma2Config(**COMMON, head_dim=32)).eval()
+    with pytest.raises(XnnquantError, match=r"caps its attention scores \(attn_logit_softcapping=50.0\)"):
+        xq.export_llm(gemma2, max_context=16)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"max_context": 65}, r"max_context=65 is beyond the 64 positions LlamaForCausalLM was made for"),
+    ({"max_context": 1}, r"max_context must be an int >= 2 \(the positions the KV cache holds\): got 1"),
+    ({"max_context": "16"}, r"max_context must be an int >= 2"),
+    ({"max_context": 16, "eos_ids": [2, 500]}, r"eos_ids 500 is not a token of the vocabulary: expected an id in "
+                                               r"\[0, 96\)"),
+    ({"max_context": 16, "calibration": [torch.zeros(2, 3, dtype=torch.int64)]},
+     r"calibration\[0\] must be a CPU int64 tensor of token ids, shape \[1, n\]"),
+    ({"max_context": 16, "calibration": [torch.full((1, 4), 96)]}, r"outside the vocabulary \[0, 96\): 96 .. 96"),
+    ({"max_context": 16, "rotation": "hadamard"}, r"rotation='hadamard' is not available"),
+])
+def test_bad_arguments_are_refused_before_tracing(kwargs: dict, message: str) -> None:
+    with pytest.raises(XnnquantError, match=message):
+        xq.export_llm(_model("llama"), progress=False, **kwargs)
+
+
+def test_generation_past_the_context_or_the_vocabulary_is_refused(quantized: tuple[str, str]) -> None:
+    pte, _ = quantized
+    llm = xq.LLM(pte)
+    with pytest.raises(XnnquantError, match=r"the prompt's 30 tokens and max_new_tokens=3 do not fit the program's "
+                                            r"context of 32 positions"):
+        llm.generate([5] * 30, 3)
+    with pytest.raises(XnnquantError, match=r"outside the vocabulary \[0, \d+\), first 4000: was the prompt encoded "
+                                            "with this model's tokenizer"):
+        llm.generate([5, 4000], 3)
+    with pytest.raises(XnnquantError, match="prompt_ids must be a non-empty sequence of token ids"):
+        llm.generate([], 3)
+    with pytest.raises(XnnquantError, match="failed to run method 'forward'"):
+        llm.forward([5, 6], 31)  # positions 31 and 32 of 32: the cache update fails the call
+    assert llm.generate([5, 6, 7], 4).tokens == xq.generate(pte, [5, 6, 7], 4).tokens  # it goes on
+    with pytest.raises(XnnquantError, match="the program is not an LLM program"):
+        xq.LLM(xq.export(torch.nn.Linear(4, 4).eval(), (torch.randn(1, 4),), weights="fp32",
+                         progress=False).to_pte())
