@@ -1,12 +1,12 @@
 """Generating tokens with an LLM program (``export_llm``'s ``.pte``) on ExecuTorch's runtime.
 
-``LLM(program)`` loads the program once and reads its metadata methods; ``generate``
-runs the prompt as one call (prefill, at position 0), then one call per new token
-(decode), each at the next position of the KV cache, until ``max_new_tokens`` or an
-end-of-sequence token.  A new generation starts from the file's cache (``reset``): the
-runtime keeps the cache between calls of one loaded program, and a prompt at position 0
-overwrites what earlier calls wrote at its positions, while the causal attention never
-reads a position beyond the current one, so nothing of an earlier generation is read.
+``LLM(program)`` loads the program once, reads its metadata methods and loads ``forward``
+(its XNNPACK delegates pack their weights then: a one-time cost, not a prefill's);
+``generate`` runs the prompt as one call (prefill, at position 0), then one call per new
+token (decode), each at the next position of the KV cache, until ``max_new_tokens`` or an
+end-of-sequence token.  A new generation needs no reload: a prompt at position 0
+overwrites what earlier calls wrote at its positions, and the causal attention never reads
+a position beyond the current one, so nothing of an earlier generation is read.
 
 Sampling: ``temperature=0`` takes the most likely token (greedy; the first of equal
 logits, as ``argmax``); above 0, a token is drawn from ``softmax(logits / temperature)``,
@@ -79,6 +79,7 @@ class LLM:
                             int(found.get("get_vocab_size", 0)), int(found.get("get_n_layers", 0)),
                             found.get("get_bos_id"), tuple(int(e) for e in eos))
         self.position = 0
+        self.forward([0], 0)  # loads the method (overwritten by the first prompt)
 
     def _constant(self, name: str) -> Any:
         outputs = self.session.run(name, [])
@@ -89,6 +90,7 @@ class LLM:
         """Load the program again: the cache holds the file's values, the next call is at 0."""
         self.session.reset()
         self.position = 0
+        self.forward([0], 0)
 
     def forward(self, ids: Sequence[int], position: int) -> np.ndarray:
         """Logits float32 ``[vocab]`` of the last of ``ids``, written at ``position`` onwards."""
@@ -116,7 +118,6 @@ class LLM:
         rng = np.random.default_rng(seed)
         out = result if result is not None else Generation()
         out.prompt_tokens = len(prompt)
-        self.reset()
         begin = time.perf_counter()
         logits = self.forward(prompt, 0)
         out.prefill_seconds = time.perf_counter() - begin
