@@ -1,6 +1,10 @@
 """Command line.
 
 * ``xnnquant export MODEL -o out.pte``: a torch module to one XNNPACK program (``xq.export``);
+* ``xnnquant export-llm MODEL -o model.pte --max-context N``: a causal LM with a KV cache to one
+  program for ExecuTorch's LLM runners (``xq.export_llm``, ``cli/llm.py``);
+* ``xnnquant generate model.pte --tokenizer tokenizer.json --prompt TEXT``: text from such a
+  program, with its prefill and decode speeds;
 * ``xnnquant minilm``: the main job of ``make run``: all-MiniLM-L6-v2 whole, tokens dynamic,
   through ``xq.export`` with each scheme and through ExecuTorch's own flow, size, time,
   latency and accuracy;
@@ -329,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="stop the isolated runtime after this long (default 300)")
     verify.set_defaults(func=_verify)
+    from .llm import add_commands
+
+    add_commands(sub)
     for command in (report, export, minilm, inspect, verify):
         command.add_argument("-v", "--verbose", action="store_true",
                              help="also show what torch, executorch and the runtime log")

@@ -97,11 +97,14 @@ def needs_decomposition(program: Any) -> bool:
     from .passes import HANDLED, load_passes
     from .passes.partition import is_size, portable_refusal
 
+    from .functional import buffer_updates, is_grad_wrapper
+
     lowerings = load_lowerings()
     load_passes()
+    updates = set(buffer_updates(program) or ())
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem or node.target in HANDLED \
-                or is_size(node):
+                or is_size(node) or node in updates or is_grad_wrapper(node):
             continue
         lowering = lowerings.get(node.target)
         if lowering is not None and (lowering.check is None or lowering.check(node) is None or
@@ -110,6 +113,8 @@ def needs_decomposition(program: Any) -> bool:
         values = [node, *node.all_input_nodes]
         if any(_dtype(v) not in ("float32", "") for v in values) and portable_refusal(node) is None:
             continue
+        if node.target not in _decomposition_table() and portable_refusal(node) is None:
+            continue  # no decomposition would change it (ExecuTorch's llama:: kernels), and it runs as it is
         return True
     return False
 
@@ -246,10 +251,11 @@ def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], 
 
 
 def _mutates(program: Any) -> bool:
-    """True when a node writes into one of its arguments (``index_copy_`` on a buffer): the
-    decomposition makes the graph functional (the buffers' new values become outputs)."""
-    return any(node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "is_mutable", False)
-               for node in program.graph.nodes)
+    """True when a node writes into one of its arguments in a way only torch's decomposition
+    makes functional; the in-place updates of buffers ``functional.py`` handles do not count."""
+    from .functional import buffer_updates
+
+    return buffer_updates(program) is None
 
 
 #: Lowered ops without a portable kernel whose decomposition is one op that has one: when
@@ -268,13 +274,16 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     from .lowering import load_lowerings
     from .passes.partition import is_size, portable_refusal
 
+    from .functional import buffer_updates
+
     lowerings = load_lowerings()
     table = _core_decompositions()
     found: dict[Any, Any] = {}
     asked: set[Any] = set()  # ops whose portable kernel was looked up (once: a failed lookup is not cached)
+    updates = set(buffer_updates(program) or ())  # made functional by AtenProgram.of
     for node in program.graph.nodes:
         op = node.target
-        if node.op != "call_function" or op in asked or op not in table or is_size(node):
+        if node.op != "call_function" or op in asked or op not in table or is_size(node) or node in updates:
             continue
         lowering = lowerings.get(op)
         if lowering is not None and (strict or str(op) not in ONE_OP_DECOMPOSITIONS or lowering.check is None
@@ -320,7 +329,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
            check: bool = True, dynamic_shapes: Any = None, calibration_mask: Any = None,
-           strict: bool = False, embeddings: Any = None) -> Exported:
+           strict: bool = False, embeddings: Any = None, _weight_prefix: str = "") -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -383,6 +392,9 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
     Raises ``UnsupportedConfigError`` listing every operator and layer that cannot be
     lowered, each with its module path; ``XnnquantError`` for bad arguments.
+
+    (``_weight_prefix``, for wrappers of this package such as ``xq.export_llm``'s: the path,
+    within ``module``, of the module whose names ``state_dict``'s file holds.)
     """
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
@@ -403,10 +415,10 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     from .passes.embeddings import embedding_rows
 
     with stage("passes", timings):
-        program = AtenProgram.of(traced, weight_file)
+        program = AtenProgram.of(traced, weight_file, _weight_prefix)
         _check_state(program, options)
         if eager is not None:
-            program.find_tied(eager)
+            program.find_tied(eager, _weight_prefix)
         program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
     with buffers_kept(eager, [program.origins[name] for name in program.mutated]):
@@ -498,8 +510,9 @@ def buffers_kept(module: Any, names: Iterable[str]) -> Iterator[None]:
 
 def _check_state(program: AtenProgram, options: ExportOptions) -> None:
     """What a program with state (buffers the module updates) cannot be: one XNNPACK graph
-    (``strict=True``: the updates run outside XNNPACK), streamed (its initial values are the
-    module's), or static int8."""
+    (``strict=True``: the updates run outside XNNPACK), or static int8.  The initial values
+    of a state on the meta device come from the weight file of a streaming export, else are
+    zeros (a cache, which no checkpoint holds); without a weight file it is refused."""
     if not program.state:
         return
     names = ", ".join(repr(program.origins[name]) for name in program.mutated)
@@ -516,11 +529,19 @@ def _check_state(program: AtenProgram, options: ExportOptions) -> None:
         raise UnsupportedConfigError(f"activations='qint8' rewrites one XNNPACK graph into int8, and the module "
                                      f"updates its buffers ({names}), state that runs outside XNNPACK; expected "
                                      "activations='dynamic'")
-    meta = [program.origins[name] for name in program.state if program.state[name].device.type == "meta"]
-    if meta:
-        raise XnnquantError(f"the buffers {', '.join(map(repr, meta))}, which the module updates, are on the meta "
-                            "device: their values when exported are the program's initial state; give them data "
-                            "(build them outside torch.device('meta'))")
+    torch = _torch()
+    for name, tensor in program.state.items():
+        if tensor.device.type != "meta":
+            continue
+        stored = program.stored_tensor(name)  # a streaming export's weight file may hold it
+        if stored is not None:
+            program.state[name] = stored
+        elif program.weight_file is not None:  # as ExecuTorch starts a buffer its program updates: no values
+            program.state[name] = torch.zeros(tensor.shape, dtype=tensor.dtype)
+        else:
+            raise XnnquantError(f"the buffer {program.origins[name]!r}, which the module updates, is on the meta "
+                                "device: its values when exported are the program's initial state; give it data "
+                                "(build it outside torch.device('meta')), or export with state_dict=")
 
 
 def _float_policy() -> Any:

@@ -70,11 +70,17 @@ class AtenProgram:
     mutated: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, program: Any, weight_file: WeightFile | None = None) -> AtenProgram:
-        """The ``AtenProgram`` of a ``torch.export.ExportedProgram`` (its graph copied)."""
+    def of(cls, program: Any, weight_file: WeightFile | None = None, weight_prefix: str = "") -> AtenProgram:
+        """The ``AtenProgram`` of a ``torch.export.ExportedProgram`` (its graph copied).
+        ``weight_prefix``: the path of the module whose names the weight file holds (a wrapper's
+        ``"model."``: the file names ``"lm_head.weight"`` what the program calls
+        ``"model.lm_head.weight"``)."""
         import torch
 
+        from .functional import buffer_updates, functionalize, inline_grad_wrappers
+
         sig = program.graph_signature
+        updates = buffer_updates(program)  # in-place buffer updates torch's decompositions did not make functional
         mutations = [spec for spec in sig.output_specs if spec.kind.name == "BUFFER_MUTATION"]
         assert all(spec.kind.name == "BUFFER_MUTATION" for spec in sig.output_specs[:len(mutations)]), \
             "torch.export lists the buffer updates before the user outputs"
@@ -86,6 +92,15 @@ class AtenProgram:
         copied: dict[Any, Any] = {}
         results, _ = graph.graph_copy(program.graph, copied, return_output_node=True)
         graph.output(results)
+        inline_grad_wrappers(graph, program.graph_module)
+        updated: list[tuple[str, Any]] = []
+        if updates:
+            buffer_of = {copied[n]: copied[n].name for n in program.graph.nodes
+                         if n.op == "placeholder" and n.name in sig.inputs_to_buffers}
+            updated = functionalize(graph, [copied[n] for n in updates], buffer_of)
+            output = next(n for n in graph.nodes if n.op == "output")
+            items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+            output.args = ((*[value for _, value in updated], *items),)
         named = {**program.state_dict, **getattr(program, "constants", {})}
         sources = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
                    **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
@@ -96,19 +111,19 @@ class AtenProgram:
             name = copied[old].name
             if old.name in sources:
                 origin = sources[old.name]
-                if any(spec.target == origin for spec in mutations):
+                if any(spec.target == origin for spec in mutations) or any(b == name for b, _ in updated):
                     out.state[name] = named[origin].detach().clone()  # the values when exported
                 else:
                     out.constants[name] = named[origin]
                 out.origins[name] = origin
-                out.stored[name] = origin
+                out.stored[name] = origin.removeprefix(weight_prefix)
             elif old.name in sig.user_inputs:
                 out.inputs.append(name)
                 out.input_names[name] = old.name
             else:
                 raise UnsupportedConfigError(f"placeholder {old.name!r} is neither an input nor a weight")
         by_origin = {origin: name for name, origin in out.origins.items() if name in out.state}
-        out.mutated = [by_origin[spec.target] for spec in mutations]
+        out.mutated = [by_origin[spec.target] for spec in mutations] + [name for name, _ in updated]
         return out
 
     def user_outputs(self) -> list[Any]:
@@ -229,7 +244,7 @@ class AtenProgram:
 
     # ----------------------------------------------------------------- values
 
-    def find_tied(self, module: Any) -> None:
+    def find_tied(self, module: Any, weight_prefix: str = "") -> None:
         """Read a tied tensor by the name the weight file holds it under.  One parameter of
         ``module`` known by several names (a language model's output layer tied to its token
         table) is saved once, under one of them, and torch.export may name it by another."""
@@ -239,7 +254,7 @@ class AtenProgram:
         names: dict[int, list[str]] = {}
         for name, tensor in (*module.named_parameters(remove_duplicate=False),
                              *module.named_buffers(remove_duplicate=False)):
-            names.setdefault(id(tensor), []).append(name)
+            names.setdefault(id(tensor), []).append(name.removeprefix(weight_prefix))
         by_name = {name: group for group in names.values() for name in group}
         for placeholder, name in self.stored.items():
             if name not in held:
@@ -253,7 +268,8 @@ class AtenProgram:
         checks, naming the tensor."""
         import torch
 
-        tensor, name = self.constants[placeholder], self.stored.get(placeholder)
+        tensor = self.constants[placeholder] if placeholder in self.constants else self.state[placeholder]
+        name = self.stored.get(placeholder)
         file = self.weight_file
         if file is None or name is None or name not in file.file.tensors:
             return None

@@ -262,9 +262,12 @@ class Decoder(torch.nn.Module):
         self.max_context = max_context
         shapes = family.cache_shapes(model)
         self.layers = len(shapes)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))  # meta: streamed, zeros
         for i, (heads, dim) in enumerate(shapes):
-            self.register_buffer(f"cache_k{i}", torch.zeros(1, max_context, heads, dim), persistent=False)
-            self.register_buffer(f"cache_v{i}", torch.zeros(1, max_context, heads, dim), persistent=False)
+            self.register_buffer(f"cache_k{i}", torch.zeros(1, max_context, heads, dim, device=device),
+                                 persistent=False)
+            self.register_buffer(f"cache_v{i}", torch.zeros(1, max_context, heads, dim, device=device),
+                                 persistent=False)
         self.training = False  # the model's own flag is the model's (export refuses training mode)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -272,7 +275,7 @@ class Decoder(torch.nn.Module):
         start = input_pos[0].item()
         torch._check_is_size(start)
         torch._check(start + n <= self.max_context)
-        positions = torch.arange(n, dtype=torch.int64) + input_pos
+        positions = torch.arange(n, dtype=torch.int64, device=input_pos.device) + input_pos
         token = _STEP.set(Step(start, positions, self))
         try:
             return self.family.logits(self, tokens, positions, input_pos)

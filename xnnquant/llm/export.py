@@ -188,7 +188,8 @@ def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embedd
     with family.using(model):
         exported = export(decoder, example, weights=weights, method=method, calibration=batches,
                           fallback=fallback, progress=progress, state_dict=state_dict, check=check,
-                          dynamic_shapes=({1: tokens}, None), embeddings=embeddings)
+                          dynamic_shapes=({1: tokens}, None), embeddings=embeddings,
+                          _weight_prefix="model.")  # a checkpoint names the model's own tensors
         info = LLMInfo(max_context, vocab, decoder.layers or int(getattr(model, "n_layers", 0)),
                        None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)))
         add_metadata(exported.builder, info)

@@ -1,0 +1,150 @@
+"""Buffer updates made functional without torch's decompositions.
+
+``torch.export`` gives a graph in which a module's in-place update of its own buffer is an
+in-place node (``b_cache.index_copy_(1, positions, k)``), and ``run_decompositions``
+retraces the whole program to make it functional (the buffer's new value becomes an output
+of the graph): for a 30-layer decoder, twice the time of the export itself.  When every
+in-place node is such an update, the copy ``AtenProgram.of`` makes is made functional
+here instead, node by node, as the retrace would make it::
+
+    b.index_copy_(d, index, values)      ->  b' = index_put(b, [None] * d + [index], values)
+    b.index_put_(indices, values, acc)   ->  b' = index_put(b, indices, values, acc)
+    b.copy_(src)                         ->  b' = expand_copy(src to b's shape) (dtype b's)
+    b.add_(other, alpha) / mul_ / sub_   ->  b' = add(b, other, alpha) / mul / sub
+
+    every later reader of b (or of the in-place node's result) reads b' instead, and the
+    graph's outputs begin with each updated buffer's last value (torch.export's buffer
+    mutations, ``AtenProgram.mutated``).
+
+A node that updates a buffer through a view (a slice assignment), or any other in-place
+node, leaves the program to ``run_decompositions``.  Blocks that only switch grad mode
+(``wrap_with_set_grad_enabled``, which ``torch.no_grad()`` sections of a forward become)
+are inlined: export runs without grad.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+#: In-place update -> how its functional value is made (module docstring).
+INPLACE = (aten.index_copy_.default, aten.index_put_.default, aten.copy_.default, aten.add_.Tensor,
+           aten.add_.Scalar, aten.mul_.Tensor, aten.mul_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar)
+#: The grad-mode block torch.export makes of ``with torch.no_grad():`` in a forward.
+GRAD_WRAPPER = "wrap_with_set_grad_enabled"
+
+
+def is_grad_wrapper(node: Any) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__name__", str(node.target)) == GRAD_WRAPPER
+
+
+def _buffers(program: Any) -> set[str]:
+    return set(program.graph_signature.inputs_to_buffers)
+
+
+def buffer_updates(program: Any) -> list[Any] | None:
+    """The in-place nodes of a ``torch.export.ExportedProgram`` that update a buffer (module
+    docstring), or None when some other node mutates its arguments (it needs torch's
+    functionalization)."""
+    buffers = _buffers(program)
+    updated: dict[Any, str] = {}  # in-place node -> the buffer it updates
+    found = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or is_grad_wrapper(node):
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            continue
+        first = node.args[0] if node.args else None
+        root = first.name if getattr(first, "op", None) == "placeholder" and first.name in buffers else \
+            updated.get(first)
+        if node.target not in INPLACE or root is None:
+            return None
+        updated[node] = root
+        found.append(node)
+    return found
+
+
+def _functional(graph: Any, node: Any, current: Any) -> Any:
+    """The functional node standing for the in-place ``node`` on the buffer value ``current``."""
+    target, args = node.target, node.args
+    if target is aten.index_copy_.default:
+        dim = args[1] % len(current.meta["val"].shape)
+        return graph.call_function(aten.index_put.default, (current, [None] * dim + [args[2]], args[3]))
+    if target is aten.index_put_.default:
+        return graph.call_function(aten.index_put.default, (current, *args[1:]), dict(node.kwargs))
+    if target is aten.copy_.default:
+        want, src = current.meta["val"], args[1]
+        have = src.meta["val"]
+        if have.dtype != want.dtype:
+            with want.fake_mode:
+                converted = have.to(want.dtype)
+            src = graph.call_function(aten._to_copy.default, (src,), {"dtype": want.dtype})
+            src.meta["val"] = converted
+        if tuple(have.shape) == tuple(want.shape):
+            return src  # the new value is the source itself
+        return graph.call_function(aten.expand_copy.default, (src, list(want.shape)))
+    functional = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Scalar,
+                  aten.mul_.Tensor: aten.mul.Tensor, aten.mul_.Scalar: aten.mul.Scalar,
+                  aten.sub_.Tensor: aten.sub.Tensor, aten.sub_.Scalar: aten.sub.Scalar}[target]
+    return graph.call_function(functional, (current, *args[1:]), dict(node.kwargs))
+
+
+def inline_grad_wrappers(graph: Any, owner: Any) -> None:
+    """Inline every grad-mode block of ``graph`` (its submodule read from ``owner``, the
+    exported program's graph module)."""
+    for node in list(graph.nodes):
+        if not is_grad_wrapper(node):
+            continue
+        getter = node.args[1]
+        body = getattr(owner, getter.target).graph
+        env = dict(zip([n for n in body.nodes if n.op == "placeholder"], node.args[2:]))
+        with graph.inserting_before(node):
+            outputs, _ = graph.graph_copy(body, env, return_output_node=True)
+        outputs = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
+        for user in list(node.users):
+            if user.target is operator.getitem:
+                user.replace_all_uses_with(outputs[user.args[1]])
+                graph.erase_node(user)
+        graph.erase_node(node)
+        if not getter.users:
+            graph.erase_node(getter)
+
+
+def functionalize(graph: Any, updates: list[Any], buffer_of: dict[Any, str]) -> list[tuple[str, Any]]:
+    """Replace the in-place ``updates`` of ``graph`` (nodes of it) by functional nodes (module
+    docstring); ``buffer_of``: buffer placeholder node -> its name.  Returns (buffer
+    placeholder name, its last value) per updated buffer, in the order first updated."""
+    latest: dict[Any, Any] = {}  # buffer placeholder -> its current value (nodes are visited in order)
+    root: dict[Any, Any] = {}  # in-place node -> its buffer placeholder
+    pending = set(updates)
+    for node in list(graph.nodes):
+        if node.op == "output":
+            break
+        if node in pending:
+            first = node.args[0]
+            buffer = first if first in buffer_of else root[first]
+            with graph.inserting_before(node):
+                value = _functional(graph, node, latest.get(buffer, buffer))
+            if value is not node.args[1]:  # a node of its own (not a copy's source)
+                value.meta.update({k: v for k, v in node.meta.items() if k not in value.meta})
+                value.meta["val"] = node.meta["val"]
+            root[node] = buffer
+            latest[buffer] = value
+            for user in list(node.users):  # readers of the in-place node's result read the new value
+                user.replace_input_with(node, value)
+            continue
+        for arg in node.all_input_nodes:
+            if arg in latest:  # read after the update: the new value
+                node.replace_input_with(arg, latest[arg])
+    output = next(n for n in graph.nodes if n.op == "output")
+    for arg in output.all_input_nodes:
+        if arg in buffer_of and arg in latest:
+            output.replace_input_with(arg, latest[arg])
+    for node in updates:
+        graph.erase_node(node)
+    return [(buffer_of[b], v) for b, v in latest.items()]
