@@ -187,3 +187,17 @@ def test_notebook_plots_are_the_notebooks_outputs(plot: Path) -> None:
     if os.environ.get("XNNQUANT_UPDATE_PLOTS") == "1":
         plot.write_bytes(data)
     assert plot.read_bytes() == data, f"{plot.name} is not the notebook's plot: XNNQUANT_UPDATE_PLOTS=1 copies it"
+
+
+def test_blocks_and_skip_markers(tmp_path: Path) -> None:
+    """The extraction itself: fences (indented ones too), line numbers, the skip marker and its reason."""
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n```python\nx = 1\n```\n\n<!-- skip: needs 4 GB of weights -->\n```python\nraise SystemExit\n```\n"
+                    "- item\n\n    ```sh\n    make test\n    ```\n", encoding="utf-8")
+    found = blocks(page)
+    assert [(b.lang, b.line, b.code, b.skip) for b in found] == [
+        ("python", 4, "x = 1\n", None), ("python", 9, "raise SystemExit\n", "needs 4 GB of weights"),
+        ("sh", 14, "make test\n", None)]
+    page.write_text("<!-- skip: -->\n```python\nx = 1\n```\n", encoding="utf-8")
+    with pytest.raises(AssertionError, match="needs its reason"):
+        blocks(page)
