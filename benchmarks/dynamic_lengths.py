@@ -20,7 +20,7 @@ ids and attention mask in, sentence embedding out, ``minilm_torch.sentence_encod
 3. **Memory.**  One fresh process per line (``--memory FILE LENGTH``): VmRSS before the
    program is loaded (its bytes already read), after loading its method, and after one
    call at LENGTH, with the peak (VmHWM, reset before the call).  From bytes (the figures in
-   the README were taken so, before programs held their constants as named data, when an
+   docs/benchmarks.md were taken so, before programs held their constants as named data, when an
    xnnquant program loaded by path crashed).  The dynamic program at 128 against the
    program fixed at ``(1, 128)``; at 16 tokens against the fixed ``(1, 32)`` one; ExecuTorch's
    dynamic program at both.  Beside each, what the program asks the runtime to plan:

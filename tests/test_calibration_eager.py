@@ -256,7 +256,7 @@ def test_unusable_inputs_get_the_programs_error_and_leave_the_module_as_it_was(m
 
 def test_a_transformers_llama_calibrates_as_its_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers' Llama (padding masks, rotary positions) runs the batches itself: the traced
-    path's .pte bytes (BERT, RoBERTa, DistilBERT, Qwen2 and T5 too: README)."""
+    path's .pte bytes (BERT, RoBERTa, DistilBERT, Qwen2 and T5 too: docs/benchmarks.md)."""
     pytest.importorskip("transformers")
     import hf_models
 

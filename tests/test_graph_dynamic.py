@@ -5,7 +5,7 @@ tensors it is given on each call (its reshape step), and ``run`` executes a prog
 input and output tensors are declared ``DYNAMIC_BOUND`` at the payload's dims.  Oracles:
 the real XNNPACK inside executorch 1.4.1 (``run``, and the ExecuTorch runtime on a
 ``to_pte`` program directly), ExecuTorch's own ``.pte`` deserializer, and numpy
-references written here.  The facts measured for them are in the README ("Dynamic shapes").
+references written here.  The facts measured for them are in docs/exporting.md ("Dynamic shapes").
 """
 
 from __future__ import annotations

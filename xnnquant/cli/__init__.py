@@ -1,28 +1,14 @@
-"""Command line.
+"""Command line: ``xnnquant COMMAND ...`` (``build_parser`` lists the commands, ``main`` runs one).
 
-* ``xnnquant export MODEL -o out.pte``: a torch module to one XNNPACK program (``xq.export``);
-* ``xnnquant export-llm MODEL -o model.pte --max-context N``: a causal LM with a KV cache to one
-  program for ExecuTorch's LLM runners (``xq.export_llm``, ``cli/llm.py``);
-* ``xnnquant generate model.pte --tokenizer tokenizer.json --prompt TEXT``: text from such a
-  program, with its prefill and decode speeds;
-* ``xnnquant minilm``: the main job of ``make run``: all-MiniLM-L6-v2 whole, tokens dynamic,
-  through ``xq.export`` with each scheme and through ExecuTorch's own flow, size, time,
-  latency and accuracy;
-* ``xnnquant report``: every scheme on all-MiniLM-L6-v2's linears (weight SQNR and bytes);
-* ``xnnquant inspect FILE``: the values and nodes of an XNNGraph payload, or of every
-  XNNPACK delegate of an ExecuTorch program (``.pte``), with bytes by datatype;
-* ``xnnquant verify FILE``: run a payload on the real XNNPACK and on the reference
-  interpreter; run every method of a ``.pte`` on the ExecuTorch runtime and check each
-  XNNPACK delegate against the interpreter on the inputs the program fed it.
+Each command prints only xnnquant's own lines: what libraries write to stderr while they
+load or run (torch and torchao registration warnings, the runtime's log) is held back, and
+shown with ``--verbose``.  ``verify`` runs the payload or the program in a separate process
+(``graph.worker``), so one that crashes the runtime is reported as an error with the
+runtime's last log lines.  Bad input ends a command with one line ``xnnquant: error: ...``
+and status 2, a fault of xnnquant with status 3; never a traceback unless ``--verbose``.
 
-``.pte`` files are recognised by their identifier (``ET12``), whatever their name; the
-``.ptd`` data files ExecuTorch writes for external constants are given with ``--data``.
-
-Normal runs print only xnnquant's own lines: what libraries write to stderr while they
-load or run (torch and torchao registration warnings, the runtime's log) is held back,
-and shown with ``--verbose``.  ``verify`` runs the payload or the program in a separate
-process (``graph.worker``), so one that crashes the runtime is reported as an error with
-the runtime's last log lines; that process's log is shown only with ``--verbose``.
+``--help`` text is plain: one line saying what the program or command does, its options,
+then examples (``DESCRIPTION``, ``EXAMPLES`` and each command's ``Command`` row).
 """
 
 from __future__ import annotations
@@ -34,6 +20,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -266,16 +253,55 @@ def _tolerance(text: str) -> float:
     return value
 
 
+#: The program's one-line description: the first line of ``xnnquant --help``.
+DESCRIPTION = "Quantize PyTorch models for XNNPACK; write, inspect and check .pte programs."
+
+#: ``xnnquant --help``'s closing lines.
+EPILOG = """examples:
+  xnnquant export xnnquant.models.cnn:example -o cnn.pte --weights qc8w
+  xnnquant inspect cnn.pte
+  xnnquant verify cnn.pte
+  make run                      (= xnnquant minilm: the main job)
+
+xnnquant COMMAND --help shows a command's options and examples."""
+
+
+class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, with the commands' summaries in one column: it measures the command names
+    at the section's indent but prints them indented once more, so a name of more than 8
+    characters (export-llm) was put on a line of its own."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(name) for name in action.choices), default=0)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 2)
+
+
+def _add_command(sub: Any, name: str, summary: str, examples: tuple[str, ...], notes: str = "") -> Any:
+    """A subcommand whose ``--help`` reads like the program's: ``summary`` (one line, also its
+    row in ``xnnquant --help``), its options, then ``examples`` and ``notes`` (plain text)."""
+    epilog = "examples:\n" + "\n".join(f"  {line}" for line in examples)
+    if notes:
+        epilog += "\n\n" + textwrap.fill(notes, width=78)
+    return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".", epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xnnquant", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    report = sub.add_parser("report", help="quantize all-MiniLM-L6-v2's linear weights with every scheme; "
-                                           "print bytes and SQNR")
-    report.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64, 128], metavar="G",
-                        help="blockwise int4 group sizes (multiples of 32 dividing 384)")
-    report.set_defaults(func=_report)
-    export = sub.add_parser("export", help="export a torch module to one XNNPACK program (.pte or .xnn)",
-                            description="Export a torch module with xq.export and write the program.")
+    parser = argparse.ArgumentParser(prog="xnnquant", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=_CommandsFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    export = _add_command(
+        sub, "export", "export a torch module to one XNNPACK program (.pte or .xnn)",
+        ("xnnquant export xnnquant.models.cnn:example -o cnn.pte --weights qc8w",
+         "xnnquant export my_models:factory -o model.pte --method mse --embeddings int8",
+         "xnnquant export my_models:factory -o model.pte --dynamic seq:1:128:0.1,1.1",
+         "xnnquant export xnnquant.models.cnn:example -o cnn-int8.pte --weights qc8w \\",
+         "    --activations qint8 --calibration xnnquant.models.cnn:calibration",
+         "xnnquant export my_models:on_meta -o big.pte --weights-from model.safetensors"),
+        "MODEL is package.module:factory, a callable returning (module, example_inputs), or a .pt2 file "
+        "saved by torch.export.save.  The report (one row per weight) and the delegation report follow.")
     export.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                         help="package.module:factory (a callable returning (module, example_inputs)) or a .pt2 "
                              f"file saved by torch.export.save (default: {DEFAULT_MODEL}, the MiniLM encoder)")
@@ -304,26 +330,25 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export)
-    minilm = sub.add_parser("minilm", help="the main job: all-MiniLM-L6-v2 through xq.export and ExecuTorch's flow",
-                            description="Export all-MiniLM-L6-v2 whole (token ids and mask in, sentence embedding "
-                                        "out; tokens dynamic 1..128) with each scheme, and with ExecuTorch's "
-                                        "own flow; run each .pte on the real XNNPACK on held-out sentences at "
-                                        "their own lengths; print size, export time, latency and embedding "
-                                        "accuracy side by side.")
-    minilm.add_argument("--json", action="store_true", help="print the rows as JSON")
-    minilm.add_argument("--no-executorch", action="store_true", help="leave out ExecuTorch's own flow")
-    minilm.add_argument("--no-progress", action="store_true", help="no progress bar")
-    minilm.add_argument("--save", metavar="DIR", default=None,
-                        help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse-b1.pte), for xnnquant verify")
-    minilm.set_defaults(func=_minilm)
-    inspect = sub.add_parser("inspect", help="print the values and nodes of an XNNGraph payload or of every "
-                                             "XNNPACK delegate of a .pte")
+    from .llm import add_commands
+
+    add_commands(sub)
+    inspect = _add_command(
+        sub, "inspect", "list the values and nodes of a payload or a .pte's delegates",
+        ("xnnquant inspect model.pte", "xnnquant inspect model.pte --data model.ptd --json",
+         "xnnquant inspect model.xnn"),
+        "A .pte is recognised by its identifier (ET12), whatever its name.")
     inspect.add_argument("file", help="payload file (with or without XNNHeader, XN00 or XN01) or ExecuTorch .pte")
     inspect.add_argument("--no-validate", action="store_true", help="show payloads the runtime would refuse")
     inspect.add_argument("--json", action="store_true", help="print the same as JSON")
     inspect.set_defaults(func=_inspect)
-    verify = sub.add_parser("verify", help="run a payload or a .pte on the real XNNPACK and its payloads on the "
-                                           "reference interpreter")
+    verify = _add_command(
+        sub, "verify", "check a payload or .pte on XNNPACK against the interpreter",
+        ("xnnquant verify model.pte", "xnnquant verify model.xnn --seed 1 --tolerance 1e-3",
+         "xnnquant verify model.pte --timeout 60"),
+        "A payload runs on random inputs; a .pte runs every method on the ExecuTorch runtime and each "
+        "XNNPACK delegate is checked on the inputs the program fed it.  The run happens in a separate "
+        "process, so a payload that crashes the runtime is reported as an error.  Status 1 on a mismatch.")
     verify.add_argument("file", help="payload file or ExecuTorch .pte")
     verify.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (an integer >= 0)")
     verify.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
@@ -333,9 +358,25 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="stop the isolated runtime after this long (default 300)")
     verify.set_defaults(func=_verify)
-    from .llm import add_commands
-
-    add_commands(sub)
+    report = _add_command(
+        sub, "report", "every scheme on all-MiniLM-L6-v2's linears: bytes and SQNR",
+        ("xnnquant report", "xnnquant report --group-sizes 32 128"))
+    report.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64, 128], metavar="G",
+                        help="blockwise int4 group sizes (multiples of 32 dividing 384)")
+    report.set_defaults(func=_report)
+    minilm = _add_command(
+        sub, "minilm", "the main job of make run: MiniLM, xq.export against ExecuTorch",
+        ("xnnquant minilm", "xnnquant minilm --no-executorch --json", "xnnquant minilm --save programs/"),
+        "Exports all-MiniLM-L6-v2 whole (token ids and mask in, sentence embedding out; tokens dynamic "
+        "1..128) with each scheme, and with ExecuTorch's own flow; runs each .pte on the real XNNPACK on "
+        "held-out sentences at their own lengths; prints size, export time, latency and embedding "
+        "accuracy side by side.")
+    minilm.add_argument("--json", action="store_true", help="print the rows as JSON")
+    minilm.add_argument("--no-executorch", action="store_true", help="leave out ExecuTorch's own flow")
+    minilm.add_argument("--no-progress", action="store_true", help="no progress bar")
+    minilm.add_argument("--save", metavar="DIR", default=None,
+                        help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse-b1.pte), for xnnquant verify")
+    minilm.set_defaults(func=_minilm)
     for command in (report, export, minilm, inspect, verify):
         command.add_argument("-v", "--verbose", action="store_true",
                              help="also show what torch, executorch and the runtime log")

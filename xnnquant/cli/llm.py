@@ -27,10 +27,18 @@ from ..errors import XnnquantError, missing_extra
 
 def add_commands(sub: Any) -> None:
     """The two subcommands, on ``sub`` (the parser's subparsers)."""
-    export = sub.add_parser("export-llm", help="export a causal LM with a KV cache to one .pte for ExecuTorch's "
-                                               "LLM runners",
-                            description="Export a causal LM with xq.export_llm: forward(tokens, input_pos) -> logits "
-                                        "over a KV cache, and the metadata methods TextLLMRunner reads.")
+    from . import _add_command
+
+    export = _add_command(
+        sub, "export-llm", "export a causal LM with a KV cache for ExecuTorch's runners",
+        ("xnnquant export-llm path/to/checkpoint -o model.pte --max-context 256",
+         "xnnquant export-llm model.gguf -o m.pte --max-context 512 --weights qb4w:128",
+         "xnnquant export-llm path/to/checkpoint -o model.pte --max-context 256 \\",
+         "    --method gptq --calibration text.txt --calibration-windows 32"),
+        "MODEL is a transformers checkpoint folder (config.json and safetensors weights, read one tensor "
+        "at a time while the program is written), a .gguf file, or package.module:factory returning the "
+        "model.  The program has forward(tokens, input_pos) -> logits over a KV cache, and the metadata "
+        "methods TextLLMRunner and llama_main read.")
     export.add_argument("model", help="a transformers checkpoint folder (config.json + safetensors), a .gguf file, "
                                       "or package.module:factory returning the model")
     export.add_argument("-o", "--output", required=True, help="the .pte to write")
@@ -54,9 +62,14 @@ def add_commands(sub: Any) -> None:
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export_llm)
-    generate = sub.add_parser("generate", help="generate text with an LLM .pte (prefill and decode tokens/s)",
-                              description="Encode the prompt, run the program's prefill and one decode call per "
-                                          "new token on ExecuTorch's runtime, print the text as it comes.")
+    generate = _add_command(
+        sub, "generate", "generate text with an LLM .pte; print prefill/decode speed",
+        ("xnnquant generate model.pte --tokenizer tokenizer.json --prompt 'Once upon'",
+         "xnnquant generate model.pte --tokenizer tokenizer.json --prompt 'Hello' \\",
+         "    --temperature 0.7 --seed 1"),
+        "The prompt is encoded with the tokenizer (tokenizers' JSON, as transformers saves it), run as one "
+        "call, then one call per new token on ExecuTorch's runtime; the text is printed as it comes, the "
+        "speeds on stderr.")
     generate.add_argument("program", help="an LLM .pte (from xnnquant export-llm)")
     generate.add_argument("--tokenizer", required=True, metavar="tokenizer.json", help="the model's tokenizer")
     generate.add_argument("--prompt", default=None, help="the prompt (default: read from stdin)")

@@ -86,7 +86,7 @@ REPEATS = 5  # timed calls per program and input, after one untimed call
 #: calibrated row runs the module's program on, in batches of ``CALIBRATION_BATCH``
 #: (padding left out: the module's mask input is ``calibration_mask``).  GPTQ's mean cosine
 #: on the evaluation sentences was 0.9887 with the first 128, 0.9901 with 256, 0.9907
-#: with 384, 0.9916 with all (README).
+#: with 384, 0.9916 with all (docs/benchmarks.md).
 CALIBRATION_SENTENCES = 509
 CALIBRATION_BATCH = 64
 
@@ -417,7 +417,7 @@ def run(schemes: Sequence[Scheme] = SCHEMES, with_executorch: bool = True,
 
 
 def format_rows(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table (pasted into the README as is)."""
+    """The rows as a Markdown table (pasted into docs/benchmarks.md as is)."""
     header = ("flow", "scheme", ".pte size", "export time", "ms/sentence batch 1", f"ms/sentence batch {BATCH}",
               "CPU 1 thread", "delegates", "cos mean", "cos worst", f"cos worst batch {BATCH}")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

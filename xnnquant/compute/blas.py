@@ -4,7 +4,7 @@ numpy's OpenBLAS runs every large enough product and factorization on threads of
 own, which wait for each other at every step of a blocked algorithm.  On a machine whose
 cores are busy with other processes (or with torch's threads) each such wait can cost a
 scheduler slice, so a Cholesky factorization with many small steps becomes hundreds of
-times slower than on one thread (figures in the README's activation-aware section).
+times slower than on one thread (figures in docs/benchmarks.md, "Calibrated export time").
 The activation-aware methods run many small factorizations and products, so they run
 with numpy's BLAS on one thread (``one_blas_thread``) and spread their rows over the
 cores themselves (``parallel.for_ranges``).

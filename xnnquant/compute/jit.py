@@ -4,7 +4,7 @@ The quantizers' kernels (``schemes/kernels.py``, ``packing/int4.py``, ``schemes/
 cut their input into cache-sized pieces and run each piece through a few steps.  In
 numpy every step is its own pass over the piece (``abs``, ``max``, ``multiply``,
 ``rint``, ``clip``, cast, ...); numba runs the steps of one block back to back in
-registers (``compute.loops``), which saves the passes' memory traffic (README,
+registers (``compute.loops``), which saves the passes' memory traffic (docs/benchmarks.md,
 "Performance", gives the speed-up).
 
 Both paths give the same bits: the loops do the same float32 operations in the same

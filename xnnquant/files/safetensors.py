@@ -5,7 +5,7 @@ the file is opened (dtypes, shapes, offsets that tile the data section exactly, 
 truncated), then closes it.  ``read`` maps one tensor's bytes (``mmap``) and views them as
 an array: no copy, the page cache's pages are the array, and they leave the process's
 resident memory when the array goes, so peak memory is one tensor's bytes, not the file's
-(one ``safe_open`` kept for all reads maps the whole file; ``get_tensor`` copies: README,
+(one ``safe_open`` kept for all reads maps the whole file; ``get_tensor`` copies: docs/benchmarks.md,
 "Performance").  A file cut
 short after it was checked is refused before mapping (a mapped page past the end would
 stop the process with SIGBUS), and so is a file changed in any way since it was opened:
@@ -139,7 +139,7 @@ class SafetensorsFile:
         """Read tensor ``name``'s bytes into the page cache and wait for them (``chunk``
         bytes at a time into one scratch buffer): for a thread that reads ahead, so the
         disk works while the caller quantizes (faster than ``posix_fadvise(WILLNEED)``
-        hints on a cold file: README, "Performance")."""
+        hints on a cold file: docs/benchmarks.md, "Performance")."""
         begin, end = self._span(self.info(name).name)
         scratch = memoryview(bytearray(min(chunk, max(end - begin, 1))))
         with open(self.path, "rb", buffering=0) as f:

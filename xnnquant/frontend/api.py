@@ -93,11 +93,10 @@ def needs_decomposition(program: Any) -> bool:
     """
     import operator
 
+    from .functional import buffer_updates, is_grad_wrapper
     from .lowering import load_lowerings
     from .passes import HANDLED, load_passes
     from .passes.partition import is_size, portable_refusal
-
-    from .functional import buffer_updates, is_grad_wrapper
 
     lowerings = load_lowerings()
     load_passes()
@@ -271,10 +270,9 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     decompositions keep, and (unless ``strict``) the ``ONE_OP_DECOMPOSITIONS`` whose
     lowering's check refuses a node."""
 
+    from .functional import buffer_updates
     from .lowering import load_lowerings
     from .passes.partition import is_size, portable_refusal
-
-    from .functional import buffer_updates
 
     lowerings = load_lowerings()
     table = _core_decompositions()

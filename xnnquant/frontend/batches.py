@@ -41,7 +41,7 @@ from ..errors import XnnquantError
 from .program import AtenProgram
 
 #: Batches of at most this many shapes are traced once per shape; more, once with dynamic dims
-#: (a dynamic trace costs about as much as two or three static ones: see the README).
+#: (a dynamic trace costs about as much as two or three static ones: see docs/benchmarks.md).
 STATIC_SHAPES = 2
 
 

@@ -52,8 +52,8 @@ linear reading it, ``x W^T = (x / s) (W s)^T`` for any positive per-channel ``s`
 input is divided by ``s`` (one XNNMultiply by a constant before the XNNConvert) and the
 weight's columns multiplied by it before quantization.  With
 ``s_j = absmax_j^a / max_i |W_ij|^(1 - a)``, ``a = 0.5`` (SmoothQuant's rule, Xiao et al.
-2023), activations and weights share the range (its effect on MiniLM: README,
-"Export a PyTorch model").  Linears sharing one input (query, key, value) share ``s``,
+2023), activations and weights share the range (its effect on MiniLM: docs/accuracy.md,
+"Equalization").  Linears sharing one input (query, key, value) share ``s``,
 taken over all their weights, so they keep sharing one conversion.
 """
 

@@ -14,7 +14,7 @@ reached the values of its inputs over *all* batches are there::
 
 With several batches and several cores, a node's batches are computed side by side, one
 per core, torch on one thread each (``parallel.for_ranges``): no op then waits for threads
-of its own at every step (figures in the README).  Each node is computed once per batch,
+of its own at every step (figures in docs/benchmarks.md).  Each node is computed once per batch,
 and a value is dropped as soon as the last node reading it has been computed, so at most
 the values live across one point of the graph are held (for every batch).  Constants
 (parameters, buffers, folded tensors) are shared by all batches.

@@ -60,8 +60,8 @@ def buffer_updates(program: Any) -> list[Any] | None:
         if schema is None or not schema.is_mutable:
             continue
         first = node.args[0] if node.args else None
-        root = first.name if getattr(first, "op", None) == "placeholder" and first.name in buffers else \
-            updated.get(first)
+        is_buffer = getattr(first, "op", None) == "placeholder" and getattr(first, "name", None) in buffers
+        root = str(first.name) if is_buffer else updated.get(first)  # type: ignore[union-attr]
         if node.target not in INPLACE or root is None:
             return None
         updated[node] = root

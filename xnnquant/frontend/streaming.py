@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 READ_AHEAD_BYTES = 256 << 20
 #: Bytes of tensors, in file order, read while torch.export traces the module and
 #: ExecuTorch is imported, before any weight is asked for (models are usually stored in
-#: the order their layers run): the disk is otherwise idle then (README, "Performance").
+#: the order their layers run): the disk is otherwise idle then (docs/benchmarks.md, "Performance").
 WARM_START_BYTES = 1 << 30
 
 
