@@ -162,3 +162,43 @@ def test_a_program_with_state_cannot_be_one_xnnpack_graph() -> None:
     with pytest.raises(UnsupportedConfigError, match=r"strict=True asks for one pure XNNPACK graph, and the module "
                                                      r"updates its buffers \('k'\)"):
         xq.export(module, (x, p), weights="fp32", strict=True, progress=False)
+
+
+def test_transformers_own_static_cache_wrapper_answers_as_transformers() -> None:
+    """transformers' ``TorchExportableModuleWithStaticCache`` holds its cache in tensors that
+    torch.export lifts as constants (reached through the cache object) and updates through
+    an alias: they are state all the same, named by the buffers they are.  Its program,
+    stepped, gives the logits of transformers' model on the whole sequence (``RTOL``)."""
+    import transformers as tf
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               max_position_embeddings=64)).eval()
+    model.generation_config.cache_implementation = "static"
+    wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=16).eval()
+
+    class Positional(torch.nn.Module):  # xq.export takes positional tensors
+        def __init__(self) -> None:
+            super().__init__()
+            self.wrapper = wrapper
+
+        def forward(self, ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+            return self.wrapper(input_ids=ids, cache_position=cache_position)
+
+    n = torch.export.Dim("n", min=1, max=16)
+    exported = xq.export(Positional().eval(), (torch.tensor([[5, 6]]), torch.tensor([0, 1])), weights="fp32",
+                         dynamic_shapes=({1: n}, {0: n}), progress=False)
+    assert set(exported.state) == {f"wrapper.{kind}_{i}" for kind in ("key_cache", "value_cache",
+                                                                      "cumulative_length") for i in (0, 1)}
+    ids = torch.randint(3, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits[0].numpy()
+    session = exported.session()
+    (got,) = session.run(ids[:, :3], torch.arange(3))
+    logits = [got[0, -1]]
+    for i in range(3, 7):
+        (got,) = session.run(ids[:, i:i + 1], torch.tensor([i]))
+        logits.append(got[0, -1])
+    np.testing.assert_allclose(np.stack(logits), want[2:], rtol=0, atol=RTOL * float(np.abs(want).max()))

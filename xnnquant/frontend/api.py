@@ -96,6 +96,7 @@ def needs_decomposition(program: Any) -> bool:
     from .functional import buffer_updates, is_grad_wrapper
     from .lowering import load_lowerings
     from .passes import HANDLED, load_passes
+    from .passes.masks import rescued
     from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
@@ -103,7 +104,7 @@ def needs_decomposition(program: Any) -> bool:
     updates = set(buffer_updates(program) or ())
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem or node.target in HANDLED \
-                or is_size(node) or node in updates or is_grad_wrapper(node):
+                or is_size(node) or node in updates or is_grad_wrapper(node) or rescued(node):
             continue
         lowering = lowerings.get(node.target)
         if lowering is not None and (lowering.check is None or lowering.check(node) is None or
@@ -419,7 +420,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
             program.find_tied(eager, _weight_prefix)
         program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
-    with buffers_kept(eager, [program.origins[name] for name in program.mutated]):
+    with buffers_kept(list(program.live.values())):
         statistics = _statistics(eager, program, decompositions, options, timings, traced)
     with stage("passes", timings):
         pass_options = _PassOptions(statistics, options.strict, options.embeddings, options.method)
@@ -478,8 +479,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         from .evaluation import single_threaded
         from .selfcheck import self_check
 
-        with stage("check", timings), single_threaded(), \
-                buffers_kept(eager, [program.origins[name] for name in program.mutated]):
+        with stage("check", timings), single_threaded(), buffers_kept(list(program.live.values())):
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
                                              exported if members is not None else None, int8)
     exported.state = {program.origins[name]: tuple(program.state[name].shape) for name in program.state}
@@ -487,23 +487,19 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
 
 @contextlib.contextmanager
-def buffers_kept(module: Any, names: Iterable[str]) -> Iterator[None]:
-    """Run the body (which calls ``module``: calibration, the self-check) and put back the
-    values of the buffers ``names`` that the module's forward updates: export never leaves
-    the caller's module changed."""
-    names = list(names)
-    if module is None or not names:
-        yield
-        return
-    torch = _torch()
-    buffers = dict(module.named_buffers(remove_duplicate=False))
-    saved = {name: buffers[name].detach().clone() for name in names if name in buffers}
+def buffers_kept(tensors: Iterable[Any]) -> Iterator[None]:
+    """Run the body (which calls the module: calibration, the self-check) and put back the
+    values of ``tensors``, the module's own tensors that its forward updates: export never
+    leaves the caller's module changed."""
+    kept = [(t, t.detach().clone()) for t in tensors if t.device.type != "meta"]
     try:
         yield
     finally:
-        with torch.no_grad():
-            for name, value in saved.items():
-                buffers[name].copy_(value)
+        if kept:
+            torch = _torch()
+            with torch.no_grad():
+                for tensor, value in kept:
+                    tensor.copy_(value)
 
 
 def _check_state(program: AtenProgram, options: ExportOptions) -> None:

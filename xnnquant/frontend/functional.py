@@ -9,15 +9,18 @@ here instead, node by node, as the retrace would make it::
 
     b.index_copy_(d, index, values)      ->  b' = index_put(b, [None] * d + [index], values)
     b.index_put_(indices, values, acc)   ->  b' = index_put(b, indices, values, acc)
-    b.copy_(src)                         ->  b' = expand_copy(src to b's shape) (dtype b's)
+    b.copy_(src)                         ->  b' = clone(src), or expand_copy to b's shape (dtype b's)
     b.add_(other, alpha) / mul_ / sub_   ->  b' = add(b, other, alpha) / mul / sub
 
     every later reader of b (or of the in-place node's result) reads b' instead, and the
     graph's outputs begin with each updated buffer's last value (torch.export's buffer
     mutations, ``AtenProgram.mutated``).
 
-A node that updates a buffer through a view (a slice assignment), or any other in-place
-node, leaves the program to ``run_decompositions``.  Blocks that only switch grad mode
+A buffer here is a registered buffer, or a tensor torch.export lifts as a constant (one the
+module reaches through a plain Python object: transformers' static cache), and an update
+may go through an alias of it (``b.to(b.dtype)`` is ``b``).  A node that updates a buffer
+through a view (a slice assignment), or any other in-place node, leaves the program to
+``run_decompositions``.  Blocks that only switch grad mode
 (``wrap_with_set_grad_enabled``, which ``torch.no_grad()`` sections of a forward become)
 are inlined: export runs without grad.
 """
@@ -42,8 +45,30 @@ def is_grad_wrapper(node: Any) -> bool:
     return node.op == "call_function" and getattr(node.target, "__name__", str(node.target)) == GRAD_WRAPPER
 
 
+#: Ops that return their input itself when they convert nothing (``x.to(x.dtype)``): an alias.
+ALIASES = (aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.alias.default, aten.detach.default)
+
+
 def _buffers(program: Any) -> set[str]:
-    return set(program.graph_signature.inputs_to_buffers)
+    """Placeholders of tensors the module holds and may update: its buffers, and the tensors
+    torch.export lifts as constants (a tensor reached through a plain Python object, as
+    transformers' static cache holds its buffers, is lifted so)."""
+    sig = program.graph_signature
+    return set(sig.inputs_to_buffers) | set(getattr(sig, "inputs_to_lifted_tensor_constants", {}))
+
+
+def alias_of(node: Any, roots: dict[Any, Any]) -> Any:
+    """The buffer placeholder (or update) ``node`` is, through aliases, or None (``roots``:
+    node -> what it stands for, filled by ``buffer_updates``)."""
+    if node in roots:
+        return roots[node]
+    if getattr(node, "op", None) == "call_function" and node.target in ALIASES and node.args \
+            and node.args[0] in roots:
+        have, want = node.meta.get("val"), node.args[0].meta.get("val")
+        if getattr(have, "dtype", None) == getattr(want, "dtype", None) and \
+                getattr(have, "device", None) == getattr(want, "device", None):
+            return roots[node.args[0]]
+    return None
 
 
 def buffer_updates(program: Any) -> list[Any] | None:
@@ -51,20 +76,21 @@ def buffer_updates(program: Any) -> list[Any] | None:
     docstring), or None when some other node mutates its arguments (it needs torch's
     functionalization)."""
     buffers = _buffers(program)
-    updated: dict[Any, str] = {}  # in-place node -> the buffer it updates
+    roots: dict[Any, Any] = {n: n for n in program.graph.nodes if n.op == "placeholder" and n.name in buffers}
     found = []
     for node in program.graph.nodes:
         if node.op != "call_function" or is_grad_wrapper(node):
             continue
+        root = alias_of(node, roots)
+        if root is not None:
+            roots[node] = root  # an alias of a buffer is the buffer
         schema = getattr(node.target, "_schema", None)
         if schema is None or not schema.is_mutable:
             continue
-        first = node.args[0] if node.args else None
-        is_buffer = getattr(first, "op", None) == "placeholder" and getattr(first, "name", None) in buffers
-        root = str(first.name) if is_buffer else updated.get(first)  # type: ignore[union-attr]
+        root = alias_of(node.args[0], roots) if node.args else None
         if node.target not in INPLACE or root is None:
             return None
-        updated[node] = root
+        roots[node] = root
         found.append(node)
     return found
 
@@ -85,8 +111,8 @@ def _functional(graph: Any, node: Any, current: Any) -> Any:
                 converted = have.to(want.dtype)
             src = graph.call_function(aten._to_copy.default, (src,), {"dtype": want.dtype})
             src.meta["val"] = converted
-        if tuple(have.shape) == tuple(want.shape):
-            return src  # the new value is the source itself
+        if tuple(have.shape) == tuple(want.shape):  # a node of its own, the buffer's (the cleanup pass drops it)
+            return graph.call_function(aten.clone.default, (src,))
         return graph.call_function(aten.expand_copy.default, (src, list(want.shape)))
     functional = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Scalar,
                   aten.mul_.Tensor: aten.mul.Tensor, aten.mul_.Scalar: aten.mul.Scalar,
@@ -120,31 +146,39 @@ def functionalize(graph: Any, updates: list[Any], buffer_of: dict[Any, str]) -> 
     docstring); ``buffer_of``: buffer placeholder node -> its name.  Returns (buffer
     placeholder name, its last value) per updated buffer, in the order first updated."""
     latest: dict[Any, Any] = {}  # buffer placeholder -> its current value (nodes are visited in order)
-    root: dict[Any, Any] = {}  # in-place node -> its buffer placeholder
+    roots: dict[Any, Any] = {n: n for n in buffer_of}  # a buffer, an alias of it or an update of it -> the buffer
     pending = set(updates)
     for node in list(graph.nodes):
         if node.op == "output":
             break
+        buffer = alias_of(node, roots)
+        if buffer is not None and node not in pending:
+            roots[node] = buffer
+            if buffer in latest:  # an alias taken after an update: the new value
+                node.replace_all_uses_with(latest[buffer])
+            continue
         if node in pending:
-            first = node.args[0]
-            buffer = first if first in buffer_of else root[first]
+            buffer = alias_of(node.args[0], roots)
             with graph.inserting_before(node):
                 value = _functional(graph, node, latest.get(buffer, buffer))
-            if value is not node.args[1]:  # a node of its own (not a copy's source)
-                value.meta.update({k: v for k, v in node.meta.items() if k not in value.meta})
-                value.meta["val"] = node.meta["val"]
-            root[node] = buffer
+            value.meta.update({k: v for k, v in node.meta.items() if k not in value.meta})
+            value.meta["val"] = node.meta["val"]
+            roots[node] = roots[value] = buffer
             latest[buffer] = value
             for user in list(node.users):  # readers of the in-place node's result read the new value
                 user.replace_input_with(node, value)
             continue
         for arg in node.all_input_nodes:
-            if arg in latest:  # read after the update: the new value
-                node.replace_input_with(arg, latest[arg])
+            buffer = roots.get(arg)
+            if buffer is not None and buffer in latest and arg not in pending:  # read after the update
+                node.replace_input_with(arg, latest[buffer])
     output = next(n for n in graph.nodes if n.op == "output")
     for arg in output.all_input_nodes:
-        if arg in buffer_of and arg in latest:
-            output.replace_input_with(arg, latest[arg])
-    for node in updates:
-        graph.erase_node(node)
+        buffer = roots.get(arg)
+        if buffer is not None and buffer in latest:
+            output.replace_input_with(arg, latest[buffer])
+    last = set(latest.values())  # the outputs to be
+    for node in reversed(list(graph.nodes)):  # the updates, and aliases of buffers nothing reads now
+        if node in pending or (node.op == "call_function" and node in roots and not node.users and node not in last):
+            graph.erase_node(node)
     return [(buffer_of[b], v) for b, v in latest.items()]

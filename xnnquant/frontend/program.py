@@ -41,6 +41,16 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from .streaming import WeightFile, absent_buffer, meta_tensor_refusal
 
 
+def _buffer_name(origin: str, tensor: Any, named: dict[str, Any]) -> str:
+    """The name of the buffer a lifted constant ``origin`` is the tensor of (torch.export
+    lifts a buffer reached through a plain Python object as a constant), else ``origin``."""
+    if ".lifted_tensor_" not in f".{origin}" or tensor.device.type == "meta":
+        return origin
+    return next((name for name, t in named.items() if ".lifted_tensor_" not in f".{name}"
+                 and t.device == tensor.device and t.data_ptr() == tensor.data_ptr() and t.shape == tensor.shape),
+                origin)
+
+
 class Size(NamedTuple):
     """One dim: its largest value, and its sympy expression when it is dynamic (else None)."""
 
@@ -68,6 +78,8 @@ class AtenProgram:
     state: dict[str, Any] = field(default_factory=dict)
     #: state placeholder names, in the order of the graph's first outputs (their final values)
     mutated: list[str] = field(default_factory=list)
+    #: state placeholder name -> the module's own tensor (what its eager forward updates)
+    live: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, program: Any, weight_file: WeightFile | None = None, weight_prefix: str = "") -> AtenProgram:
@@ -77,7 +89,7 @@ class AtenProgram:
         ``"model.lm_head.weight"``)."""
         import torch
 
-        from .functional import buffer_updates, functionalize, inline_grad_wrappers
+        from .functional import _buffers, buffer_updates, functionalize, inline_grad_wrappers
 
         sig = program.graph_signature
         updates = buffer_updates(program)  # in-place buffer updates torch's decompositions did not make functional
@@ -95,8 +107,9 @@ class AtenProgram:
         inline_grad_wrappers(graph, program.graph_module)
         updated: list[tuple[str, Any]] = []
         if updates:
+            held = _buffers(program)
             buffer_of = {copied[n]: copied[n].name for n in program.graph.nodes
-                         if n.op == "placeholder" and n.name in sig.inputs_to_buffers}
+                         if n.op == "placeholder" and n.name in held}
             updated = functionalize(graph, [copied[n] for n in updates], buffer_of)
             output = next(n for n in graph.nodes if n.op == "output")
             items = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
@@ -112,7 +125,10 @@ class AtenProgram:
             if old.name in sources:
                 origin = sources[old.name]
                 if any(spec.target == origin for spec in mutations) or any(b == name for b, _ in updated):
-                    out.state[name] = named[origin].detach().clone()  # the values when exported
+                    live = named[origin]
+                    out.state[name] = live.detach().clone()  # the values when exported
+                    out.live[name] = live
+                    origin = _buffer_name(origin, live, named)
                 else:
                     out.constants[name] = named[origin]
                 out.origins[name] = origin
@@ -122,7 +138,8 @@ class AtenProgram:
                 out.input_names[name] = old.name
             else:
                 raise UnsupportedConfigError(f"placeholder {old.name!r} is neither an input nor a weight")
-        by_origin = {origin: name for name, origin in out.origins.items() if name in out.state}
+        by_origin = {sources[old.name]: copied[old].name for old in program.graph.nodes
+                     if old.op == "placeholder" and copied[old].name in out.state}
         out.mutated = [by_origin[spec.target] for spec in mutations] + [name for name, _ in updated]
         return out
 

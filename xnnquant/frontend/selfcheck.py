@@ -147,11 +147,9 @@ def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], progr
         eager = [t for t in _leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
     computed = _evaluate(program, inputs)
     states, computed = computed[:len(program.mutated)], computed[len(program.mutated):]
-    buffers = dict(module.named_buffers(remove_duplicate=False))
     for name, value in zip(program.mutated, states):  # the buffers' values after the call, too
-        origin = program.origins[name]
-        error = relative_error(value.detach().numpy(), buffers[origin].detach().numpy(),
-                               _magnitude(buffers[origin].detach().numpy()))
+        origin, live = program.origins[name], program.live[name].detach().numpy()
+        error = relative_error(value.detach().numpy(), live, _magnitude(live))
         if not error <= TOLERANCE:
             raise SelfCheckError(
                 f"self-check failed: buffer {origin!r}, which the module updates, holds other values after the "

@@ -227,10 +227,10 @@ def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
     ids = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(0))
     session = exported.session()
     quantized = str(exported.weights) != "fp32" or exported.embeddings is not None
-    names = [name for name, _ in decoder.named_buffers() if name.startswith("cache_")]
-    with buffers_kept(decoder, names), torch.no_grad():
-        for buffer in names:
-            getattr(decoder, buffer).zero_()
+    caches = [buffer for name, buffer in decoder.named_buffers() if name.startswith("cache_")]
+    with buffers_kept(caches), torch.no_grad():
+        for buffer in caches:
+            buffer.zero_()
         for n, pos in steps:
             (got,) = session.run(ids[:, pos:pos + n], torch.tensor([pos]))
             if quantized:

@@ -45,6 +45,22 @@ def _call(program: AtenProgram, before: Any, target: Any, args: tuple[Any, ...],
     return node
 
 
+def rescued(node: Any) -> bool:
+    """True for an attention whose lowering refuses only its computed boolean mask, which this
+    pass replaces (so the attention needs no decomposition)."""
+    from ..lowering.attention import sdpa_check
+
+    if node.op != "call_function" or node.target is not SDPA:
+        return False
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    if mask is None or not _boolean(mask) or getattr(mask, "op", None) == "placeholder":
+        return False
+    swapped = type("_Node", (), {"args": tuple(a if a is not mask else None for a in node.args),
+                                  "kwargs": {k: (None if v is mask else v) for k, v in node.kwargs.items()},
+                                  "op": node.op, "target": node.target})()
+    return sdpa_check(swapped) is None
+
+
 @rewrite("masks")
 def float_masks(program: AtenProgram, options: Any) -> None:
     if getattr(options, "strict", False):  # the float mask needs the portable kernels
