@@ -180,6 +180,25 @@ def perplexity(step: Step, token_ids: Any, window: int = 128, windows: int | Non
 # ---------------------------------------------------------------- steps
 
 
+def register_kernels(pte: str | os.PathLike[str]) -> None:
+    """Register with this process's ExecuTorch runtime the kernel libraries a program calls beyond
+    the portable ones: ExecuTorch's quantized kernels (``quantized_decomposed::``, e.g. its int8
+    embedding) and its LLM kernels (``llama::``, e.g. ``sdpa_with_kv_cache``; importing
+    ``executorch.extension.llm.custom_ops.custom_ops`` loads them).  ``TextLLMRunner`` shares the
+    registry."""
+    from ..pte import read_pte
+    from ..pte.quantized import calls_quantized_kernels, load_quantized_kernels
+
+    operators = read_pte(pte, need_delegate=False).operators
+    if calls_quantized_kernels(operators):
+        load_quantized_kernels()
+    if any(name.startswith("llama::") for name in operators):
+        try:
+            import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+        except ImportError:
+            raise missing_extra("xnnpack", "executorch", "running ExecuTorch's LLM kernels") from None
+
+
 class ProgramStep:
     """A ``.pte``'s LLM method (``forward(tokens int64 [1, n], input_pos int64 [1]) -> logits
     [1, vocab]``) on ``executorch.runtime``, as a step; ``reset()`` loads the program again
@@ -196,6 +215,7 @@ class ProgramStep:
         self.method_name = method
         self.program: Any = None
         self.method: Any = None
+        register_kernels(self.path)
         self.reset()
 
     def reset(self) -> None:
@@ -323,6 +343,7 @@ def runner_rate(pte: str | os.PathLike[str], tokenizer_json: str | os.PathLike[s
         raise missing_extra("xnnpack", "executorch", "running ExecuTorch's TextLLMRunner") from None
     path = arguments.path(pte, "pte")
     runs = arguments.integer(runs, "runs", low=1)
+    register_kernels(path)
     runner = TextLLMRunner(str(path), str(arguments.path(tokenizer_json, "tokenizer_json")))
     stats: list[Any] = []
     pieces: list[str] = []
