@@ -113,8 +113,8 @@ def _tokenizer() -> Any:
 def tokenizer_json() -> Path:
     """A ``tokenizer.json`` of SmolLM2's tokenizer (byte-level BPE, 49152 tokens), written from
     the GGUF into ``cache_dir()/smollm2-<package version>/`` the first time (atomically)."""
-    version = importlib.metadata.version(PACKAGE) if gguf_path() else ""
-    path = cache_dir() / f"smollm2-{version}" / "tokenizer.json"
+    gguf_path()  # the package is there, or the error says how to install it
+    path = cache_dir() / f"smollm2-{importlib.metadata.version(PACKAGE)}" / "tokenizer.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, _tokenizer().backend_tokenizer.to_str().encode("utf-8"))
