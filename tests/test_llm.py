@@ -220,7 +220,7 @@ def test_models_that_are_not_causal_lms_are_refused() -> None:
     ({"max_context": 16, "calibration": [torch.zeros(2, 3, dtype=torch.int64)]},
      r"calibration\[0\] must be a CPU int64 tensor of token ids, shape \[1, n\]"),
     ({"max_context": 16, "calibration": [torch.full((1, 4), 96)]}, r"outside the vocabulary \[0, 96\): 96 .. 96"),
-    ({"max_context": 16, "rotation": "hadamard"}, r"rotation='hadamard' is not available"),
+    ({"max_context": 16, "rotation": "spin"}, r"rotation must be None or one of .hadamard.: got .spin."),
 ])
 def test_bad_arguments_are_refused_before_tracing(kwargs: dict, message: str) -> None:
     with pytest.raises(XnnquantError, match=message):

@@ -316,7 +316,7 @@ def _statistics(module: Any, program: Any, decompositions: tuple[dict[Any, Any],
     from .calibration import statistics
 
     with stage("calibrate", timings):
-        if not options.calibration.fits(program):  # the module would be traced again: run it instead
+        if not options.calibration.fits(program) and options.rotation is None:  # else traced again: run it
             found = eager.statistics(module, program, options.calibration, options.policy, options.method)
             if found is not None:
                 return found
@@ -328,7 +328,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
            check: bool = True, dynamic_shapes: Any = None, calibration_mask: Any = None,
-           strict: bool = False, embeddings: Any = None, _weight_prefix: str = "") -> Exported:
+           strict: bool = False, embeddings: Any = None, rotation: Any = None, _weight_prefix: str = "") -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -392,13 +392,20 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     Raises ``UnsupportedConfigError`` listing every operator and layer that cannot be
     lowered, each with its module path; ``XnnquantError`` for bad arguments.
 
+    ``rotation``: None, or ``"hadamard"``: a decoder's residual stream rotated by a
+    randomized Hadamard matrix folded into its weights, and the inputs of the layers that
+    write into it rotated in blocks in the program (``passes/rotation.py``): the same
+    function, with outliers spread over the channels int4 groups and int8 activations
+    quantize together; refused, with the reason, where it cannot be folded.
+
     (``_weight_prefix``, for wrappers of this package such as ``xq.export_llm``'s: the path,
     within ``module``, of the module whose names ``state_dict``'s file holds.)
     """
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
                                   progress=progress, dynamic_shapes=dynamic_shapes,
-                                  calibration_mask=calibration_mask, strict=strict, embeddings=embeddings)
+                                  calibration_mask=calibration_mask, strict=strict, embeddings=embeddings,
+                                  rotation=rotation)
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -419,7 +426,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         if eager is not None:
             program.find_tied(eager, _weight_prefix)
         program.name_dims(options.dynamic_shapes, eager)
-        run_passes(program, _PassOptions(None, options.strict), BEFORE_CALIBRATION)
+        run_passes(program, _PassOptions(None, options.strict, rotation=options.rotation,
+                                         rotation_group=options.policy.weights.group_size), BEFORE_CALIBRATION)
     with buffers_kept(list(program.live.values())):
         statistics = _statistics(eager, program, decompositions, options, timings, traced)
     with stage("passes", timings):
@@ -736,8 +744,10 @@ class _PassOptions:
     why), and the passes' refusals (``problems``, one line each, raised with the partition's)."""
 
     def __init__(self, statistics: Any, strict: bool = False, embeddings: Any = None, method: str = "mse",
-                 dry_run: bool = False) -> None:
+                 dry_run: bool = False, rotation: str | None = None, rotation_group: int | None = None) -> None:
         self.statistics = statistics
+        self.rotation = rotation
+        self.rotation_group = rotation_group
         self.strict = strict
         self.embeddings = embeddings
         self.method = method

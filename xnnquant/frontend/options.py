@@ -120,13 +120,15 @@ class ExportOptions:
     embeddings: EmbeddingScheme | None = None
     #: the static int8 choices (``activations="qint8"``), else None
     static_int8: StaticInt8 | None = None
+    #: ``"hadamard"``: the residual stream rotated (``passes/rotation.py``); None: not
+    rotation: str | None = None
 
     @classmethod
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,
               fallback: Any = "auto", activations: Any = "dynamic", target: Any = "1.4.1",
               state_dict: Any = None, check: Any = True, progress: Any = True,
               dynamic_shapes: Any = None, calibration_mask: Any = None, strict: Any = False,
-              embeddings: Any = None) -> ExportOptions:
+              embeddings: Any = None, rotation: Any = None) -> ExportOptions:
         policy = WeightPolicy(weights, fallback)
         tables = EmbeddingScheme.parse(embeddings)
         if not isinstance(method, str):
@@ -167,9 +169,28 @@ class ExportOptions:
         if dynamic_shapes is not None and not isinstance(dynamic_shapes, (dict, tuple, list)):
             raise XnnquantError(f"dynamic_shapes must be torch.export's spec (a tuple or dict of {{dim: "
                                 f"torch.export.Dim}} per input): got {type(dynamic_shapes).__name__}")
+        rotated = _rotation(rotation, path, static)
         return cls(policy, chosen, chosen_target, kind,
                    None if calibration is None else CalibrationData.parse(calibration, calibration_mask), path, check,
-                   progress, dynamic_shapes, strict, tables, static)
+                   progress, dynamic_shapes, strict, tables, static, rotated)
+
+
+#: The rotations ``rotation=`` names (``passes/rotation.py``).
+ROTATIONS = ("hadamard",)
+
+
+def _rotation(rotation: Any, state_dict: Any, static: Any) -> str | None:
+    """``rotation=`` checked: None or ``"hadamard"`` (case and spaces ignored)."""
+    if rotation is None:
+        return None
+    if not isinstance(rotation, str) or rotation.strip().lower() not in ROTATIONS:
+        raise XnnquantError(f"rotation must be None or one of {', '.join(map(repr, ROTATIONS))}: got {rotation!r}")
+    if state_dict is not None:
+        raise XnnquantError("rotation= computes new weights from the module's: a streaming export (state_dict=) "
+                            "does not hold them in memory; export with the weights in memory")
+    if static is not None:
+        raise XnnquantError("rotation= goes with dynamic activations (int4 and int8 weights), not activations='qint8'")
+    return rotation.strip().lower()
 
 
 def _check_static_int8(policy: WeightPolicy, method: str, calibration: Any, calibration_mask: Any,

@@ -157,6 +157,8 @@ def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embedd
     ``calibration``, an iterable of token-id tensors ``[1, n]`` (each run as a prompt at
     position 0).  ``state_dict``: a safetensors file (or index) holding the weights of a
     model built on the meta device (a streaming export, as for ``xq.export``).
+    ``rotation``: None, or ``"hadamard"``: the residual stream rotated, folded into the
+    weights (``frontend/passes/rotation.py``), for int4 groups with fewer outliers.
     ``bos_id`` / ``eos_ids``: the runner's start and stop tokens (default: the model's
     generation config).  ``check``: the export's self-check, then the program run step by
     step (a prefill, two decode steps) against the module.
@@ -171,8 +173,6 @@ def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embedd
     family = family_of(model)
     if getattr(model, "training", False):
         raise XnnquantError(f"{type(model).__name__} is in training mode: call model.eval() before exporting")
-    if rotation is not None:
-        raise XnnquantError(f"rotation={arguments.shown(rotation)} is not available: expected None")
     vocab, limit, configured_eos, configured_bos = _model_facts(model, family)
     max_context = _check_max_context(max_context, limit, type(model).__name__)
     bos = None if bos_id is None and configured_bos is None else _ids(
@@ -188,7 +188,7 @@ def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embedd
     with family.using(model):
         exported = export(decoder, example, weights=weights, method=method, calibration=batches,
                           fallback=fallback, progress=progress, state_dict=state_dict, check=check,
-                          dynamic_shapes=({1: tokens}, None), embeddings=embeddings,
+                          dynamic_shapes=({1: tokens}, None), embeddings=embeddings, rotation=rotation,
                           _weight_prefix="model.")  # a checkpoint names the model's own tensors
         info = LLMInfo(max_context, vocab, decoder.layers or int(getattr(model, "n_layers", 0)),
                        None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)))

@@ -419,6 +419,11 @@ class LoweringContext:
 
     def choose(self, path: str, layer: Layer) -> Choice:
         """The scheme layer ``path`` takes (``WeightPolicy.choose``), or a refusal naming it."""
+        from ..passes.rotation import ROTATE
+        from ..weights import Choice, WeightScheme
+
+        if self.annotation(ROTATE):  # the rotation's own Hadamard matrix is exact only in fp32
+            return Choice(WeightScheme.parse("fp32"), f"the online rotation (Hadamard {self.annotation(ROTATE)}): fp32")
         choice = self.weights.policy.choose(layer)
         if isinstance(choice, str):
             raise WeightRefusal(f"layer {path or '<top level>'!r} cannot take its weights: {choice}")

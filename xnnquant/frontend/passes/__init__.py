@@ -21,6 +21,8 @@ which every rewrite is already done, so no lowering needs to know about another.
                    (a transposed weight, a mask built from constants)
 ``batch_norm``     folds an eval-mode batch norm (either ATen op) into the convolution
                    before it
+``rotation``       with ``rotation="hadamard"``: a rotation of a decoder's residual
+                   stream folded into its weights, the writers' inputs rotated in blocks
 ``equalization``   with calibration statistics: per-channel scales for the linears
                    that read a layer norm (SmoothQuant's rule, ``calibration.py``)
 ``masks``          a boolean attention mask the program computes becomes the float
@@ -47,10 +49,10 @@ from ..program import AtenProgram
 PassFn = Callable[[AtenProgram, Any], None]
 
 #: The passes, in the order they run (module names in this package).
-ORDER = ("cleanup", "constants", "batch_norm", "equalization", "masks", "embeddings", "partition")
+ORDER = ("cleanup", "constants", "batch_norm", "rotation", "equalization", "masks", "embeddings", "partition")
 #: The passes whose program the calibration batches run on, and those that use the statistics.
-BEFORE_CALIBRATION = ORDER[:3]
-AFTER_CALIBRATION = ORDER[3:]
+BEFORE_CALIBRATION = ORDER[:4]
+AFTER_CALIBRATION = ORDER[4:]
 
 
 @dataclass(frozen=True)
