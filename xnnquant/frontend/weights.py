@@ -232,10 +232,15 @@ FP32 = WeightScheme(SchemeKind.FP32)
 
 def ladder(requested: WeightScheme) -> tuple[WeightScheme, ...]:
     """The schemes ``fallback="auto"`` tries, most compact first: from ``requested`` down
-    qb4w:G -> qc4w -> qc8w -> fp32."""
+    qb4w:G -> qb4w:G' for each smaller multiple of 32 G' (a layer whose in_features G does
+    not divide takes the largest group that does: 96 for 576 features under qb4w:128) ->
+    qc4w -> qc8w -> fp32."""
     order = [SchemeKind.QB4W, SchemeKind.QC4W, SchemeKind.QC8W, SchemeKind.FP32]
     rest = order[order.index(requested.kind) + 1:]
-    return (requested, *(WeightScheme(k) for k in rest))
+    smaller: list[WeightScheme] = []
+    if requested.kind is SchemeKind.QB4W and requested.group_size:
+        smaller = [WeightScheme(SchemeKind.QB4W, g) for g in range(requested.group_size - 32, 0, -32)]
+    return (requested, *smaller, *(WeightScheme(k) for k in rest))
 
 
 @dataclass(frozen=True)

@@ -206,8 +206,9 @@ CHECK_STEPS = ((3, 0), (1, 3), (1, 4))
 #: program's on the whole prompt at once (RMS, relative to the logits' RMS).  Both quantize
 #: each token's activations alone (per-token int8), so they differ only where float sums
 #: taken in another order (other tiles, another attention length) move a code at a rounding
-#: tie; a cache that does not carry its state is off by the logits' size.
-STEP_TOLERANCE = 0.05
+#: tie, and 30 layers carry that on: measured 0.02 to 0.053 on SmolLM2-135M at qb4w:32.  The
+#: same steps with the cache not carried (a fresh program) were 0.34 and 0.76 off.
+STEP_TOLERANCE = 0.2
 
 
 def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
