@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    export all-MiniLM-L6-v2 whole (tokens dynamic) with each weight scheme and with
-#               ExecuTorch's own flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm)
+#   make run    the main job: export all-MiniLM-L6-v2 whole (tokens dynamic) with each weight scheme and with
+#               ExecuTorch's own flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm);
+#               then SmolLM2-135M through xq.export_llm: export time, an answer, speed, perplexity (xnnquant smollm2)
 #   make test   lint (ruff, mypy), build the docs (mkdocs --strict), then the whole test suite, notebooks included
 #   make docs   serve the docs (docs/, mkdocs.yml) at http://127.0.0.1:8000
 # Both create .venv at the repo root and install the pinned dependencies into it.
@@ -34,6 +35,7 @@ venv: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m xnnquant minilm
+	$(BIN)/python -m xnnquant smollm2
 
 # lint first: ruff (style and bug patterns) and mypy (types of the library), both
 # configured in pyproject.toml, must be clean before the tests run

@@ -331,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export)
     from .llm import add_commands
+    from .llm_job import add_command as add_llm_job
 
     add_commands(sub)
     inspect = _add_command(
@@ -377,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     minilm.add_argument("--save", metavar="DIR", default=None,
                         help="also write every program to DIR (e.g. xnnquant-qb4w_32-mse-b1.pte), for xnnquant verify")
     minilm.set_defaults(func=_minilm)
+    add_llm_job(sub)
     for command in (report, export, minilm, inspect, verify):
         command.add_argument("-v", "--verbose", action="store_true",
                              help="also show what torch, executorch and the runtime log")

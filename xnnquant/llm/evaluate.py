@@ -187,16 +187,9 @@ def register_kernels(pte: str | os.PathLike[str]) -> None:
     ``executorch.extension.llm.custom_ops.custom_ops`` loads them).  ``TextLLMRunner`` shares the
     registry."""
     from ..pte import read_pte
-    from ..pte.quantized import calls_quantized_kernels, load_quantized_kernels
+    from ..pte.quantized import load_kernels
 
-    operators = read_pte(pte, need_delegate=False).operators
-    if calls_quantized_kernels(operators):
-        load_quantized_kernels()
-    if any(name.startswith("llama::") for name in operators):
-        try:
-            import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
-        except ImportError:
-            raise missing_extra("xnnpack", "executorch", "running ExecuTorch's LLM kernels") from None
+    load_kernels(read_pte(pte, need_delegate=False).operators)
 
 
 class ProgramStep:

@@ -126,3 +126,10 @@ def info() -> SmolLM2Info:
     tokenizer = _tokenizer()
     return SmolLM2Info(bos_id=int(tokenizer.bos_token_id), eos_ids=(int(tokenizer.eos_token_id),),
                        vocab_size=len(tokenizer), chat_template=tokenizer.chat_template)
+
+
+def chat_prompt(message: str) -> str:
+    """``message`` as the user's turn of SmolLM2-Instruct's chat, ready for the assistant's
+    answer (its chat template, ``add_generation_prompt``)."""
+    return str(_tokenizer().apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                add_generation_prompt=True))

@@ -15,8 +15,9 @@ Hadamard matrix, ``schemes.rotation``) the program computes the same function on
 Every rotated weight spreads its outliers over all of ``h``'s channels (``Q``) or over each
 block of B input channels (``R_B``, on the writers' inputs: the MLP's product and the
 attention's output), where int4 groups and per-token int8 activations keep more levels;
-``B`` is the weight scheme's group size when it divides K (one Hadamard per quantization
-group), else the largest power of two that does, at most 128.
+``B`` is the group the writer's weights are quantized in (one Hadamard per quantization
+group: the largest multiple of 32 up to the scheme's group dividing K), else the largest
+power of two that divides K, at most 128.
 
 What the stream may meet, each checked: an add of a writer's output (or of another
 source, a position table); an RMS norm ``h * rsqrt(mean(h ** 2, -1) + eps)`` whose output
@@ -234,23 +235,32 @@ def _replace_weight(program: AtenProgram, node: Any, index: int, values: np.ndar
 
 
 def _block(k: int, group: int | None) -> int:
-    if group and k % group == 0 and hadamard(group) is not None and group <= 4 * MAX_BLOCK:
-        return group
+    """The block of a writer's online rotation: the group its weights are quantized in (the
+    largest multiple of 32 up to ``group`` dividing ``k``, as ``weights.ladder`` chooses it)
+    when a Hadamard matrix of that width exists, else the largest power of two up to
+    ``MAX_BLOCK`` dividing ``k``."""
+    if group:
+        fits = [g for g in range(group, 0, -32) if k % g == 0]
+        if fits and hadamard(fits[0]) is not None:
+            return fits[0]
     b = 1
     while k % (2 * b) == 0 and 2 * b <= MAX_BLOCK:
         b *= 2
     return b
 
 
-def _online(program: AtenProgram, linear: Any, block: int) -> None:
+def _online(program: AtenProgram, linear: Any, block: int, matrices: dict[int, Any]) -> None:
     """Rotate the input of ``linear`` in blocks of ``block`` channels in the program: x ->
-    (x as [..., K / B, B]) @ (H_B / sqrt(B)) -> [..., K] (module docstring)."""
+    (x as [..., K / B, B]) @ (H_B / sqrt(B)) -> [..., K] (module docstring); ``matrices``:
+    block -> its constant, one for the program."""
     x = linear.args[0]
     shape = list(x.meta["val"].shape)
     k = int(shape[-1])
-    h = torch.from_numpy((hadamard(block) / np.sqrt(block)).astype(np.float32))
+    if block not in matrices:
+        h = torch.from_numpy((hadamard(block) / np.sqrt(block)).astype(np.float32))
+        matrices[block] = program.add_constant(h, f"hadamard_{block}")
+    matrix = matrices[block]
     graph = program.graph
-    matrix = program.add_constant(h, f"hadamard_{block}")
     with graph.inserting_before(linear):
         sizes = []
         for d, size in enumerate(shape[:-1]):
@@ -291,6 +301,7 @@ def rotate(program: AtenProgram, options: Any) -> None:
             core = _core
             scale_mul.replace_all_uses_with(core)
             program.graph.erase_node(scale_mul)
+    matrices: dict[int, Any] = {}
     for writer in stream.writers:
         w = q.T @ program.array(writer.args[1].name, "a linear weight")
         k = w.shape[1]
@@ -298,7 +309,7 @@ def rotate(program: AtenProgram, options: Any) -> None:
         if block > 1:
             hb = hadamard(block) / np.sqrt(block)
             w = (w.reshape(w.shape[0], k // block, block) @ hb).reshape(w.shape[0], k)
-            _online(program, writer, block)
+            _online(program, writer, block, matrices)
         _replace_weight(program, writer, 1, w, "rotated")
         if len(writer.args) > 2 and writer.args[2] is not None:
             _replace_weight(program, writer, 2, program.array(writer.args[2].name, "a bias") @ q, "rotated")
