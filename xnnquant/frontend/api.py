@@ -18,6 +18,10 @@ Stages, each timed in ``Exported.timings`` (seconds):
                 stand in for the program (``eager.statistics``), else it is
                 traced again at their shapes
                 (``batches.CalibrationData.programs_for``)
+``validate``    the program after the passes run by torch on the example inputs
+                (``selfcheck.evaluate``): a node that cannot compute on them (an
+                int64 input read by a float linear) is refused before lowering,
+                whatever ``check=``; the self-check reuses the outputs
 ``lower``       lowering node by node, quantizing each weight on the way
 ``calibrate``   static int8 only: the float graph run on the real XNNPACK on the
                 ``calibration`` batches (``static_int8``)
@@ -40,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import XnnquantError, missing_extra
+from .caller import mutated_inputs, refuse_parameter_writes
 from .exported import Exported
 from .options import ExportOptions, StaticInt8
 from .program import AtenProgram
@@ -139,7 +144,11 @@ def _check_module(torch: Any, module: Any) -> None:
 INPUT_DTYPES = ("float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
-def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
+def _check_inputs(torch: Any, example_inputs: Any, streaming: bool = False) -> tuple[Any, ...]:
+    """``example_inputs`` as a tuple of dense CPU tensors of ``INPUT_DTYPES`` (on ``meta`` too
+    for a ``streaming`` export, which traces on meta)."""
+    from ..arrays import check_plain_tensor
+
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         raise XnnquantError(
             f"example_inputs must be a tuple of tensors, the module's positional inputs: got "
@@ -147,6 +156,7 @@ def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             raise XnnquantError(f"example_inputs[{i}] must be a torch.Tensor: got {type(x).__name__}")
+        check_plain_tensor(x, f"example_inputs[{i}]", meta=streaming)
         if str(x.dtype).removeprefix("torch.") not in INPUT_DTYPES:
             raise XnnquantError(f"example_inputs[{i}] is {x.dtype}: expected one of {', '.join(INPUT_DTYPES)}")
         if x.numel() == 0:
@@ -187,7 +197,7 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
 
             with torch_threads(1):  # one small op a parameter: threads would only wait for each other
                 _check_module(torch, module)
-            inputs = _check_inputs(torch, example_inputs)
+            inputs = _check_inputs(torch, example_inputs, options.state_dict is not None)
             if options.state_dict is not None:  # shapes and dtypes only: traced with the meta parameters
                 inputs = tuple(x.to("meta") for x in inputs)
             if options.calibration is not None:
@@ -387,6 +397,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if weight_file is not None and isinstance(module, _torch().nn.Module):  # before tracing on meta
         _check_streamed(module, weight_file.path)
     eager, traced, decompositions = _traced(module, example_inputs, options, timings)
+    refuse_parameter_writes(traced)
+    mutated = mutated_inputs(traced)
     from .lowering.context import WeightOptions
     from .lowering.walk import Lowered, lower
     from .passes import AFTER_CALIBRATION, BEFORE_CALIBRATION, run_passes
@@ -405,6 +417,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         partition = _partitioned(program, options, pass_options)
         partition.raise_problems()
         members = partition.delegates
+    computed = None
+    if eager is not None and weight_file is None:  # the program must run on its example inputs, whatever check=
+        from .selfcheck import evaluate
+
+        with stage("validate", timings):
+            computed = evaluate(program, tuple(example_inputs))
     static = options.static_int8
     if static is not None and members is not None:
         _refuse_mixed_static(program)
@@ -443,10 +461,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     else:
         exported = _mixed(program, delegates, rows, options, timings)
     exported.embeddings = options.embeddings
+    _name_mutated_inputs(exported, mutated)
     _warn_fallbacks(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
             exported.to_pte() if members is not None else exported.to_bytes()
+        _check_planned(exported)
     if not options.check:
         exported.self_check = "skipped (check=False)"
     elif weight_file is not None or eager is None:
@@ -458,8 +478,35 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
         with stage("check", timings), single_threaded():
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
-                                             exported if members is not None else None, int8)
+                                             exported if members is not None else None, int8, mutated, computed)
     return exported
+
+
+def _name_mutated_inputs(exported: Exported, mutated: list[int]) -> None:
+    """Name the outputs that carry the new values of the inputs the forward writes into
+    (``caller.py``): ``Exported.mutated_inputs``, and each such output ``"x (written by forward)"``."""
+    names = [exported.inputs[k].name for k in mutated]
+    exported.mutated_inputs = names
+    for k, name in enumerate(names):
+        exported.outputs[k] = replace(exported.outputs[k], name=f"{name} (written by forward)")
+
+
+def _check_planned(exported: Exported) -> None:
+    """Refuse a program whose planned memory (at its dynamic dims' bounds) the runtime could
+    not allocate here (``pte.planned``): a mixed program's arenas, a pure one's inputs and
+    outputs (the runtime plans those; XNNPACK sizes its own memory at the sizes it runs)."""
+    import numpy as np
+
+    from ..pte.planned import check_fits, planned_bytes
+
+    if exported.mixed:
+        planned = planned_bytes(exported.to_pte())
+    else:
+        planned = {"forward": sum(int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+                                  for t in exported.inputs + exported.outputs)}
+    dims = sorted({str(d) for t in exported.inputs + exported.outputs for d in t.dynamic if d is not None})
+    check_fits(planned, "the exported program", f" (its dynamic dims plan their memory at their upper bounds: "
+               f"{', '.join(dims)}; lower their max)" if dims else "")
 
 
 def _float_policy() -> Any:
@@ -697,7 +744,8 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False,
                                   dynamic_shapes=dynamic_shapes, strict=strict, embeddings=embeddings)
     timings: dict[str, float] = {}
-    _, traced, _ = _traced(module, example_inputs, options, timings)
+    eager, traced, _ = _traced(module, example_inputs, options, timings)
+    refuse_parameter_writes(traced)
     from .emit import placements
     from .lowering.context import WeightOptions
     from .lowering.walk import lower
@@ -707,6 +755,13 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     program.name_dims(options.dynamic_shapes, module)
     pass_options = _PassOptions(None, options.strict, options.embeddings, dry_run=True)
     run_passes(program, pass_options)
+    if eager is not None:  # as export validates: the program must run on its example inputs
+        from .selfcheck import evaluate
+
+        try:
+            evaluate(program, tuple(example_inputs))
+        except XnnquantError as exc:
+            pass_options.problems.append(str(exc))
     partition = _partitioned(program, options, pass_options)
     dry = WeightOptions(options.policy, dry_run=True)
     if partition.delegates is None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import arguments
+from ..arrays import contiguous
 from ..errors import XnnquantError
 from ..files import write_atomic
 from ..graph import Graph, Target
@@ -129,6 +130,10 @@ class Exported:
     #: static int8: what its stages made (``static_int8.StaticResult``: the float graph, the int8
     #: one, the calibration statistics), for inspection; None otherwise
     static_int8: Any = None
+    #: the inputs the module's forward writes into (``x.mul_(2)``), by name: their new values
+    #: are the program's first outputs, in this order, before the module's own (as in
+    #: ExecuTorch's programs; ``caller.py``)
+    mutated_inputs: list[str] = field(default_factory=list)
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -219,7 +224,7 @@ class Exported:
         if self.mixed:
             return self._run_program(arrays)
         results = run(self.to_bytes(), arrays, validate=False)
-        return [r if spec.contiguous else np.ascontiguousarray(np.transpose(r, np.argsort(spec.dim_order)))
+        return [r if spec.contiguous else contiguous(np.transpose(r, np.argsort(spec.dim_order)))
                 for r, spec in zip(results, self.outputs)]
 
     def _run_program(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -235,13 +240,13 @@ class Exported:
             # torch's logical sizes over memory laid out in the declared dim order
             tensors.append(torch.from_numpy(array).permute(*np.argsort(spec.dim_order).tolist()))
         results = run_method(self.to_pte(), "forward", tensors)
-        return [np.ascontiguousarray(r) for r in results]
+        return [contiguous(r) for r in results]
 
     @staticmethod
     def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
         """Input ``x`` (torch order, any strides) as the payload reads it: its dims in ``spec``'s order."""
         spec.check(tuple(x.shape), f"inputs[{i}]")
-        return np.ascontiguousarray(x if spec.contiguous else np.transpose(x, spec.dim_order))
+        return contiguous(x if spec.contiguous else np.transpose(x, spec.dim_order))
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -272,8 +277,13 @@ class Exported:
             if self.activations != "dynamic":
                 text += f"\nfp32 <-> qint8 boundaries ({len(self.boundaries)}):" + "".join(
                     f"\n  {b}" for b in self.boundaries)
-            return text
-        return self.delegation_report() + "\n" + format_report(self.report)
+            return text + self._mutations
+        return self.delegation_report() + "\n" + format_report(self.report) + self._mutations
+
+    @property
+    def _mutations(self) -> str:
+        return "".join(f"\noutput {k}: input {name!r} as forward leaves it (forward writes into it)"
+                       for k, name in enumerate(self.mutated_inputs))
 
     @property
     def _tables(self) -> str:

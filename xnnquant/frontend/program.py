@@ -130,10 +130,14 @@ class AtenProgram:
             bound = int(upper)  # torch's "no bound" (int_oo) is no integer
         except (TypeError, ValueError, OverflowError, AttributeError):
             bound = -1
-        if not 0 <= bound < 2**31:
+        if bound < 0:
             raise XnnquantError(
                 f"{what} has a dynamic dim {expr} with no upper bound: ExecuTorch plans memory at the bound; "
                 "give its torch.export.Dim a max (Dim('seq', max=512))")
+        if bound >= 2**31:
+            raise XnnquantError(
+                f"{what} has a dynamic dim {expr} with upper bound {bound}: ExecuTorch holds a size in 32 bits; "
+                f"expected a max of at most {2**31 - 1} (and one whose planned memory fits)")
         return Size(bound, expr)
 
     def shape(self, val: Any, what: str) -> tuple[Size, ...]:
