@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import Exported, FallbackWarning, StaticInt8, check, export
+from .frontend import Exported, FallbackWarning, OptionWarning, StaticInt8, check, export
 from .frontend.divergence import VerifyReport, verify
 from .schemes import (
     Calibration,
@@ -40,6 +40,7 @@ __all__ = [
     "Exported",
     "FallbackWarning",
     "MissingExtraError",
+    "OptionWarning",
     "PayloadError",
     "QuantParamsKind",
     "QuantizedTensor",

@@ -164,6 +164,9 @@ class XnnquantConfig(AOBaseConfig):
 
     def __post_init__(self) -> None:
         parse_scheme(self.weights)
+        for name in ("method", "activations"):  # case and surrounding spaces ignored, as every option
+            if arguments.spelling(getattr(self, name)) in (*METHODS, *ACTIVATIONS):
+                object.__setattr__(self, name, arguments.spelling(getattr(self, name)))
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise XnnquantError(f"unknown method: got {arguments.shown(self.method)}, expected one of "
                                 f"{', '.join(METHODS)}")

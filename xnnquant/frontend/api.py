@@ -445,7 +445,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
             weights.memo.clear()  # the float values it holds are needed no more
     if members is None:
         rows = lowered.rows
-    rows[:0] = embedding_rows(program)  # in place: a streaming export fills its rows in when it writes
+    tables = embedding_rows(program)
+    rows[:0] = tables  # in place: a streaming export fills its rows in when it writes
+    if options.embeddings is not None and not tables:
+        _warn_unused(f"embeddings={str(options.embeddings)!r} does nothing: the module looks up no constant table "
+                     "(aten.embedding); its program is what it would be without it")
     int8 = None
     if static is not None:
         assert options.calibration is not None  # ExportOptions.parse requires it
@@ -684,6 +688,19 @@ def _mixed(program: AtenProgram, delegates: list[Any], rows: list[ReportRow], op
 
 class FallbackWarning(UserWarning):
     """Some layers of an export took another scheme than ``weights=`` (``fallback="auto"``)."""
+
+
+class OptionWarning(UserWarning):
+    """An option of ``xq.export`` does nothing for this module (``embeddings=`` on a module
+    without an embedding table).  An option that does nothing whatever the module, given the
+    other options (``calibration=`` or ``method="gptq"`` with ``weights="fp32"``), is refused
+    instead (``ExportOptions.parse``)."""
+
+
+def _warn_unused(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, OptionWarning, stacklevel=3)
 
 
 def _warn_fallbacks(exported: Exported) -> None:
