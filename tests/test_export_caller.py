@@ -23,6 +23,8 @@ import pytest
 
 import xnnquant as xq
 from xnnquant.errors import UnsupportedConfigError, XnnquantError
+from xnnquant.graph import run as graph_run
+from xnnquant.pte import run_method
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -251,8 +253,8 @@ def test_tensors_without_dense_cpu_values_are_refused_everywhere(kind: str) -> N
         xq.export(linear, (x,), weights="qc8w", calibration=[(x,), (odd,)], progress=False)
     assert str(info.value) == f"calibration batch 1, input 0 {message}"
     exported = xq.export(linear, (x,), weights="fp32", progress=False)
-    for run in (exported.run, lambda t: xq.graph.run(exported.to_bytes(), [t]),
-                lambda t: xq.pte.run_method(exported.to_pte(), "forward", [t])):
+    for run in (exported.run, lambda t: graph_run(exported.to_bytes(), [t]),
+                lambda t: run_method(exported.to_pte(), "forward", [t])):
         with pytest.raises(XnnquantError) as info:
             run(odd)
         assert str(info.value) == f"inputs[0] {message}"
@@ -286,7 +288,7 @@ def test_a_plan_larger_than_the_machine_is_refused_at_export_and_before_loading(
         "the exported program: method 'forward' plans 0.00171 GiB (1835008 bytes) of memory, which the runtime "
         "allocates when it loads the method, and this machine has 0.000977 GiB; expected a plan that fits (its "
         "dynamic dims plan their memory at their upper bounds: b in [1, 65536]; lower their max)")
-    for load in (lambda: exported.run(torch.randn(3, 4)), lambda: xq.pte.run_method(exported.to_pte(), "forward",
+    for load in (lambda: exported.run(torch.randn(3, 4)), lambda: run_method(exported.to_pte(), "forward",
                                                                                       [torch.randn(3, 4)])):
         with pytest.raises(XnnquantError, match=r"plans 0.00171 GiB \(1835\d+ bytes\) of memory, which the runtime "
                                                 r"allocates when it loads the method, and this machine has 0.000977"):
