@@ -36,8 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/mypy
 
+# the tests on both cores (pytest-xdist), each file on one worker (its module fixtures made once)
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest tests --nbmake notebooks
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests --nbmake notebooks
 
 # the performance figures of README's "Performance" section, in one run
 bench: $(STAMP)
