@@ -341,27 +341,29 @@ def test_options_ignore_case_and_surrounding_spaces_everywhere() -> None:
     (dict(dynamic_shapes=({0: None},)), "dynamic_shapes=({0: None},) makes no dim dynamic: expected a "
                                         "torch.export.Dim for each dynamic dim ({1: Dim('seq', max=512)} per input), "
                                         "or dynamic_shapes=None for a program of the example inputs' shapes"),
-    (dict(weights="fp32", method="gptq"), "method='gptq' chooses the scales of quantized weights, and weights='fp32' "
-                                          "quantizes none (nor embeddings=): expected method='mse' (the default) with "
-                                          "fp32 weights, or a quantized scheme"),
-    (dict(weights="fp32", method="minmax"), "method='minmax' chooses the scales of quantized weights, and "
-                                            "weights='fp32' quantizes none (nor embeddings=): expected method='mse' "
-                                            "(the default) with fp32 weights, or a quantized scheme"),
+    (dict(weights="fp32", method="gptq"), "method='gptq' chooses the scales of quantized weights from calibration "
+                                          "activations, and weights='fp32' quantizes none (nor embeddings=) and takes "
+                                          "no calibration: expected method='mse' (the default) with fp32 weights, or "
+                                          "a quantized scheme"),
 ])
-def test_options_that_would_do_nothing_are_refused(kwargs: dict[str, Any], message: str) -> None:
+def test_malformed_or_contradictory_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
     """Before: each was accepted silently."""
     with pytest.raises(XnnquantError) as info:
         xq.export(nn.Linear(4, 3).eval(), (torch.randn(2, 4),), progress=False, **kwargs)
     assert str(info.value) == message
 
 
-def test_embeddings_on_a_module_without_a_table_warn() -> None:
-    """Whether ``embeddings=`` does anything depends on the module: a warning, not a refusal
-    (one configuration may serve many modules)."""
+def test_valid_options_that_do_nothing_here_warn() -> None:
+    """A valid option without effect for this module or these weights warns, not refuses
+    (one configuration may serve many modules and schemes)."""
     with pytest.warns(xq.OptionWarning) as caught:
         xq.export(nn.Linear(4, 3).eval(), (torch.randn(2, 4),), weights="fp32", embeddings="int8", progress=False)
     assert str(caught[0].message) == ("embeddings='int8' does nothing: the module looks up no constant table "
                                       "(aten.embedding); its program is what it would be without it")
+    with pytest.warns(xq.OptionWarning) as caught:
+        xq.export(nn.Linear(4, 3).eval(), (torch.randn(2, 4),), weights="fp32", method="MinMax", progress=False)
+    assert str(caught[0].message) == ("method='minmax' does nothing: weights='fp32' and no embeddings= quantize "
+                                      "nothing")
     ids = torch.tensor([[1, 2]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", xq.OptionWarning)

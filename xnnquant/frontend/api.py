@@ -388,6 +388,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
                                   activations=activations, target=target, state_dict=state_dict, check=check,
                                   progress=progress, dynamic_shapes=dynamic_shapes,
                                   calibration_mask=calibration_mask, strict=strict, embeddings=embeddings)
+    if not options.policy.weights.is_quantized and options.embeddings is None and options.method != "mse":
+        _warn_unused(f"method={options.method!r} does nothing: weights='fp32' and no embeddings= quantize nothing")
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -691,9 +693,10 @@ class FallbackWarning(UserWarning):
 
 
 class OptionWarning(UserWarning):
-    """An option of ``xq.export`` does nothing for this module (``embeddings=`` on a module
-    without an embedding table).  An option that does nothing whatever the module, given the
-    other options (``calibration=`` or ``method="gptq"`` with ``weights="fp32"``), is refused
+    """An option of ``xq.export`` is valid but does nothing here: ``embeddings=`` on a module
+    without an embedding table, ``method="minmax"`` with nothing quantized.  An option that is
+    malformed or contradicts another (a scheme twice in ``fallback=``, ``dynamic_shapes``
+    without a Dim, ``calibration=`` or ``method="gptq"`` with ``weights="fp32"``) is refused
     instead (``ExportOptions.parse``)."""
 
 

@@ -173,10 +173,11 @@ class ExportOptions:
             raise XnnquantError(f"dynamic_shapes={dynamic_shapes!r} makes no dim dynamic: expected a torch.export.Dim "
                                 "for each dynamic dim ({1: Dim('seq', max=512)} per input), or dynamic_shapes=None "
                                 "for a program of the example inputs' shapes")
-        if not quantized and tables is None and chosen != "mse":
-            raise XnnquantError(f"method={chosen!r} chooses the scales of quantized weights, and weights='fp32' "
-                                "quantizes none (nor embeddings=): expected method='mse' (the default) with fp32 "
-                                "weights, or a quantized scheme")
+        if not quantized and tables is None and chosen in ACTIVATION_AWARE_METHODS:
+            raise XnnquantError(f"method={chosen!r} chooses the scales of quantized weights from calibration "
+                                "activations, and weights='fp32' quantizes none (nor embeddings=) and takes no "
+                                "calibration: expected method='mse' (the default) with fp32 weights, or a quantized "
+                                "scheme")
         return cls(policy, chosen, chosen_target, kind,
                    None if calibration is None else CalibrationData.parse(calibration, calibration_mask), path, check,
                    progress, dynamic_shapes, strict, tables, static)
