@@ -371,7 +371,7 @@ def test_cli(data: st.DataObject, tmp_path_factory: pytest.TempPathFactory, payl
     file = data.draw(st.sampled_from([*(str(folder / f"{n}.bin") for n in files), str(folder), str(folder / "missing" / "x")]))
     command = data.draw(st.sampled_from(["inspect", "verify", "export"]))
     options = {"inspect": ["--json", "--no-validate", "--data"],
-               "verify": ["--seed", "--tolerance", "--timeout", "--data"],
+               "verify": ["--seed", "--tolerance", "--timeout", "--data", "--json"],
                "export": ["--weights", "--method", "--fallback", "--target", "--weights-from", "--json", "-o"]}[command]
     argv = [command, file] if command != "export" else [command, "my_cli_models:small", "-o", str(folder / "o.pte")]
     for option in data.draw(st.lists(st.sampled_from(options), max_size=3)):
