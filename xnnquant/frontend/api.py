@@ -144,9 +144,9 @@ def _check_module(torch: Any, module: Any) -> None:
 INPUT_DTYPES = ("float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
-def _check_inputs(torch: Any, example_inputs: Any, streaming: bool = False) -> tuple[Any, ...]:
-    """``example_inputs`` as a tuple of dense CPU tensors of ``INPUT_DTYPES`` (on ``meta`` too
-    for a ``streaming`` export, which traces on meta)."""
+def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
+    """``example_inputs`` as a tuple of dense tensors of ``INPUT_DTYPES``, on the CPU or on
+    ``meta`` (a module built on meta traces there; what needs values says so later)."""
     from ..arrays import check_plain_tensor
 
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
@@ -156,7 +156,7 @@ def _check_inputs(torch: Any, example_inputs: Any, streaming: bool = False) -> t
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             raise XnnquantError(f"example_inputs[{i}] must be a torch.Tensor: got {type(x).__name__}")
-        check_plain_tensor(x, f"example_inputs[{i}]", meta=streaming)
+        check_plain_tensor(x, f"example_inputs[{i}]", meta=True)
         if str(x.dtype).removeprefix("torch.") not in INPUT_DTYPES:
             raise XnnquantError(f"example_inputs[{i}] is {x.dtype}: expected one of {', '.join(INPUT_DTYPES)}")
         if x.numel() == 0:
@@ -197,7 +197,7 @@ def _traced(module: Any, example_inputs: Any, options: ExportOptions,
 
             with torch_threads(1):  # one small op a parameter: threads would only wait for each other
                 _check_module(torch, module)
-            inputs = _check_inputs(torch, example_inputs, options.state_dict is not None)
+            inputs = _check_inputs(torch, example_inputs)
             if options.state_dict is not None:  # shapes and dtypes only: traced with the meta parameters
                 inputs = tuple(x.to("meta") for x in inputs)
             if options.calibration is not None:
