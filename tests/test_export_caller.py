@@ -130,6 +130,32 @@ def test_export_never_changes_the_module_or_the_tensors_it_is_given() -> None:
         _assert_unchanged(module, before)
 
 
+def test_inputs_written_into_in_a_mixed_program_lead_its_outputs_in_input_order() -> None:
+    """Token ids incremented (a portable kernel) and a float input scaled (XNNPACK)."""
+
+    class Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Embedding(10, 8)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            ids.add_(1)
+            x.mul_(3)
+            return self.fc(self.table(ids)) + x.sum(dim=0, keepdim=True)
+
+    module = _seeded(Both()).eval()
+    ids, x = torch.tensor([[1, 2, 3]]), torch.randn(2)
+    before = _snapshot(module, ids, x)
+    exported = xq.export(module, (ids, x), weights="fp32", progress=False)
+    _assert_unchanged(module, before)
+    assert exported.mixed and exported.mutated_inputs == ["ids", "x"]
+    assert [o.name for o in exported.outputs] == ["ids (written by forward)", "x (written by forward)", "output 2"]
+    new_ids, new_x, _ = exported.run(ids, x)
+    assert new_ids.tolist() == [[2, 3, 4]] and np.array_equal(new_x, (x * 3).numpy())  # exact: integers, one product
+    assert torch.equal(ids, torch.tensor([[1, 2, 3]]))
+
+
 @pytest.mark.parametrize("rows", [4, 3])
 def test_calibration_batches_the_forward_writes_into_are_kept(rows: int) -> None:
     """Batches of the example's shape run through the program; of another shape, through the
