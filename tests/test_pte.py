@@ -158,8 +158,7 @@ def test_a_program_loaded_from_its_file_runs(small_pte: bytes, tmp_path: Path) -
     path = tmp_path / "small.pte"
     path.write_bytes(small_pte)
     x = np.arange(16, dtype=np.float32).reshape(2, 8)
-    program = Runtime.get().load_program(str(path))  # held: the Method points into it
-    (got,) = program.load_method("forward").execute([torch.from_numpy(x)])
+    (got,) = Runtime.get().load_program(str(path)).load_method("forward").execute([torch.from_numpy(x)])
     np.testing.assert_array_equal(got.numpy(), x + SMALL_CONSTANT)
 
 

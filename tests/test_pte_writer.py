@@ -40,16 +40,6 @@ from xnnquant.pte import header, pytree
 from xnnquant.pte.builder import Chunked, ProgramBuilder
 from xnnquant.pte.memory import greedy
 
-
-def _execute(pte: bytes, inputs: list) -> list:
-    """``forward`` of ``pte`` on ExecuTorch's runtime.  The ``Program`` is held until the run
-    ends: a ``Method`` points into it, and ``load_program(pte).load_method(...).execute(...)``
-    freed it before the run, which read freed memory (other tests of the same process then
-    failed at random: issue 34's 0x12 in test_export_embeddings)."""
-    program = Runtime.get().load_program(pte)
-    return program.load_method("forward").execute(inputs)  # the outputs are copies: they outlive it
-
-
 pytestmark = pytest.mark.xnnpack
 
 F32, F16, I8, I64 = (np.dtype(t) for t in (np.float32, np.float16, np.int8, np.int64))
@@ -104,9 +94,11 @@ def test_to_pte_and_its_stream_are_executorchs_bytes() -> None:
     assert to_pte(payload, constants="inline") == expected
     pieces = list(pte_chunks(g))
     assert len(pieces) > 3 and b"".join(pieces) == to_pte(payload)  # one named blob at a time, the same bytes
+    from executorch.runtime import Runtime
 
     x = torch.from_numpy(rng.standard_normal((4, 64)).astype(np.float32))
-    outputs = [_execute(pte, [x])[0].numpy() for pte in (b"".join(pieces), to_pte(payload), expected)]
+    outputs = [Runtime.get().load_program(pte).load_method("forward").execute([x])[0].numpy()
+               for pte in (b"".join(pieces), to_pte(payload), expected)]
     np.testing.assert_array_equal(outputs[0], outputs[2])
     np.testing.assert_array_equal(outputs[1], outputs[2])
 
@@ -264,7 +256,7 @@ def test_a_program_without_segment_data_is_the_bare_flatbuffer() -> None:
     assert header.ExtendedHeader.read(pte) is None and _get_extended_header(pte) is None
     read = _deserialize_pte_binary(pte)
     assert bytes(_serialize_pte_binary(_PTEFile(read.program))) == pte
-    (out,) = _execute(pte, [torch.tensor([-1.0, 2, -3, 4])])
+    (out,) = Runtime.get().load_program(pte).load_method("forward").execute([torch.tensor([-1.0, 2, -3, 4])])
     assert out.tolist() == [0, 2, 0, 4]
 
 
@@ -287,7 +279,7 @@ def test_the_runtime_does_not_read_the_container_metadata() -> None:
     program.methods[0].container = ("not a spec", "")
     pte = program.to_bytes()
     x = torch.ones(2, 3)
-    assert torch.equal(_execute(pte, [x, x])[0], 2 * x)
+    assert torch.equal(Runtime.get().load_program(pte).load_method("forward").execute([x, x])[0], 2 * x)
     module = portable_lib._load_for_executorch_from_buffer(pte)
     for result in (module.forward([x, x]), module([x, x]), module.run_method("forward", [x, x])):
         assert torch.equal(result[0], 2 * x)
