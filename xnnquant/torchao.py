@@ -164,9 +164,10 @@ class XnnquantConfig(AOBaseConfig):
 
     def __post_init__(self) -> None:
         parse_scheme(self.weights)
-        for name in ("method", "activations"):  # case and surrounding spaces ignored, as every option
-            if arguments.spelling(getattr(self, name)) in (*METHODS, *ACTIVATIONS):
-                object.__setattr__(self, name, arguments.spelling(getattr(self, name)))
+        for name, spellings in (("method", METHODS), ("activations", ACTIVATIONS)):  # case and spaces ignored
+            text = arguments.spelling(getattr(self, name))
+            if text is not None and text in spellings:
+                object.__setattr__(self, name, text)
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise XnnquantError(f"unknown method: got {arguments.shown(self.method)}, expected one of "
                                 f"{', '.join(METHODS)}")
