@@ -51,8 +51,10 @@ docs-build: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
+# the tests on both cores (pytest-xdist), each file on one worker (its module fixtures made once)
+TEST_WORKERS ?= 2
 test: lint docs-build
-	$(BIN)/python -m pytest tests --nbmake notebooks
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests --nbmake notebooks
 
 # the performance figures of docs/benchmarks.md's "Performance" section, in one run
 bench: $(STAMP)

@@ -56,8 +56,24 @@ def shared_reference() -> Path | None:
 @pytest.fixture(scope="session")
 def et_programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Programs ExecuTorch 1.4.1 wrote through its own flow (``tests/oracles/et_programs.py``,
-    run once per session in a subprocess; see its docstring for the files)."""
-    out = tmp_path_factory.mktemp("et_programs")
+    run once per test run in a subprocess; see its docstring for the files).  Under
+    pytest-xdist (``make test`` runs ``-n 2``) the workers share one copy: the first makes it
+    in the run's temporary directory, under a lock, and the others read it."""
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _make_et_programs(tmp_path_factory.mktemp("et_programs"))
+    shared = tmp_path_factory.getbasetemp().parent  # this run's directory, the workers' parent
+    out = shared / "et_programs"
+    with FileLock(str(shared / "et_programs.lock")):
+        if not (out / "done").exists():
+            _make_et_programs(out)
+            (out / "done").write_text("")
+    return out
+
+
+def _make_et_programs(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "oracles" / "et_programs.py"), str(out)],
                           capture_output=True, text=True, env=env, timeout=900)

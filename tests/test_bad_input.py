@@ -22,6 +22,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import xnnquant as xq
+from xnnquant import pte as pte_module
 from xnnquant.arguments import MAX_SECONDS
 from xnnquant.errors import OutputFileError, PayloadError, ProgramError, XnnquantError
 from xnnquant.graph import Graph, interpret, load, run, to_pte
@@ -59,7 +61,15 @@ ODD = [object(), Ellipsis, 1 + 2j, set(), frozenset({1}), Path(__file__).parent 
 _DTYPES = st.sampled_from([np.float32, np.float64, np.float16, np.int8, np.int64, np.uint8, np.bool_, np.complex64])
 _SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4) | st.sampled_from([(2, 64), (1, 2, 64)])
 ARRAYS = hnp.arrays(_DTYPES, _SHAPES) | hnp.arrays(np.dtype("<U2"), st.just((2,)))
-TENSORS = hnp.arrays(_DTYPES, _SHAPES).map(lambda a: torch.from_numpy(np.ascontiguousarray(a)))
+_DENSE = torch.randn(2, 64)
+#: Tensors that hold no dense CPU values numpy can read (sparse, meta, quantized), or in a
+#: dtype numpy has not (bf16, float8, uint16), a 0-d one and a channels-last view.
+ODD_TENSORS = st.sampled_from([
+    _DENSE.to_sparse(), _DENSE.to_sparse_csr(), _DENSE.to("meta"), torch.quantize_per_tensor(_DENSE, 0.1, 0, torch.qint8),
+    _DENSE.to(torch.bfloat16), _DENSE.to(torch.float8_e4m3fn), torch.zeros(2, 64, dtype=torch.uint16),
+    torch.tensor(3.0), torch.randn(1, 2, 2, 64).to(memory_format=torch.channels_last), _DENSE.t(),
+    torch.nn.Parameter(_DENSE.clone())])
+TENSORS = hnp.arrays(_DTYPES, _SHAPES).map(lambda a: torch.from_numpy(np.ascontiguousarray(a))) | ODD_TENSORS
 SCALARS = (st.none() | st.booleans() | st.integers(-3, 70) | st.integers() | st.floats() | st.text(max_size=6)
            | st.binary(max_size=12) | st.sampled_from(ODD))
 JUNK = st.one_of(SCALARS, ARRAYS, TENSORS, st.lists(SCALARS, max_size=3), st.tuples(SCALARS), st.tuples(SCALARS, SCALARS),
@@ -237,32 +247,45 @@ def test_run(data: st.DataObject, payload: bytes) -> None:
     refused_or_done(lambda: run(**kwargs))
 
 
-@MANY
-@given(data=st.data())
-def test_exported_and_verify(data: st.DataObject, exported: xq.Exported) -> None:
-    entry, valid = data.draw(st.sampled_from([
-        (exported.run, dict(x=torch.from_numpy(X))),
-        (exported.save, dict(path="out.pte")),
-        (exported.source, dict(node_index=0)),
-        (xq.verify, dict(subject=exported, inputs=[X], module=small_module(), tolerance=1e-3)),
-    ]))
-    kwargs = with_junk(data.draw, valid)
-    call = (lambda: entry(*kwargs.values())) if entry == exported.run else (lambda: entry(**kwargs))
-    refused_or_done(call)
-
-
-EXPORT_ARGS = dict(weights="qc8w", method="minmax", calibration=None, fallback="auto", activations="dynamic",
+EXPORT_ARGS = dict(weights="qc8w", method="mse", calibration=None, fallback="auto", activations="dynamic",
                    progress=False, target="1.4.1", state_dict=None, check=False)
 
 
+def _positional(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` taking its arguments' values in order (``Exported.run(*inputs)``)."""
+    return lambda **kwargs: call(*kwargs.values())
+
+
+#: Every public entry point of the front end and the program tools, as (the call, its valid
+#: keyword arguments), made from the module's fixtures: the property below replaces one or
+#: two arguments by junk and wants success or ``XnnquantError``.  One more entry point is
+#: one more row (``xq.export_llm`` joins here); the CLI, whose arguments are strings, has
+#: its own property (``test_cli``).
+ENTRY_POINTS: dict[str, Callable[[Any], tuple[Callable[..., Any], dict[str, Any]]]] = {
+    "export": lambda f: (xq.export, dict(module=small_module(), example_inputs=(torch.from_numpy(X),), **EXPORT_ARGS)),
+    "export calibrated": lambda f: (xq.export, dict(module=small_module(), example_inputs=(torch.from_numpy(X),),
+                                                    **{**EXPORT_ARGS, "calibration": [(torch.from_numpy(X),)],
+                                                       "calibration_mask": None, "dynamic_shapes": None})),
+    "check": lambda f: (xq.check, dict(module=small_module(), example_inputs=(torch.from_numpy(X),), weights="qc8w",
+                                       fallback="auto", target="1.4.1", dynamic_shapes=None, strict=False,
+                                       embeddings=None)),
+    "Exported.run": lambda f: (_positional(f.exported.run), dict(x=torch.from_numpy(X))),
+    "Exported.save": lambda f: (f.exported.save, dict(path="out.pte")),
+    "Exported.source": lambda f: (f.exported.source, dict(node_index=0)),
+    "verify": lambda f: (xq.verify, dict(subject=f.exported, inputs=[X], module=small_module(), tolerance=1e-3)),
+    "graph.run": lambda f: (run, dict(payload=f.exported.to_bytes(), inputs=[X], named_data=None)),
+    "read_pte": lambda f: (pte_module.read_pte, dict(source=f.pte, data_files=(), validate=True)),
+    "run_method": lambda f: (pte_module.run_method, dict(program=f.pte, method="forward", inputs=[X], data_files=())),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 @FEW
 @given(data=st.data())
-def test_export_and_check(data: st.DataObject) -> None:
-    valid = dict(module=small_module(), example_inputs=(torch.from_numpy(X),), **EXPORT_ARGS)
+def test_public_entry_points(entry: str, data: st.DataObject, exported: xq.Exported, pte: bytes) -> None:
+    call, valid = ENTRY_POINTS[entry](SimpleNamespace(exported=exported, pte=pte))
     kwargs = with_junk(data.draw, valid)
-    refused_or_done(lambda: xq.export(**kwargs))
-    refused_or_done(lambda: xq.check(**{k: v for k, v in kwargs.items()
-                                        if k in ("module", "example_inputs", "weights", "fallback", "target")}))
+    refused_or_done(lambda: call(**kwargs))
 
 
 #: Calibration batches: lists of input tuples of tensors of any shape, dtype and value.
@@ -348,7 +371,7 @@ def test_cli(data: st.DataObject, tmp_path_factory: pytest.TempPathFactory, payl
     file = data.draw(st.sampled_from([*(str(folder / f"{n}.bin") for n in files), str(folder), str(folder / "missing" / "x")]))
     command = data.draw(st.sampled_from(["inspect", "verify", "export"]))
     options = {"inspect": ["--json", "--no-validate", "--data"],
-               "verify": ["--seed", "--tolerance", "--timeout", "--data"],
+               "verify": ["--seed", "--tolerance", "--timeout", "--data", "--json"],
                "export": ["--weights", "--method", "--fallback", "--target", "--weights-from", "--json", "-o"]}[command]
     argv = [command, file] if command != "export" else [command, "my_cli_models:small", "-o", str(folder / "o.pte")]
     for option in data.draw(st.lists(st.sampled_from(options), max_size=3)):

@@ -49,6 +49,29 @@ def test_verify_runs_the_real_runtime(payload_path, capsys):
     assert "OK: worst relative error" in capsys.readouterr().out
 
 
+@pytest.mark.xnnpack
+def test_verify_json_and_inspect_say_what_they_checked(payload_path, capsys):
+    """Issue 34: verify had no --json; inspect printed a file with exit 0 and no word that
+    nothing was run."""
+    import json
+
+    assert cli.main(["verify", str(payload_path), "--no-isolate", "--json", "--seed", "3"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["ok"] is True and record["file"] == str(payload_path) and record["seed"] == 3
+    assert record["isolated"] is False and record["tolerance"] > 0
+    assert 0 <= record["worst_relative_error"] <= record["tolerance"] and record["errors"]
+    assert record["report"] == [f"output 0 (3, 16): max relative error {record['errors'][0]:.3g}"]
+    assert cli.main(["inspect", str(payload_path), "--no-validate"]) == 0
+    *_, checked, not_checked = capsys.readouterr().out.rstrip().splitlines()
+    assert checked == "checked: the file's structure: headers, offsets, flatbuffers"
+    assert not_checked == ("not checked: every payload against XNNPACK 1.4.1's rules for values and nodes "
+                           "(graph.validate): --no-validate; the runtime: nothing was loaded or run (xnnquant verify "
+                           f"{payload_path} runs it, isolated)")
+    assert cli.main(["inspect", str(payload_path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["run"] is False and len(record["checked"]) == 2 and len(record["not_checked"]) == 1
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     """``python -m xnnquant ARGS`` in a fresh process, as a user's shell runs it."""
     root = str(Path(__file__).resolve().parents[1])

@@ -55,8 +55,13 @@ def test_inspect_text_of_a_three_method_program(et_programs: Path, capsys: pytes
     assert "methods forward, head, weight_only; 4 XNNPACK delegate(s)" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("delegate ")] == [
         "forward/0", "forward/1", "head/0", "weight_only/0"]
-    assert out.rstrip().endswith("bytes by datatype, all delegates: fp32 5 constants 12,800 B; qbint4 3 constants "
-                                 "8,704 B + 800 B scales; qcint8 1 constant 1,536 B + 64 B scales")
+    *_, totals, checked, not_checked = out.rstrip().splitlines()
+    assert totals == ("bytes by datatype, all delegates: fp32 5 constants 12,800 B; qbint4 3 constants "
+                      "8,704 B + 800 B scales; qcint8 1 constant 1,536 B + 64 B scales")
+    assert checked == ("checked: the file's structure: headers, offsets, flatbuffers; every payload against XNNPACK "
+                       "1.4.1's rules for values and nodes (graph.validate)")
+    assert not_checked == (f"not checked: the runtime: nothing was loaded or run (xnnquant verify "
+                           f"{et_programs / 'xnnquant.pte'} runs it, isolated)")
 
 
 def test_inspect_without_the_data_file(et_programs: Path, capsys: pytest.CaptureFixture) -> None:

@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import Exported, FallbackWarning, StaticInt8, check, export
+from .frontend import Exported, FallbackWarning, OptionWarning, StaticInt8, check, export
 from .frontend.divergence import VerifyReport, verify
 from .llm import LLM, Generation, export_llm, generate
 from .schemes import (
@@ -43,6 +43,7 @@ __all__ = [
     "FallbackWarning",
     "Generation",
     "MissingExtraError",
+    "OptionWarning",
     "PayloadError",
     "QuantParamsKind",
     "QuantizedTensor",

@@ -139,6 +139,12 @@ def seconds(value: Any, name: str = "timeout") -> float | None:
     return out
 
 
+def spelling(value: Any) -> str | None:
+    """The spelling of an option as every option of xnnquant compares it: a string with its
+    case and surrounding spaces ignored (``"MSE "`` is ``"mse"``); None for a non-string."""
+    return value.strip().lower() if isinstance(value, str) else None
+
+
 def choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
     """``value`` when it is one of ``choices`` (compared with ``==`` after a type check, so an
     array or an unhashable value is refused, not compared element-wise)."""

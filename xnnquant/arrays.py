@@ -28,22 +28,50 @@ def is_int(value: object) -> TypeGuard[int | np.integer]:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _from_torch(x: object) -> np.ndarray | None:
+def check_plain_tensor(x: object, name: str, *, meta: bool = False) -> None:
+    """``XnnquantError`` unless the torch tensor ``x`` holds its values densely in this
+    process's memory: the strided layout (not sparse or nested), not a quantized dtype, on
+    the CPU (or on the ``meta`` device, which holds no values, when ``meta``)."""
+    layout = str(getattr(x, "layout", "torch.strided")).removeprefix("torch.")
+    device = str(getattr(getattr(x, "device", None), "type", "cpu"))
+    if layout != "strided" or getattr(x, "is_nested", False):
+        what = "nested" if getattr(x, "is_nested", False) else layout
+        raise XnnquantError(f"{name} is a {what} tensor: expected a dense one (x.to_dense())")
+    if getattr(x, "is_quantized", False):
+        raise XnnquantError(f"{name} is a quantized torch tensor ({getattr(x, 'dtype', '')}): expected its float "
+                            "values (x.dequantize())")
+    if device != "cpu" and not (meta and device == "meta"):
+        why = "holds no values" if device == "meta" else "is not in this process's memory"
+        raise XnnquantError(f"{name} is on the {device} device, which {why}: expected a tensor on the CPU")
+
+
+def _from_torch(x: object, name: str = "x") -> np.ndarray | None:
     """A numpy view or copy of a torch tensor, or None when ``x`` is not one."""
     if type(x).__module__.split(".")[0] != "torch" or not hasattr(x, "detach"):
         return None
-    t = x.detach().cpu()
+    check_plain_tensor(x, name)
+    t = x.detach()
     if str(t.dtype) == "torch.bfloat16":
         # numpy has no bf16; reinterpret the 16-bit patterns as ml_dtypes.bfloat16.
         import torch  # only reached when the caller already uses torch
 
         return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:  # a dtype numpy has not (float8, uint16, ...), a tensor subclass
+        raise XnnquantError(f"{name} cannot be read as a numpy array: {type(x).__name__} of {t.dtype} "
+                            f"({exc})") from None
+
+
+def contiguous(x: ArrayInput, dtype: npt.DTypeLike | None = None) -> np.ndarray:
+    """``x`` as a C-contiguous numpy array (a copy only when it is not one), its rank kept:
+    a 0-d array stays 0-d (``np.ascontiguousarray`` makes it shape ``(1,)``)."""
+    return np.asarray(x, dtype=dtype, order="C")
 
 
 def to_numpy(x: ArrayInput, name: str = "x") -> np.ndarray:
     """``x`` (numpy array, torch tensor, or nested sequence) as a numpy array, dtype kept."""
-    converted = _from_torch(x)
+    converted = _from_torch(x, name)
     if converted is not None:
         return converted
     if isinstance(x, np.ndarray):

@@ -164,6 +164,10 @@ class XnnquantConfig(AOBaseConfig):
 
     def __post_init__(self) -> None:
         parse_scheme(self.weights)
+        for name, spellings in (("method", METHODS), ("activations", ACTIVATIONS)):  # case and spaces ignored
+            text = arguments.spelling(getattr(self, name))
+            if text is not None and text in spellings:
+                object.__setattr__(self, name, text)
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise XnnquantError(f"unknown method: got {arguments.shown(self.method)}, expected one of "
                                 f"{', '.join(METHODS)}")

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ..arguments import MAX_SECONDS
+from ..arguments import MAX_SECONDS, spelling
 from ..errors import XnnquantError
 from ..graph.divergence import TOLERANCE
 
@@ -159,25 +159,39 @@ def _minilm(args: argparse.Namespace) -> None:
     print(main(as_json=args.json, with_executorch=not args.no_executorch, progress=stream, save=args.save))
 
 
+def inspect_checks(file: str, validated: bool) -> dict[str, Any]:
+    """What ``xnnquant inspect`` checked of ``file`` and what it did not: it reads, it never
+    runs (a file that passes may still crash the runtime: ``xnnquant verify`` runs it isolated)."""
+    read = "the file's structure: headers, offsets, flatbuffers"
+    rules = "every payload against XNNPACK 1.4.1's rules for values and nodes (graph.validate)"
+    return {"checked": [read] + ([rules] if validated else []),
+            "not_checked": ([] if validated else [rules + ": --no-validate"])
+            + [f"the runtime: nothing was loaded or run (xnnquant verify {file} runs it, isolated)"],
+            "run": False}
+
+
 def _inspect(args: argparse.Namespace) -> None:
     import json
 
     from ..pte import is_pte, read_pte
     from .summary import describe, describe_program, graph_record, program_record
 
+    checks = inspect_checks(args.file, not args.no_validate)
     if is_pte(args.file):
         program = read_pte(args.file, args.data, validate=not args.no_validate)
-        print(json.dumps(program_record(program, args.file), indent=2) if args.json
-              else describe_program(program, args.file))
-        return
-    _no_data_files(args)
-    from ..graph import load
-
-    graph = load(args.file, validate=not args.no_validate)
-    if args.json:
-        print(json.dumps({"file": args.file, **graph_record(graph)}, indent=2))
+        record, text = (program_record(program, args.file), describe_program(program, args.file))
     else:
-        print(describe(graph))
+        _no_data_files(args)
+        from ..graph import load
+
+        graph = load(args.file, validate=not args.no_validate)
+        record, text = {"file": args.file, **graph_record(graph)}, describe(graph)
+    if args.json:
+        print(json.dumps({**record, **checks}, indent=2))
+    else:
+        print(text)
+        print("checked: " + "; ".join(checks["checked"]))
+        print("not checked: " + "; ".join(checks["not_checked"]))
 
 
 def _verify(args: argparse.Namespace) -> None:
@@ -205,12 +219,24 @@ def _verify(args: argparse.Namespace) -> None:
             from ..graph.worker import worker
 
             sys.stderr.write(worker().log_text())
-    print(text)
     worst = max(errors, default=0.0, key=lambda e: math.inf if math.isnan(e) else e)
     ok = worst <= args.tolerance  # NaN is never within it
-    print(f"{'OK' if ok else 'MISMATCH'}: worst relative error {worst:.3g} (tolerance {args.tolerance:g})")
+    if args.json:
+        import json
+
+        print(json.dumps({"file": args.file, "ok": ok, "worst_relative_error": _json_number(worst),
+                          "tolerance": args.tolerance, "errors": [_json_number(e) for e in errors],
+                          "seed": args.seed, "isolated": not args.no_isolate, "report": text.splitlines()}, indent=2))
+    else:
+        print(text)
+        print(f"{'OK' if ok else 'MISMATCH'}: worst relative error {worst:.3g} (tolerance {args.tolerance:g})")
     if not ok:
         raise SystemExit(1)
+
+
+def _json_number(x: float) -> float | str:
+    """``x`` as JSON holds it: a number, or ``"inf"`` / ``"nan"`` (which JSON has not)."""
+    return x if math.isfinite(x) else str(x)
 
 
 def _no_data_files(args: argparse.Namespace) -> None:
@@ -318,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a dynamic dim: torch.export.Dim(NAME, min=MIN, max=MAX) for dim DIM of input INPUT "
                              "(0-based), e.g. seq:1:128:0.1,1.1; repeat for several dims")
     export.add_argument("--target", default="1.4.1", help="1.4.1 (default) or xn01 (XN01 node kinds only)")
-    export.add_argument("--activations", default="dynamic", choices=("dynamic", "qint8"),
+    export.add_argument("--activations", default="dynamic", choices=("dynamic", "qint8"), type=spelling,
                         help="dynamic (int8 per token at run time, default) or qint8 (full-integer static int8: "
                              "needs --weights qc8w and --calibration)")
     export.add_argument("--calibration", default=None, metavar="package.module:function",
@@ -352,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         "process, so a payload that crashes the runtime is reported as an error.  Status 1 on a mismatch.")
     verify.add_argument("file", help="payload file or ExecuTorch .pte")
     verify.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (an integer >= 0)")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON (exit status as without it)")
     verify.add_argument("--tolerance", type=_tolerance, default=TOLERANCE,
                         help=f"largest relative error accepted (default {TOLERANCE:g})")
     verify.add_argument("--no-isolate", action="store_true",

@@ -18,6 +18,10 @@ Stages, each timed in ``Exported.timings`` (seconds):
                 stand in for the program (``eager.statistics``), else it is
                 traced again at their shapes
                 (``batches.CalibrationData.programs_for``)
+``validate``    the program after the passes run by torch on the example inputs
+                (``selfcheck.evaluate``): a node that cannot compute on them (an
+                int64 input read by a float linear) is refused before lowering,
+                whatever ``check=``; the self-check reuses the outputs
 ``lower``       lowering node by node, quantizing each weight on the way
 ``calibrate``   static int8 only: the float graph run on the real XNNPACK on the
                 ``calibration`` batches (``static_int8``)
@@ -41,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import XnnquantError, missing_extra
+from .caller import mutated_inputs, refuse_parameter_writes
 from .exported import Exported
 from .options import ExportOptions, StaticInt8
 from .program import AtenProgram
@@ -146,6 +151,10 @@ INPUT_DTYPES = ("float32", "float16", "int64", "int32", "int16", "int8", "uint8"
 
 
 def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
+    """``example_inputs`` as a tuple of dense tensors of ``INPUT_DTYPES``, on the CPU or on
+    ``meta`` (a module built on meta traces there; what needs values says so later)."""
+    from ..arrays import check_plain_tensor
+
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         raise XnnquantError(
             f"example_inputs must be a tuple of tensors, the module's positional inputs: got "
@@ -153,6 +162,7 @@ def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             raise XnnquantError(f"example_inputs[{i}] must be a torch.Tensor: got {type(x).__name__}")
+        check_plain_tensor(x, f"example_inputs[{i}]", meta=True)
         if str(x.dtype).removeprefix("torch.") not in INPUT_DTYPES:
             raise XnnquantError(f"example_inputs[{i}] is {x.dtype}: expected one of {', '.join(INPUT_DTYPES)}")
         if x.numel() == 0:
@@ -406,6 +416,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
                                   progress=progress, dynamic_shapes=dynamic_shapes,
                                   calibration_mask=calibration_mask, strict=strict, embeddings=embeddings,
                                   rotation=rotation)
+    if not options.policy.weights.is_quantized and options.embeddings is None and options.method != "mse":
+        _warn_unused(f"method={options.method!r} does nothing: weights='fp32' and no embeddings= quantize nothing")
     weight_file = None
     if options.state_dict is not None:
         from .streaming import WeightFile
@@ -415,6 +427,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if weight_file is not None and isinstance(module, _torch().nn.Module):  # before tracing on meta
         _check_streamed(module, weight_file.path)
     eager, traced, decompositions = _traced(module, example_inputs, options, timings)
+    refuse_parameter_writes(traced)
+    mutated = mutated_inputs(traced)
     from .lowering.context import WeightOptions
     from .lowering.walk import Lowered, lower
     from .passes import AFTER_CALIBRATION, BEFORE_CALIBRATION, run_passes
@@ -436,6 +450,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         partition = _partitioned(program, options, pass_options)
         partition.raise_problems()
         members = partition.delegates
+    computed = None
+    if eager is not None and weight_file is None:  # the program must run on its example inputs, whatever check=
+        from .selfcheck import evaluate
+
+        with stage("validate", timings):
+            computed = evaluate(program, tuple(example_inputs))
     static = options.static_int8
     if static is not None and members is not None:
         _refuse_mixed_static(program)
@@ -458,7 +478,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
             weights.memo.clear()  # the float values it holds are needed no more
     if members is None:
         rows = lowered.rows
-    rows[:0] = embedding_rows(program)  # in place: a streaming export fills its rows in when it writes
+    tables = embedding_rows(program)
+    rows[:0] = tables  # in place: a streaming export fills its rows in when it writes
+    if options.embeddings is not None and not tables:
+        _warn_unused(f"embeddings={str(options.embeddings)!r} does nothing: the module looks up no constant table "
+                     "(aten.embedding); its program is what it would be without it")
     int8 = None
     if static is not None:
         assert options.calibration is not None  # ExportOptions.parse requires it
@@ -474,10 +498,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     else:
         exported = _mixed(program, delegates, rows, options, timings)
     exported.embeddings = options.embeddings
+    _name_mutated_inputs(exported, mutated)
     _warn_fallbacks(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
             exported.to_pte() if members is not None else exported.to_bytes()
+        _check_planned(exported)
     if not options.check:
         exported.self_check = "skipped (check=False)"
     elif weight_file is not None or eager is None:
@@ -489,7 +515,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
 
         with stage("check", timings), single_threaded(), buffers_kept(list(program.live.values())):
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
-                                             exported if members is not None else None, int8)
+                                             exported if members is not None else None, int8, mutated, computed)
     exported.state = {program.origins[name]: tuple(program.state[name].shape) for name in program.state}
     return exported
 
@@ -544,6 +570,33 @@ def _check_state(program: AtenProgram, options: ExportOptions) -> None:
             raise XnnquantError(f"the buffer {program.origins[name]!r}, which the module updates, is on the meta "
                                 "device: its values when exported are the program's initial state; give it data "
                                 "(build it outside torch.device('meta')), or export with state_dict=")
+
+
+def _name_mutated_inputs(exported: Exported, mutated: list[int]) -> None:
+    """Name the outputs that carry the new values of the inputs the forward writes into
+    (``caller.py``): ``Exported.mutated_inputs``, and each such output ``"x (written by forward)"``."""
+    names = [exported.inputs[k].name for k in mutated]
+    exported.mutated_inputs = names
+    for k, name in enumerate(names):
+        exported.outputs[k] = replace(exported.outputs[k], name=f"{name} (written by forward)")
+
+
+def _check_planned(exported: Exported) -> None:
+    """Refuse a program whose planned memory (at its dynamic dims' bounds) the runtime could
+    not allocate here (``pte.planned``): a mixed program's arenas, a pure one's inputs and
+    outputs (the runtime plans those; XNNPACK sizes its own memory at the sizes it runs)."""
+    import numpy as np
+
+    from ..pte.planned import check_fits, planned_bytes
+
+    if exported.mixed:
+        planned = planned_bytes(exported.to_pte())
+    else:
+        planned = {"forward": sum(int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+                                  for t in exported.inputs + exported.outputs)}
+    dims = sorted({str(d) for t in exported.inputs + exported.outputs for d in t.dynamic if d is not None})
+    check_fits(planned, "the exported program", f" (its dynamic dims plan their memory at their upper bounds: "
+               f"{', '.join(dims)}; lower their max)" if dims else "")
 
 
 def _float_policy() -> Any:
@@ -723,6 +776,20 @@ class FallbackWarning(UserWarning):
     """Some layers of an export took another scheme than ``weights=`` (``fallback="auto"``)."""
 
 
+class OptionWarning(UserWarning):
+    """An option of ``xq.export`` is valid but does nothing here: ``embeddings=`` on a module
+    without an embedding table, ``method="minmax"`` with nothing quantized.  An option that is
+    malformed or contradicts another (a scheme twice in ``fallback=``, ``dynamic_shapes``
+    without a Dim, ``calibration=`` or ``method="gptq"`` with ``weights="fp32"``) is refused
+    instead (``ExportOptions.parse``)."""
+
+
+def _warn_unused(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, OptionWarning, stacklevel=3)
+
+
 def _warn_fallbacks(exported: Exported) -> None:
     """One warning for all the layers that fell back, by scheme (the report has each reason)."""
     from collections import Counter
@@ -783,7 +850,8 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     options = ExportOptions.parse(weights=weights, fallback=fallback, target=target, check=False, progress=False,
                                   dynamic_shapes=dynamic_shapes, strict=strict, embeddings=embeddings)
     timings: dict[str, float] = {}
-    _, traced, _ = _traced(module, example_inputs, options, timings)
+    eager, traced, _ = _traced(module, example_inputs, options, timings)
+    refuse_parameter_writes(traced)
     from .emit import placements
     from .lowering.context import WeightOptions
     from .lowering.walk import lower
@@ -793,6 +861,13 @@ def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", 
     program.name_dims(options.dynamic_shapes, module)
     pass_options = _PassOptions(None, options.strict, options.embeddings, dry_run=True)
     run_passes(program, pass_options)
+    if eager is not None:  # as export validates: the program must run on its example inputs
+        from .selfcheck import evaluate
+
+        try:
+            evaluate(program, tuple(example_inputs))
+        except XnnquantError as exc:
+            pass_options.problems.append(str(exc))
     partition = _partitioned(program, options, pass_options)
     dry = WeightOptions(options.policy, dry_run=True)
     if partition.delegates is None:

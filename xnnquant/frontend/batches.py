@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..arrays import check_plain_tensor, contiguous
 from ..errors import XnnquantError
 from .program import AtenProgram
 
@@ -354,6 +355,8 @@ def _misfit(module: Any, index: int, batch: tuple[Any, ...], exc: Exception) -> 
     that fails when the batch runs through it eagerly (when one does)."""
     import torch
 
+    from .caller import buffers_kept, copies
+
     names = {m: name for name, m in module.named_modules()}
     running: list[Any] = []  # the modules entered and not yet left, innermost last
 
@@ -366,8 +369,8 @@ def _misfit(module: Any, index: int, batch: tuple[Any, ...], exc: Exception) -> 
     hooks = [m.register_forward_pre_hook(enter) for m in names] + [m.register_forward_hook(leave) for m in names]
     failure: Exception = exc
     try:
-        with torch.no_grad():
-            module(*batch)
+        with torch.no_grad(), buffers_kept(module):
+            module(*copies(batch))
         running.clear()  # the module runs it: tracing itself failed
     except Exception as eager:  # the module's own error on a batch that does not fit it
         failure = eager
@@ -403,10 +406,11 @@ def calibration_batches(batches: Any) -> tuple[tuple[Any, ...], ...]:
         converted = []
         for j, x in enumerate(inputs):
             if isinstance(x, np.ndarray):
-                x = torch.from_numpy(np.ascontiguousarray(x))
+                x = torch.from_numpy(contiguous(x))
             if not isinstance(x, torch.Tensor):
                 raise XnnquantError(f"calibration batch {i}, input {j}: expected a torch tensor or a numpy array, "
                                     f"got {type(x).__name__}")
+            check_plain_tensor(x, f"calibration batch {i}, input {j}")
             if x.numel() == 0:
                 raise XnnquantError(f"calibration batch {i}, input {j} has no elements (shape {tuple(x.shape)}): "
                                     "expected every dim >= 1")
@@ -452,10 +456,11 @@ def parse_masks(mask: Any, batches: Sequence[tuple[Any, ...]]) -> tuple[Any, ...
     out = []
     for i, m in enumerate(given):
         if isinstance(m, np.ndarray):
-            m = torch.from_numpy(np.ascontiguousarray(m))
+            m = torch.from_numpy(contiguous(m))
         if not isinstance(m, torch.Tensor):
             raise XnnquantError(f"calibration_mask of batch {i}: expected a tensor or numpy array, got "
                                 f"{type(m).__name__}")
+        check_plain_tensor(m, f"calibration_mask of batch {i}")
         if m.dtype != torch.bool:
             if m.dtype.is_complex or not bool(((m == 0) | (m == 1)).all()):
                 raise XnnquantError(f"calibration_mask of batch {i} is {m.dtype} with values other than 0 and 1: "

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import arguments
-from ..arrays import to_numpy
+from ..arrays import contiguous, to_numpy
 from ..errors import XnnquantError
 from ..graph import Graph
 from ..graph.divergence import TOLERANCE, Divergence, first_divergence
@@ -89,11 +89,16 @@ def _graph_and_sources(subject: Any) -> tuple[Graph, list[tuple[str, str, str]]]
 def _module_outputs(module: Any, given: list[np.ndarray], count: int) -> list[np.ndarray]:
     """``module(*given)`` as float32 arrays, ``count`` of them; ``XnnquantError`` when the module
     fails on the inputs or returns anything else."""
+    import contextlib
+
     import torch
 
+    from .caller import buffers_kept
+
+    kept = buffers_kept(module) if isinstance(module, torch.nn.Module) else contextlib.nullcontext()
     try:
-        with torch.no_grad():
-            out = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in given])
+        with torch.no_grad(), kept:  # on copies: a forward may write into its inputs
+            out = module(*[torch.from_numpy(np.array(a, order="C", copy=True)) for a in given])
     except Exception as exc:  # the module's own error: say it came from the module
         raise XnnquantError(f"module(*inputs) failed: {type(exc).__name__}: {exc}") from None
     flat = out if isinstance(out, (tuple, list)) else (out,)
@@ -127,7 +132,7 @@ def verify(subject: Any, inputs: Sequence[Any], module: Any = None, *, tolerance
     layouts = subject if isinstance(subject, Exported) else None
     # the graph reads each input with its dims in the program's declared order (channels-last ones NHWC)
     arrays = [layouts._laid_out(x, spec, i) for i, (x, spec) in enumerate(zip(given, layouts.inputs))] \
-        if layouts is not None else [np.ascontiguousarray(x) for x in given]
+        if layouts is not None else [contiguous(x) for x in given]
     payload = graph.to_bytes()
     results = {"runtime": run(payload, arrays), "interpreter": interpret(graph, arrays)}
     if layouts is not None:  # back to torch's dim order, to compare with the module

@@ -55,6 +55,7 @@ from ..compute.parallel import num_threads
 from ..errors import XnnquantError
 from .batches import CalibrationData
 from .calibration import Calibrating, LayerStatistics, LayerUse, layer_use
+from .caller import buffers_kept, copies
 from .evaluation import torch_threads
 from .program import AtenProgram
 from .weights import WeightPolicy, WeightScheme
@@ -90,7 +91,8 @@ def statistics(module: Any, program: AtenProgram, data: CalibrationData, policy:
         return None
     meeting = _Meeting(module, steps, data, state)
     try:
-        meeting.run()
+        with buffers_kept(module):
+            meeting.run()
     except _Refused:
         return None
     return state.stats
@@ -207,7 +209,7 @@ class _Meeting:
         self.batch.index = b
         try:
             with torch.no_grad():
-                self.module(*self.data.batches[b])
+                self.module(*copies(self.data.batches[b]))
         except _Refused:
             pass
         except BaseException as exc:  # the module's own error: the program's run says it

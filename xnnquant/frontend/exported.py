@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import arguments
+from ..arrays import contiguous
 from ..errors import XnnquantError
 from ..files import write_atomic
 from ..graph import Graph, Target
@@ -134,6 +135,10 @@ class Exported:
     state: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: an LLM program (``xq.export_llm``): its interface and metadata (``llm.export.LLMInfo``)
     llm: Any = None
+    #: the inputs the module's forward writes into (``x.mul_(2)``), by name: their new values
+    #: are the program's first outputs, in this order, before the module's own (as in
+    #: ExecuTorch's programs; ``caller.py``)
+    mutated_inputs: list[str] = field(default_factory=list)
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -224,7 +229,7 @@ class Exported:
         if self.mixed:
             return self._run_program(arrays)
         results = run(self.to_bytes(), arrays, validate=False)
-        return [r if spec.contiguous else np.ascontiguousarray(np.transpose(r, np.argsort(spec.dim_order)))
+        return [r if spec.contiguous else contiguous(np.transpose(r, np.argsort(spec.dim_order)))
                 for r, spec in zip(results, self.outputs)]
 
     def _run_program(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -232,7 +237,7 @@ class Exported:
         from ..pte.run import run_method
 
         results = run_method(self.to_pte(), "forward", self._tensors(arrays))
-        return [np.ascontiguousarray(r) for r in results]
+        return [contiguous(r) for r in results]
 
     def _tensors(self, arrays: list[np.ndarray]) -> list[Any]:
         """``arrays`` (laid out in the declared dim orders) as the tensors the runtime takes."""
@@ -256,7 +261,7 @@ class Exported:
     def _laid_out(x: np.ndarray, spec: TensorIO, i: int) -> np.ndarray:
         """Input ``x`` (torch order, any strides) as the payload reads it: its dims in ``spec``'s order."""
         spec.check(tuple(x.shape), f"inputs[{i}]")
-        return np.ascontiguousarray(x if spec.contiguous else np.transpose(x, spec.dim_order))
+        return contiguous(x if spec.contiguous else np.transpose(x, spec.dim_order))
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -287,9 +292,14 @@ class Exported:
             if self.activations != "dynamic":
                 text += f"\nfp32 <-> qint8 boundaries ({len(self.boundaries)}):" + "".join(
                     f"\n  {b}" for b in self.boundaries)
-            return text
+            return text + self._mutations
         head = "" if self.llm is None else f"{self.llm}\n"
-        return head + self.delegation_report() + "\n" + format_report(self.report)
+        return head + self.delegation_report() + "\n" + format_report(self.report) + self._mutations
+
+    @property
+    def _mutations(self) -> str:
+        return "".join(f"\noutput {k}: input {name!r} as forward leaves it (forward writes into it)"
+                       for k, name in enumerate(self.mutated_inputs))
 
     @property
     def _tables(self) -> str:
@@ -341,7 +351,7 @@ class Session:
         arrays = [Exported._laid_out(to_numpy(x, f"inputs[{i}]"), spec, i) for i, (x, spec) in
                   enumerate(zip(inputs, specs))]
         results = self._session.run("forward", self.exported._tensors(arrays))
-        return [np.ascontiguousarray(r) for r in results]
+        return [contiguous(r) for r in results]
 
     def reset(self) -> None:
         """Load the program again: its state holds the values it was exported with."""

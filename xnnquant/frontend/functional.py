@@ -79,7 +79,12 @@ def buffer_updates(program: Any) -> list[Any] | None:
     roots: dict[Any, Any] = {n: n for n in program.graph.nodes if n.op == "placeholder" and n.name in buffers}
     found = []
     for node in program.graph.nodes:
-        if node.op != "call_function" or is_grad_wrapper(node):
+        if node.op == "call_function" and is_grad_wrapper(node):
+            body = getattr(program.graph_module, node.args[1].target).graph
+            if any(getattr(getattr(n.target, "_schema", None), "is_mutable", False) for n in body.nodes):
+                return None  # an update inside a grad-mode block: torch's functionalization sees into it
+            continue
+        if node.op != "call_function":
             continue
         root = alias_of(node, roots)
         if root is not None:

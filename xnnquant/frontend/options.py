@@ -71,6 +71,8 @@ class StaticInt8:
     bias_correction: bool = True
 
     def __post_init__(self) -> None:
+        if arguments.spelling(self.ranges) in RANGE_METHODS:  # case and spaces ignored, as every option
+            object.__setattr__(self, "ranges", arguments.spelling(self.ranges))
         if self.ranges not in RANGE_METHODS:
             raise XnnquantError(f"unknown activation range method: got {self.ranges!r}, expected one of "
                                 f"{', '.join(map(repr, RANGE_METHODS))}")
@@ -96,8 +98,8 @@ def parse_activations(activations: Any) -> tuple[ActivationKind, StaticInt8 | No
     """``activations=`` as (its kind, the static int8 choices or None)."""
     if isinstance(activations, StaticInt8):
         return ActivationKind.QINT8, activations
-    if isinstance(activations, str) and activations in ACTIVATIONS:
-        kind = ActivationKind(activations)
+    if arguments.spelling(activations) in ACTIVATIONS:
+        kind = ActivationKind(arguments.spelling(activations))
         return kind, (StaticInt8() if kind is ActivationKind.QINT8 else None)
     raise XnnquantError(f"unknown activations: got {arguments.shown(activations)}, expected one of "
                         f"{', '.join(map(repr, ACTIVATIONS))} or an xq.StaticInt8(...)")
@@ -169,6 +171,15 @@ class ExportOptions:
         if dynamic_shapes is not None and not isinstance(dynamic_shapes, (dict, tuple, list)):
             raise XnnquantError(f"dynamic_shapes must be torch.export's spec (a tuple or dict of {{dim: "
                                 f"torch.export.Dim}} per input): got {type(dynamic_shapes).__name__}")
+        if dynamic_shapes is not None and not _names_a_dim(dynamic_shapes):
+            raise XnnquantError(f"dynamic_shapes={dynamic_shapes!r} makes no dim dynamic: expected a torch.export.Dim "
+                                "for each dynamic dim ({1: Dim('seq', max=512)} per input), or dynamic_shapes=None "
+                                "for a program of the example inputs' shapes")
+        if not quantized and tables is None and chosen in ACTIVATION_AWARE_METHODS:
+            raise XnnquantError(f"method={chosen!r} chooses the scales of quantized weights from calibration "
+                                "activations, and weights='fp32' quantizes none (nor embeddings=) and takes no "
+                                "calibration: expected method='mse' (the default) with fp32 weights, or a quantized "
+                                "scheme")
         rotated = _rotation(rotation, path, static)
         return cls(policy, chosen, chosen_target, kind,
                    None if calibration is None else CalibrationData.parse(calibration, calibration_mask), path, check,
@@ -191,6 +202,17 @@ def _rotation(rotation: Any, state_dict: Any, static: Any) -> str | None:
     if static is not None:
         raise XnnquantError("rotation= goes with dynamic activations (int4 and int8 weights), not activations='qint8'")
     return rotation.strip().lower()
+
+
+def _names_a_dim(spec: Any) -> bool:
+    """True when torch.export's ``dynamic_shapes`` spec (nested dicts, tuples and lists, with
+    None for a static input or dim) holds anything else than None: a Dim, or one of torch's
+    markers (``Dim.AUTO``)."""
+    if isinstance(spec, dict):
+        return any(_names_a_dim(v) for v in spec.values())
+    if isinstance(spec, (list, tuple)):
+        return any(_names_a_dim(v) for v in spec)
+    return spec is not None
 
 
 def _check_static_int8(policy: WeightPolicy, method: str, calibration: Any, calibration_mask: Any,

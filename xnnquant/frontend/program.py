@@ -96,8 +96,9 @@ class AtenProgram:
         mutations = [spec for spec in sig.output_specs if spec.kind.name == "BUFFER_MUTATION"]
         assert all(spec.kind.name == "BUFFER_MUTATION" for spec in sig.output_specs[:len(mutations)]), \
             "torch.export lists the buffer updates before the user outputs"
-        if any(spec.kind.name not in ("BUFFER_MUTATION", "USER_OUTPUT") for spec in sig.output_specs):
-            kinds = sorted({spec.kind.name for spec in sig.output_specs} - {"BUFFER_MUTATION", "USER_OUTPUT"})
+        known = ("BUFFER_MUTATION", "USER_OUTPUT", "USER_INPUT_MUTATION")  # an input's new value: an output
+        if any(spec.kind.name not in known for spec in sig.output_specs):
+            kinds = sorted({spec.kind.name for spec in sig.output_specs} - set(known))
             raise UnsupportedConfigError(f"the program's outputs include {', '.join(kinds)}: expected the module's "
                                          "outputs and its buffer updates only")
         graph = torch.fx.Graph()
@@ -199,10 +200,14 @@ class AtenProgram:
             bound = int(upper)  # torch's "no bound" (int_oo) is no integer
         except (TypeError, ValueError, OverflowError, AttributeError):
             bound = -1
-        if not 0 <= bound < 2**31:
+        if bound < 0:
             raise XnnquantError(
                 f"{what} has a dynamic dim {expr} with no upper bound: ExecuTorch plans memory at the bound; "
                 "give its torch.export.Dim a max (Dim('seq', max=512))")
+        if bound >= 2**31:
+            raise XnnquantError(
+                f"{what} has a dynamic dim {expr} with upper bound {bound}: ExecuTorch holds a size in 32 bits; "
+                f"expected a max of at most {2**31 - 1} (and one whose planned memory fits)")
         return Size(bound, expr)
 
     def shape(self, val: Any, what: str) -> tuple[Size, ...]:

@@ -47,10 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import contiguous
 from ..constants import FLT_MIN
-from ..errors import SelfCheckError
+from ..errors import SelfCheckError, XnnquantError
 from ..graph.divergence import TOLERANCE
 from ..graph.interpreter import evaluate_node, interpret_values
+from .caller import buffers_kept, copies
 from .evaluation import torch_op
 from .lowering import op_name
 from .lowering.context import Activation, QuantizedReference, inverse
@@ -105,15 +107,18 @@ def _leaves(value: Any) -> list[Any]:
     return leaves
 
 
-def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
-    """The program's outputs computed by torch, node by node (its constants as they are; a
-    quantized table's lookup in its float table: ``passes/embeddings.py``)."""
+def evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
+    """The program's outputs computed by torch, node by node, on copies of ``inputs`` (its
+    constants as they are; a quantized table's lookup in its float table:
+    ``passes/embeddings.py``).  ``XnnquantError`` when a node cannot compute on them (an
+    int64 input read by a float linear, a token id outside an embedding table), naming the
+    node and the inputs it reads: export runs this before lowering, whatever ``check=``."""
     import torch
 
     from .passes.embeddings import QuantizedEmbedding
 
     env: dict[Any, Any] = {}
-    given = iter(inputs)
+    given = iter(copies(inputs))
     with torch.no_grad():
         for node in program.graph.nodes:
             if node.op == "placeholder":
@@ -121,10 +126,14 @@ def _evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
             elif node.op == "call_function":
                 args = torch.fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
-                if isinstance(node.target, QuantizedEmbedding):
-                    env[node] = torch.nn.functional.embedding(args[0], program.constants[node.target.float_table])
-                else:
-                    env[node] = torch_op(node.target)(*args, **kwargs)
+                try:
+                    if isinstance(node.target, QuantizedEmbedding):
+                        env[node] = torch.nn.functional.embedding(args[0],
+                                                                  program.constants[node.target.float_table])
+                    else:
+                        env[node] = torch_op(node.target)(*args, **kwargs)
+                except Exception as exc:  # torch's kernels raise RuntimeError, IndexError, ValueError ...
+                    raise _cannot_run(program, node, exc, inputs) from None
             elif node.op == "output":
                 return _leaves(torch.fx.node.map_arg(node.args[0], env.__getitem__))
     raise AssertionError("a graph without an output node")
@@ -139,36 +148,69 @@ def _placeholder_value(program: AtenProgram, node: Any, inputs: Any) -> Any:
     return next(inputs)
 
 
-def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], program: AtenProgram) -> float:
-    """Comparison 1 (module docstring); returns the worst relative error."""
+def _cannot_run(program: AtenProgram, node: Any, exc: Exception, inputs: tuple[Any, ...]) -> XnnquantError:
+    """The error for a node torch cannot compute on the example inputs."""
+    seen, todo, read = set(), [node], []
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and n.name in program.inputs:
+            read.append(program.inputs.index(n.name))
+        todo.extend(n.all_input_nodes)
+    given = ", ".join(f"{program.input_names.get(program.inputs[k], program.inputs[k])!r} "
+                      f"({str(inputs[k].dtype).removeprefix('torch.')} {tuple(inputs[k].shape)})" for k in sorted(read))
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return XnnquantError(
+        f"the module's program cannot run on its example inputs: node {node.name} ({op_name(node.target)}, module "
+        f"{AtenProgram.module_path(node) or '<top level>'}) raises {type(exc).__name__}: {first}"
+        + (f"; it reads example input(s) {given}" if given else "")
+        + "; expected inputs of the dtypes and values the module computes on (a float layer takes float32, token "
+          "ids lie below the table's size)")
+
+
+def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], program: AtenProgram,
+                        mutated: Sequence[int] = (), computed: list[Any] | None = None) -> float:
+    """Comparison 1 (module docstring); returns the worst relative error.  Every forward
+    runs on copies of ``inputs`` and leaves the module's buffers as they were
+    (``caller.py``); the new values of the inputs the forward writes into (``mutated``, by
+    position) are the program's first outputs, and the values of the buffers it updates
+    (``program.mutated``: state) after the module's forward are compared with the program's."""
     import torch
 
-    with torch.no_grad():
-        eager = [t for t in _leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
-    computed = _evaluate(program, inputs)
+    def forward(run: Any) -> tuple[list[Any], list[Any]]:
+        given = copies(inputs)
+        with torch.no_grad(), buffers_kept(module):
+            results = run(*given)
+            after = [program.live[name].detach().clone() for name in program.mutated] if run is module else []
+        return [given[k] for k in mutated] + [t for t in _leaves(results) if isinstance(t, torch.Tensor)], after
+
+    eager, after = forward(module)
+    computed = evaluate(program, inputs) if computed is None else computed
     states, computed = computed[:len(program.mutated)], computed[len(program.mutated):]
-    for name, value in zip(program.mutated, states):  # the buffers' values after the call, too
-        origin, live = program.origins[name], program.live[name].detach().numpy()
-        error = relative_error(value.detach().numpy(), live, _magnitude(live))
+    for name, value, live in zip(program.mutated, states, after):  # the buffers' values after the call, too
+        error = relative_error(value.detach().numpy(), live.numpy(), _magnitude(live.numpy()))
         if not error <= TOLERANCE:
             raise SelfCheckError(
-                f"self-check failed: buffer {origin!r}, which the module updates, holds other values after the "
-                f"exported program's call than after the module's eager forward (by {error:.3g}, relative to its "
-                f"largest magnitude; tolerance {TOLERANCE:g}): the program's state would not follow the module's")
+                f"self-check failed: buffer {program.origins[name]!r}, which the module updates, holds other values "
+                f"after the exported program's call than after the module's eager forward (by {error:.3g}, relative "
+                f"to its largest magnitude; tolerance {TOLERANCE:g}): the program's state would not follow the "
+                "module's")
     worst = 0.0
     for i, (want, got) in enumerate(zip(eager, computed)):
         error = relative_error(got.detach().numpy(), want.detach().numpy(), _magnitude(want.detach().numpy()))
         worst = max(worst, error)
         if not error <= TOLERANCE:
-            with torch.no_grad():
-                exported = _leaves(traced.module()(*inputs))[i]
+            exported = forward(traced.module())[0][i]
             at_export = relative_error(exported.detach().numpy(), want.detach().numpy(), _magnitude(want.numpy()))
             cause = (f"torch.export traced another computation than the module's eager forward (its program "
                      f"differs by {at_export:.3g} too): a branch on torch.compiler.is_exporting(), randomness or "
                      "state the trace does not see" if not at_export <= TOLERANCE else
                      "the rewrites before lowering (xnnquant/frontend/passes) changed it")
+            what = f"input {mutated[i]} as the forward leaves it" if i < len(mutated) else f"output {i}"
             raise SelfCheckError(
-                f"self-check failed: output {i} of the exported program differs from the module's eager forward "
+                f"self-check failed: {what} of the exported program differs from the module's eager forward "
                 f"by {error:.3g} (relative to its largest magnitude; tolerance {TOLERANCE:g}): {cause}; the program "
                 "would not compute what the module computes")
     if len(eager) != len(computed):
@@ -356,15 +398,19 @@ def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.n
 
 
 def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgram,
-               delegates: Sequence[Lowered | None], mixed: Any = None, int8: Int8Graph | None = None) -> SelfCheck:
+               delegates: Sequence[Lowered | None], mixed: Any = None, int8: Int8Graph | None = None,
+               mutated: Sequence[int] = (), computed: list[Any] | None = None) -> SelfCheck:
     """Run the comparisons (module docstring); returns what was compared, or raises ``SelfCheckError``.
 
     ``delegates``: the one lowered graph of a pure program, or a mixed program's delegates
     by phase, whose ``Exported`` is ``mixed``.  ``int8``: the static int8 rewrite of a pure
-    program's graph, which is then the graph judged.
+    program's graph, which is then the graph judged.  ``mutated``: the inputs (by position)
+    the forward writes into, whose new values lead the program's outputs (``caller.py``).
+    ``computed``: the program's outputs on the example inputs when export already has them
+    (``evaluate``).
     """
-    inputs = tuple(example_inputs)
-    eager_error = _compare_with_eager(module, traced, inputs, program)
+    inputs = copies(example_inputs)  # the caller's tensors are never handed to anything that runs
+    eager_error = _compare_with_eager(module, traced, inputs, program, mutated, computed)
     if mixed is None:
         (lowered,) = delegates
         assert lowered is not None
@@ -373,7 +419,7 @@ def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgr
             check_layers(int8, lowered.sources)
             check = int8_check(int8, lowered.sources, lowered.filters)
             lowered = int8_view(lowered, int8)
-        arrays = [np.ascontiguousarray(np.transpose(x.detach().numpy(), spec.dim_order))
+        arrays = [contiguous(np.transpose(x.detach().numpy(), spec.dim_order))
                   for x, spec in zip(inputs, lowered.inputs)]
         env = interpret_values(lowered.graph, arrays)
         if check is not None:
@@ -457,14 +503,14 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
             lowered = delegates[phase] if phase < len(delegates) else None
             if lowered is None:
                 continue
-            arrays = [np.ascontiguousarray(np.transpose(np.asarray(operand(n), np.float32), spec.dim_order))
+            arrays = [contiguous(np.transpose(np.asarray(operand(n), np.float32), spec.dim_order))
                       for n, spec in zip(lowered.input_nodes, lowered.inputs)]
             env = interpret_values(lowered.graph, arrays)
             members = {n for n in calls if n.meta.get(PARTITION) == phase}
             n_compared, n_worst, _, _ = _compare_nodes(program, lowered, env, members)
             compared, worst = compared + n_compared, max(worst, n_worst)
             for node, vid, spec in zip(lowered.output_nodes, lowered.graph.outputs, lowered.outputs):
-                values[node] = torch.from_numpy(np.ascontiguousarray(
+                values[node] = torch.from_numpy(contiguous(
                     np.transpose(np.asarray(env[vid]), np.argsort(spec.dim_order))))
     return compared, worst, [operand(item) for item in _leaves(program.user_outputs())]
 

@@ -293,7 +293,12 @@ def parse_fallback(fallback: Any) -> tuple[WeightScheme, ...]:
     else:
         raise XnnquantError(f"fallback must be 'auto', None, a scheme or a sequence of schemes: got "
                             f"{type(fallback).__name__} {fallback!r} (e.g. fallback=('qc8w', 'fp32'))")
-    return tuple(WeightScheme.parse(item, "fallback") for item in items)
+    schemes = tuple(WeightScheme.parse(item, "fallback") for item in items)
+    twice = sorted({str(s) for s in schemes if schemes.count(s) > 1})
+    if twice:
+        raise XnnquantError(f"fallback names {', '.join(map(repr, twice))} more than once: each scheme is tried once, "
+                            f"in order; expected each scheme once (got {fallback!r})")
+    return schemes
 
 
 #: Values of a weight compared at a time by ``weight_sqnr`` (256 KiB of float32).

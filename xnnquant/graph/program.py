@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from .. import arguments
-from ..arrays import ArrayInput, to_numpy
+from ..arrays import ArrayInput, contiguous, to_numpy
 from ..constants import XNNPACK_BACKEND_ID
 from ..datatypes import Datatype, storage
 from ..errors import PayloadError, UnsupportedConfigError, XnnquantError, missing_extra
@@ -442,12 +442,18 @@ def _loaded_method(data: bytes, named_data: Mapping[str, bytes] | None, validate
     pte = _build_pte(data, in_specs, out_specs, named_data, dynamic=True)
     from executorch.runtime import Runtime
 
+    from ..pte.planned import check_fits, planned_bytes, runtime_memory_error
+
+    planned = planned_bytes(pte)
+    check_fits(planned, "the payload's program", " (the program plans the inputs and outputs at the payload's dims)")
     with _captured_stderr() as log:
         try:
             program = Runtime.get().load_program(pte)
             method = program.load_method("forward")
         except RuntimeError as exc:
             failure: Exception | None = exc
+        except MemoryError:
+            raise runtime_memory_error("the payload's program", planned) from None
         else:
             failure = None
     if failure is not None:
@@ -485,7 +491,7 @@ def _check_inputs(inputs: Sequence[ArrayInput], specs: list[TensorSpec]) -> list
                 f"{tuple(arr.shape)} {arr.dtype}, expected {spec.shape} {spec.dtype} (or smaller dims, each "
                 "at least 1: the program is planned at the payload's dims)"
             )
-        arrays.append(np.ascontiguousarray(arr))
+        arrays.append(contiguous(arr))
     return arrays
 
 

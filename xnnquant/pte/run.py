@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from .. import arguments
-from ..arrays import to_numpy
+from ..arrays import contiguous, to_numpy
 from ..errors import ProgramError, UnsupportedConfigError, XnnquantError, missing_extra
 from ..graph.divergence import TOLERANCE
 from ..graph.worker import DEFAULT_TIMEOUT, worker
@@ -111,6 +111,9 @@ def _runtime_errors(what: str) -> Iterator[None]:
         yield
     except RuntimeError as exc:
         raise UnsupportedConfigError(f"the ExecuTorch runtime failed {what}: {exc}") from None
+    except MemoryError:  # std::bad_alloc: a plan larger than the free memory (planned.py)
+        raise XnnquantError(f"the ExecuTorch runtime ran out of memory {what}: expected a program whose planned "
+                            "memory fits in free memory (a dynamic dim plans its memory at its upper bound)") from None
 
 
 def _load(program_bytes: bytes, data_map: bytes | None, operators: Sequence[str] = ()) -> Any:
@@ -118,6 +121,9 @@ def _load(program_bytes: bytes, data_map: bytes | None, operators: Sequence[str]
     calling ExecuTorch's quantized kernels (``operators``) has them registered first."""
     lib = _portable_lib()
     load_kernels(operators)
+    from .planned import check_fits, planned_bytes
+
+    check_fits(planned_bytes(program_bytes), "the program")
     with _runtime_errors("to load the program"):
         return lib._load_for_executorch_from_buffer(program_bytes, data_map)
 
@@ -179,7 +185,7 @@ def _execute(module: Any, method: str, inputs: Sequence[Any]) -> list[np.ndarray
         if array.dtype not in SCALAR_TYPES.values() or array.size == 0:
             raise XnnquantError(f"inputs[{i}] must be a non-empty array of one of the dtypes "
                                 f"{', '.join(str(d) for d in SCALAR_TYPES.values())}: got {arguments.shown(array)}")
-        tensors.append(x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array)))
+        tensors.append(x if isinstance(x, torch.Tensor) else torch.from_numpy(contiguous(array)))
     with _runtime_errors(f"to run method {method!r}"):
         results = module.run_method(method, tensors)
     # a constant method returns ints, floats or bools as they are

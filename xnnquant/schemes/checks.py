@@ -16,7 +16,7 @@ from typing import Literal, cast
 
 import numpy as np
 
-from ..arguments import shown
+from ..arguments import shown, spelling
 from ..arrays import ArrayInput, as_float32, first_not_positive_normal, float_array, is_int, to_numpy
 from ..constants import FLT_MIN, XNN_MAX_TENSOR_DIMS
 from ..datatypes import Datatype
@@ -74,10 +74,12 @@ def normalize_axis(axis: object, ndim: int, name: str = "axis") -> int:
 
 
 def check_method(method: object) -> Method:
-    if not isinstance(method, str) or method not in METHODS:
+    """``method`` as one of ``METHODS`` (case and surrounding spaces ignored, as every option)."""
+    text = spelling(method)
+    if text not in METHODS:
         given = repr(method) if isinstance(method, str) else shown(method)
         raise XnnquantError(f"unknown method: got {given}, expected one of {', '.join(map(repr, METHODS))}")
-    return cast(Method, str(method))
+    return cast(Method, text)
 
 
 def check_calibration_use(method: str, calibration: object, scale: object) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import contiguous
 from ...constants import MAX_NUM_EXTERNS
 from ...errors import UnsupportedConfigError
 from ...graph import Graph
@@ -73,7 +74,7 @@ class Exposed:
         next ``run``."""
         import torch
 
-        tensors = [torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+        tensors = [torch.from_numpy(contiguous(x)) for x in inputs]
         found: dict[int, np.ndarray] = {}
         for _, method, chunk in self.methods:
             with _captured_stderr() as log:
