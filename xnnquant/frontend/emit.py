@@ -181,9 +181,13 @@ class _Emitter:
         from ..pte.portable import RuntimeInt
 
         m = self.method
-        out = m.int_value(int(node.meta["val"].node.hint))  # the traced value, rewritten when the program runs
+        hint = node.meta["val"].node.hint  # None for a value read from a tensor (``item``)
+        out = m.int_value(size.bound if hint is None else int(hint))  # rewritten when the program runs
         if node.target is torch.ops.aten.sym_size.int:
             m.kernel_call("aten::sym_size", "int", [self.operand(node.args[0]), m.int_value(int(node.args[1])), out])
+            return RuntimeInt(out, size.bound)
+        if node.target in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+            m.kernel_call("aten::_local_scalar_dense", "", [self.operand(node.args[0]), out])  # an int tensor's
             return RuntimeInt(out, size.bound)
         kernel = SIZE_KERNELS.get(getattr(node.target, "__name__", ""))
         if kernel is None:

@@ -124,6 +124,11 @@ class AtenProgram:
 
         expr = d.node.expr
         if expr.is_number:
+            fixed = [s for s in getattr(d.node._expr, "free_symbols", ()) if s in self.ranges]
+            if fixed:  # a guard added after torch.export fixed a dynamic dim (lowerings read none)
+                raise XnnquantError(f"{what}: dynamic dim {self.dim_names.get(str(fixed[0]), fixed[0])} was fixed at "
+                                    f"its traced size while exporting, so the program would take that size only: a "
+                                    "fault of the export; please report it")
             return Size(int(expr))
         upper = bound_sympy(expr, self.ranges).upper
         try:

@@ -15,12 +15,19 @@ A lowering is called as ``fn(ctx, *args, **kwargs)``: ``ctx`` is the ``LoweringC
 input node replaced by what it lowered to (an ``Activation`` in the graph, or a torch
 tensor for a constant).  It returns an ``Activation`` (or a tuple for ops with several
 outputs), or raises ``XnnquantError`` saying why it cannot (a refusal).
+
+A dynamic size stays a ``torch.SymInt`` in the arguments.  A lowering (or check) that reads
+one as a number (``int(s)``, ``s == 10``, ``range(s)``) would make torch fix the size at
+its traced value for the whole program, silently; the walk and the partition call them
+under ``sizes_stay_dynamic``, where such a read refuses the node naming the dim instead
+(with dynamic shapes, a refused node runs on the portable kernels, sized at run time).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +126,57 @@ def all_of(*checks: Check) -> Check:
         return None
 
     return check
+
+
+def _shape_env(node: Any) -> Any:
+    """The ``ShapeEnv`` of the program ``node`` was traced in (None without one)."""
+    import torch
+
+    for arg in (node, *getattr(node, "all_input_nodes", ())):
+        for val in torch.utils._pytree.tree_leaves(getattr(arg, "meta", {}).get("val")):
+            env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
+            if env is None and type(val).__name__ == "SymInt":
+                env = val.node.shape_env
+            if env is not None:
+                return env
+    return None
+
+
+@contextmanager
+def sizes_stay_dynamic(node: Any, dim_names: dict[str, str] | None = None) -> Iterator[None]:
+    """Inside, reading a dynamic size of ``node``'s program as a number raises ``XnnquantError``
+    naming its dim (``dim_names``: size symbol -> the user's ``Dim`` name) instead of adding
+    a guard that fixes the size at its traced value (module docstring).  Facts the dims'
+    ranges already decide (``s >= 1`` for a ``Dim`` with ``min=1``) are read as usual."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, _ShapeEnvGuardError
+
+    from ...errors import XnnquantError
+
+    env = _shape_env(node)
+    if env is None:
+        yield
+        return
+    try:
+        with env.error_on_new_guards():
+            yield
+    except _ShapeEnvGuardError as exc:
+        fact = str(exc).split(": ", 1)[-1]
+        raise XnnquantError(f"it reads the dynamic size {_dims(fact, dim_names)} as the number it had at export "
+                            f"({fact}): the program would take that size only; expected static sizes "
+                            "for it") from None
+    except GuardOnDataDependentSymNode as exc:
+        fact = str(getattr(exc, "cond", "") or "")
+        raise XnnquantError(f"it reads {_dims(fact, dim_names) or 'a size'}, which the program computes from a "
+                            "tensor's values when it runs, as a number; expected static sizes for it") from None
+
+
+def _dims(fact: str, dim_names: dict[str, str] | None) -> str:
+    """The size symbols of ``fact`` (``s27``, ``u0``), each with the user's name for it."""
+    import re
+
+    names = dim_names or {}
+    symbols = sorted(set(re.findall(r"\b[su]\d+\b", fact)))
+    return ", ".join(f"{names[s]} ({s})" if s in names else s for s in symbols)
 
 
 def load_lowerings() -> dict[Any, Registration]:

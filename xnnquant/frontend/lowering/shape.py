@@ -230,6 +230,11 @@ def slice_(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: A
                                 "its element count would change with the dim; expected step 1")
         lo, hi = _dynamic_bounds(ctx, x, dim % x.rank, start, end)
     else:
+        moving = [v for v in (start, end) if v is not None and not isinstance(v, int)]
+        if moving:  # int(v) would fix the size at its traced value (``sizes_stay_dynamic``)
+            at = ", ".join(str(ctx.program.size(v, "a slice bound").expr) for v in moving)
+            raise XnnquantError(f"a slice of dim {dim % x.rank} (fixed size {x.shape[dim % x.rank]}) at positions that "
+                                f"change when the program runs ({at}): XNNPACK slices only at fixed positions")
         lo, hi = _range(x.shape[dim % x.rank], start, end)
     if step == 1 or hi - lo <= 1:
         return sliced(ctx, x, dim, lo, hi)
@@ -270,6 +275,9 @@ def strided(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int, ste
 def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
     x = ctx.value(x)
     dim %= x.rank
+    if not isinstance(index, int):  # int(index) would fix the size at its traced value (``sizes_stay_dynamic``)
+        raise XnnquantError(f"select at index {ctx.program.size(index, 'an index').expr} of dim {dim}, which changes "
+                            "when the program runs: XNNPACK slices only at fixed positions")
     if x.is_dynamic(dim) and index < 0:
         raise XnnquantError(f"select of index {index} on dynamic dim {dim} ({x.exprs[dim]}), from its end: "
                             "XNNPACK slices only at positions from its start")

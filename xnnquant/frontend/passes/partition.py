@@ -30,7 +30,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ..lowering import LOWERINGS, load_lowerings, op_name
+from ...errors import XnnquantError
+from ..lowering import LOWERINGS, load_lowerings, op_name, sizes_stay_dynamic
 from ..program import AtenProgram
 from . import rewrite
 
@@ -79,7 +80,11 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
         if any(isinstance(d, int) and d == 0 for d in getattr(val, "shape", ())):
             return f"its result has no elements (shape {tuple(val.shape)}): XNNPACK holds no value of size 0"
     if registration.check is not None:
-        return registration.check(node)
+        try:
+            with sizes_stay_dynamic(node, program.dim_names):
+                return registration.check(node)
+        except XnnquantError as exc:
+            return str(exc)
     return None
 
 
