@@ -141,6 +141,7 @@ class _Emitter:
         self.constants: dict[str, int] = {}
         self.tables: dict[int, tuple[int, int, int]] = {}  # id(QuantizedEmbedding) -> (codes, scales, guard)
         self.copies: dict[tuple[int, tuple[int, ...]], int] = {}  # (value, dim order) -> its copy in that order
+        self.sizes: dict[Any, Any] = {}  # size expression -> its value (``sizes.computed``)
 
     def tensor_of(self, spec: TensorIO) -> int:
         return self.method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=bool(spec.dynamic))
@@ -181,6 +182,10 @@ class _Emitter:
         from ..pte.portable import RuntimeInt
 
         m = self.method
+        if node.target is torch.ops.aten.sym_size.int and node.args[0] not in self.values:
+            from .sizes import computed  # a value a delegate computes later: its size from the inputs'
+
+            return computed(size.expr, self.program, m, self.operand, self.sizes)
         hint = node.meta["val"].node.hint  # None for a value read from a tensor (``item``)
         out = m.int_value(size.bound if hint is None else int(hint))  # rewritten when the program runs
         if node.target is torch.ops.aten.sym_size.int:

@@ -34,6 +34,17 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from .streaming import WeightFile, absent_buffer, meta_tensor_refusal
 
 
+def cancelled(expr: Any) -> Any:
+    """``expr`` with its quotients of sizes cancelled: torch infers a view's -1 as
+    ``(32*s - 32)/(16*s - 16)``, which is 2 at every size."""
+    import sympy
+
+    if not isinstance(expr, sympy.Basic) or expr.is_number or not any(p.exp.is_negative for p in expr.atoms(sympy.Pow)):
+        return expr
+    simpler = sympy.cancel(expr)
+    return simpler if simpler.is_number else expr
+
+
 class Size(NamedTuple):
     """One dim: its largest value, and its sympy expression when it is dynamic (else None)."""
 
@@ -122,7 +133,7 @@ class AtenProgram:
             return Size(int(d))
         from torch.utils._sympy.value_ranges import bound_sympy
 
-        expr = d.node.expr
+        expr = cancelled(d.node.expr)
         if expr.is_number:
             fixed = [s for s in getattr(d.node._expr, "free_symbols", ()) if s in self.ranges]
             if fixed:  # a guard added after torch.export fixed a dynamic dim (lowerings read none)

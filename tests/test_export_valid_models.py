@@ -1,0 +1,96 @@
+"""Valid models that the export refused or broke (issue 34), each run on the ExecuTorch 1.4.1
+runtime and compared with torch's float model.
+
+Bounds: float32 programs whose outputs are sums of at most a few hundred products, layer or
+group norms of them: XNNPACK sums in another order than torch, which moves a result by a
+few float32 ulps of the sums; ``BOUND`` (relative to the output's largest magnitude) is two
+orders above that and far below a wrong row or a wrong size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xnnquant as xq
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.xnnpack
+Dim = torch.export.Dim
+
+BOUND = 1e-5  # see the module docstring
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def _runs_like_the_module(exported: xq.Exported, module: torch.nn.Module, inputs: list[tuple[torch.Tensor, ...]],
+                          bound: float = BOUND) -> None:
+    for args in inputs:
+        (got,) = exported.run(*args)
+        with torch.no_grad():
+            want = module(*args).numpy()
+        assert got.shape == want.shape
+        assert _relative(got, want) < bound, args[0].shape
+
+
+# ---------------------------------------------------------------- the size of a delegate's value
+
+
+class LengthOfAConvOutput(torch.nn.Module):
+    """Positions ``arange(h.shape[1])`` of a strided convolution's output ``h``: the portable
+    ``arange`` needs the length of a value that XNNPACK computes, in the delegate the
+    positions then feed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 8, 3, stride=2)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).transpose(1, 2)
+        pos = torch.arange(h.shape[1], dtype=torch.float32)
+        return self.lin(h + pos[:, None])
+
+
+def test_a_portable_node_reads_the_size_of_a_value_inside_a_delegate() -> None:
+    """The length is computed from the input's (``(T - 1) // 2`` of ``T = 2L + 1``), before the
+    delegate runs, so the program stays one delegate (the old code: 'no value for convolution')."""
+    torch.manual_seed(0)
+    module = LengthOfAConvOutput().eval()
+    exported = xq.export(module, (torch.randn(1, 4, 21),), weights="fp32",
+                         dynamic_shapes=({2: 2 * Dim("L", min=3, max=32) + 1},), progress=False)
+    assert len(exported.delegates) == 1
+    assert [p.op for p in exported.placement if p.where == "portable kernels"] == ["aten.arange.start_step"]
+    _runs_like_the_module(exported, module, [(torch.randn(1, 4, t, generator=torch.Generator().manual_seed(t)),)
+                                             for t in (7, 21, 65)])
+
+
+def test_wav2vec2_with_a_layer_norm_feature_extractor_takes_every_length() -> None:
+    """transformers' Wav2Vec2 (``feat_extract_norm="layer"``, tiny) over a dynamic number of
+    samples: its attention mask is built from the feature projection's length (the old code
+    raised 'no value for linear'), and its attention's head split views are static (torch
+    infers their -1 as ``(32*s - 32)/(16*s - 16)``: 2 heads), so they stay in XNNPACK."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, conv_dim=(16, 16),
+        conv_stride=(5, 2), conv_kernel=(10, 3), feat_extract_norm="layer", num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, do_stable_layer_norm=True)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2Model(config).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, samples: torch.Tensor) -> torch.Tensor:
+            return self.model(samples).last_hidden_state
+
+    module = Hidden().eval()
+    exported = xq.export(module, (torch.randn(1, 800),), weights="fp32",
+                         dynamic_shapes=({1: 10 * Dim("tenths", min=40, max=160)},), progress=False)
+    assert not [p for p in exported.placement if p.op == "aten.view.default" and p.where == "portable kernels"]
+    _runs_like_the_module(exported, module, [(torch.randn(1, n, generator=torch.Generator().manual_seed(n)),)
+                                             for n in (400, 1230, 1600)])
