@@ -94,3 +94,68 @@ def test_wav2vec2_with_a_layer_norm_feature_extractor_takes_every_length() -> No
     assert not [p for p in exported.placement if p.op == "aten.view.default" and p.where == "portable kernels"]
     _runs_like_the_module(exported, module, [(torch.randn(1, n, generator=torch.Generator().manual_seed(n)),)
                                              for n in (400, 1230, 1600)])
+
+
+# ---------------------------------------------------------------- multi-query attention
+
+
+class MultiQuery(torch.nn.Module):
+    """Four query heads, one key / value head broadcast to all (``enable_gqa`` not given), with
+    no mask, a causal one, or a float mask computed from an input (``[B, 1, L, S]``)."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.q, self.kv = torch.nn.Linear(16, 32), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, 4, 8).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 1, 16).transpose(1, 2).split(8, dim=-1)
+        mask = (x[:, None, :, :1] - x[:, None, None, :, 0]) if self.mask == "computed" else None
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                               is_causal=self.mask == "causal")
+        return out.transpose(1, 2).reshape(b, t, 32)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "computed"])
+def test_multi_query_attention_broadcasts_its_key_and_value_head(mask: str) -> None:
+    """torch broadcasts the key's and value's one head to every query head; so does the
+    lowering (the old code: 'expected equal heads, or enable_gqa=True').  A causal mask is a
+    constant: static length; the others over a dynamic length."""
+    torch.manual_seed(0)
+    module = MultiQuery(mask).eval()
+    spec = None if mask == "causal" else ({1: Dim("seq", min=2, max=24)},)
+    exported = xq.export(module, (torch.randn(1, 6, 16),), weights="fp32", dynamic_shapes=spec, progress=False)
+    assert not exported.mixed and "aten.scaled_dot_product_attention.default" in {op for op, _, _ in exported.sources}
+    lengths = (6,) if spec is None else (2, 6, 24)
+    _runs_like_the_module(exported, module, [(torch.randn(1, t, 16, generator=torch.Generator().manual_seed(t)),)
+                                             for t in lengths])
+
+
+def test_falcon_with_sdpa_and_one_key_value_head() -> None:
+    """transformers' Falcon (``multi_query=True``, SDPA attention), tiny, over a dynamic token count."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                       multi_query=True, new_decoder_architecture=False, parallel_attn=True,
+                                       bias=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(ids, use_cache=False).logits
+
+    module = Logits().eval()
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
+
+    exported = xq.export(module, (ids(12),), weights="fp32", progress=False)
+    assert any(p.op == "aten.scaled_dot_product_attention.default" and p.where.startswith("XNNPACK")
+               for p in exported.placement)
+    _runs_like_the_module(exported, module, [(ids(12),)])
