@@ -155,7 +155,8 @@ def test_falcon_with_sdpa_and_one_key_value_head() -> None:
     def ids(n: int) -> torch.Tensor:
         return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
 
-    exported = xq.export(module, (ids(12),), weights="fp32", progress=False)
+    exported = xq.export(module, (ids(12),), weights="fp32", dynamic_shapes=({1: Dim("tokens", min=2, max=32)},),
+                         progress=False)
     assert any(p.op == "aten.scaled_dot_product_attention.default" and p.where.startswith("XNNPACK")
                for p in exported.placement)
-    _runs_like_the_module(exported, module, [(ids(12),)])
+    _runs_like_the_module(exported, module, [(ids(n),) for n in (2, 12, 32)])
