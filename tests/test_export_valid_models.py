@@ -160,3 +160,38 @@ def test_falcon_with_sdpa_and_one_key_value_head() -> None:
     assert any(p.op == "aten.scaled_dot_product_attention.default" and p.where.startswith("XNNPACK")
                for p in exported.placement)
     _runs_like_the_module(exported, module, [(ids(n),) for n in (2, 12, 32)])
+
+
+# ---------------------------------------------------------------- group norm over a dynamic length
+
+
+class ConvGroupNorm(torch.nn.Module):
+    """An audio front end: Conv1d, GroupNorm (2 groups of 4 channels), GELU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv1d(4, 8, 3), torch.nn.GroupNorm(2, 8)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.norm(self.conv(x)))
+
+
+def test_group_norm_over_a_dynamic_length_runs_on_the_portable_kernel() -> None:
+    """XNNPACK's group norm is composed at the sizes seen at export; over a dynamic length it
+    runs on ExecuTorch's ``native_group_norm.out`` (the old code refused it: 'no portable
+    kernel'), the convolution and GELU around it in XNNPACK; xq.check says the same."""
+    torch.manual_seed(0)
+    module = ConvGroupNorm().eval()
+    example, spec = (torch.randn(1, 4, 20),), ({2: Dim("time", min=4, max=64)},)
+    report = xq.check(module, example, weights="fp32", dynamic_shapes=spec)
+    assert report.ok and [p.op for p in report.portable] == ["aten.native_group_norm.default"]
+    exported = xq.export(module, example, weights="fp32", dynamic_shapes=spec, progress=False)
+    assert [p.op for p in exported.placement if p.where == "portable kernels"] == ["aten.native_group_norm.default"]
+    _runs_like_the_module(exported, module, [(torch.randn(1, 4, t, generator=torch.Generator().manual_seed(t)),)
+                                             for t in (4, 20, 64)])
+    with pytest.raises(xq.UnsupportedConfigError, match=r"aten.group_norm.default \(node group_norm, module norm\): "
+                                                        r"aten.group_norm.default of a tensor with dynamic dims"):
+        xq.export(module, example, weights="fp32", dynamic_shapes=spec, progress=False, strict=True)

@@ -245,8 +245,9 @@ def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], 
 #: Lowered ops without a portable kernel whose decomposition is one op that has one: when
 #: the lowering's check refuses a node (and the export is not ``strict``), the op is
 #: decomposed so that the node can run on the portable kernels (``_unrunnable``).
-#: ``max_pool2d`` -> ``max_pool2d_with_indices`` (ceil mode over a dynamic H or W).
-ONE_OP_DECOMPOSITIONS = ("aten.max_pool2d.default",)
+#: ``max_pool2d`` -> ``max_pool2d_with_indices`` (ceil mode over a dynamic H or W);
+#: ``group_norm`` -> ``native_group_norm`` (over a dynamic length: audio's Conv1d + GroupNorm).
+ONE_OP_DECOMPOSITIONS = ("aten.max_pool2d.default", "aten.group_norm.default")
 
 
 def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
