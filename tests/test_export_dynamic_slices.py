@@ -158,14 +158,14 @@ def test_a_dim_fixed_after_torch_export_is_never_written_silently(monkeypatch: p
     here), the export raises instead of writing a program that takes one size."""
     import contextlib
 
+    from xnnquant.frontend import lowering
     from xnnquant.frontend.lowering import walk
-    from xnnquant.frontend.passes import partition
 
     def unguarded(*args: object, **kwargs: object) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     monkeypatch.setattr(walk, "sizes_stay_dynamic", unguarded)
-    monkeypatch.setattr(partition, "sizes_stay_dynamic", unguarded)
+    monkeypatch.setattr(lowering, "sizes_stay_dynamic", unguarded)  # the checks' (check_refusal)
     with pytest.raises(xq.XnnquantError, match=r"dynamic dim seq was fixed at its traced size while exporting"):
         xq.export(SplitAtSeq().eval(), (_x(10),), weights="fp32", dynamic_shapes=({1: SEQ},),
                   progress=False)

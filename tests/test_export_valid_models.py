@@ -9,6 +9,8 @@ orders above that and far below a wrong row or a wrong size.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -195,3 +197,60 @@ def test_group_norm_over_a_dynamic_length_runs_on_the_portable_kernel() -> None:
     with pytest.raises(xq.UnsupportedConfigError, match=r"aten.group_norm.default \(node group_norm, module norm\): "
                                                         r"aten.group_norm.default of a tensor with dynamic dims"):
         xq.export(module, example, weights="fp32", dynamic_shapes=spec, progress=False, strict=True)
+
+
+class LogSoftmaxHead(torch.nn.Module):
+    """A CTC head: a linear, then log_softmax over the vocabulary, per frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.lin(x), dim=-1)
+
+
+class ConvInstanceNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv1d(4, 8, 3), torch.nn.InstanceNorm1d(8, affine=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x)))
+
+
+@pytest.mark.parametrize(("make", "shape", "dim", "runs_portable"), [
+    (LogSoftmaxHead, (1, 10, 8), 1, "aten._log_softmax.default"),
+    (ConvInstanceNorm, (1, 4, 10), 2, "aten._native_batch_norm_legit.no_stats"),
+], ids=["log_softmax", "instance_norm"])
+def test_a_lowered_op_refused_over_a_dynamic_dim_runs_as_its_decomposition(make: Any, shape: tuple[int, ...],
+                                                                           dim: int, runs_portable: str) -> None:
+    """The class of the group norm: an op that XNNPACK composes at the sizes seen at export and
+    that has no portable kernel is decomposed where its check refuses it, into ops that run (the
+    old code refused them).  Lengths from 8 frames: a norm over 2 or 3 nearly equal values
+    cancels most of their digits, and torch and the kernel compute its variance differently."""
+    torch.manual_seed(0)
+    module = make().eval()
+    spec = ({dim: Dim("time", min=4, max=32)},)
+    exported = xq.export(module, (torch.randn(*shape),), weights="fp32", dynamic_shapes=spec, progress=False)
+    assert [p.op for p in exported.placement if p.where == "portable kernels"] == [runs_portable]
+
+    def x(t: int) -> torch.Tensor:
+        return torch.randn(*shape[:dim], t, *shape[dim + 1:], generator=torch.Generator().manual_seed(t))
+
+    _runs_like_the_module(exported, module, [(x(t),) for t in (10, 17, 32)])
+
+
+def test_an_antialiased_resize_over_a_dynamic_dim_is_refused_before_it_runs() -> None:
+    """Decomposed, an antialiased bilinear resize has a portable kernel, but that kernel checks
+    its out tensor's sizes instead of resizing it (1.4.1: 'out.size(2) == output_size[0]'):
+    over a dynamic dim it is refused by name, not written to fail at run time."""
+
+    class Resize(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.interpolate(x * 2, scale_factor=2, mode="bilinear", antialias=True)
+
+    with pytest.raises(xq.UnsupportedConfigError, match=r"nor ExecuTorch's portable kernels \(its portable kernel does "
+                                                        r"not resize its result, which has dynamic dims"):
+        xq.export(Resize().eval(), (torch.randn(1, 2, 10, 6),), weights="fp32",
+                  dynamic_shapes=({2: Dim("h", min=4, max=32)},), progress=False)

@@ -92,7 +92,7 @@ def needs_decomposition(program: Any) -> bool:
     """
     import operator
 
-    from .lowering import load_lowerings
+    from .lowering import check_refusal, load_lowerings
     from .passes import HANDLED, load_passes
     from .passes.partition import is_size, portable_refusal
 
@@ -103,8 +103,7 @@ def needs_decomposition(program: Any) -> bool:
                 or is_size(node):
             continue
         lowering = lowerings.get(node.target)
-        if lowering is not None and (lowering.check is None or lowering.check(node) is None or
-                                     portable_refusal(node) is None):
+        if lowering is not None and (check_refusal(lowering, node) is None or portable_refusal(node) is None):
             continue  # lowered, or refused and left to the portable kernels (a training-mode batch norm is not)
         values = [node, *node.all_input_nodes]
         if any(_dtype(v) not in ("float32", "") for v in values) and portable_refusal(node) is None:
@@ -242,21 +241,15 @@ def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], 
     return program, tuple(tables)
 
 
-#: Lowered ops without a portable kernel whose decomposition is one op that has one: when
-#: the lowering's check refuses a node (and the export is not ``strict``), the op is
-#: decomposed so that the node can run on the portable kernels (``_unrunnable``).
-#: ``max_pool2d`` -> ``max_pool2d_with_indices`` (ceil mode over a dynamic H or W);
-#: ``group_norm`` -> ``native_group_norm`` (over a dynamic length: audio's Conv1d + GroupNorm).
-ONE_OP_DECOMPOSITIONS = ("aten.max_pool2d.default", "aten.group_norm.default")
-
-
 def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     """torch's core ATen decompositions of the ops in ``program`` that neither XNNPACK nor
     ExecuTorch's portable kernels run: ops without a lowering that torch.export's default
-    decompositions keep, and (unless ``strict``) the ``ONE_OP_DECOMPOSITIONS`` whose
-    lowering's check refuses a node."""
+    decompositions keep, and (unless ``strict``) lowered ops whose lowering's check refuses a
+    node (``max_pool2d`` in ceil mode, ``group_norm``, ``log_softmax``, ``instance_norm`` over a
+    dynamic dim): their pieces then run where they can (``max_pool2d_with_indices``,
+    ``native_group_norm``, ``_log_softmax`` on the portable kernels)."""
 
-    from .lowering import load_lowerings
+    from .lowering import check_refusal, load_lowerings
     from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
@@ -268,8 +261,7 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
         if node.op != "call_function" or op in asked or op not in table or is_size(node):
             continue
         lowering = lowerings.get(op)
-        if lowering is not None and (strict or str(op) not in ONE_OP_DECOMPOSITIONS or lowering.check is None
-                                     or lowering.check(node) is None):
+        if lowering is not None and (strict or check_refusal(lowering, node) is None):
             continue
         asked.add(op)
         if portable_refusal_of(op, portable_refusal) is not None:

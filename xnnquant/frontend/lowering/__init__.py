@@ -170,6 +170,20 @@ def sizes_stay_dynamic(node: Any, dim_names: dict[str, str] | None = None) -> It
                             "tensor's values when it runs, as a number; expected static sizes for it") from None
 
 
+def check_refusal(registration: Registration, node: Any, dim_names: dict[str, str] | None = None) -> str | None:
+    """Why ``registration``'s check refuses ``node`` (None: it takes it), asked under
+    ``sizes_stay_dynamic``: a check that reads a dynamic size as a number refuses."""
+    from ...errors import XnnquantError
+
+    if registration.check is None:
+        return None
+    try:
+        with sizes_stay_dynamic(node, dim_names):
+            return registration.check(node)
+    except XnnquantError as exc:
+        return str(exc)
+
+
 def _dims(fact: str, dim_names: dict[str, str] | None) -> str:
     """The size symbols of ``fact`` (``s27``, ``u0``), each with the user's name for it."""
     import re

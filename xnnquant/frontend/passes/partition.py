@@ -30,8 +30,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ...errors import XnnquantError
-from ..lowering import LOWERINGS, load_lowerings, op_name, sizes_stay_dynamic
+from ..lowering import LOWERINGS, check_refusal, load_lowerings, op_name
 from ..program import AtenProgram
 from . import rewrite
 
@@ -79,13 +78,7 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
             return f"its result is {_dtype(val)} (XNNPACK's values here are float32)"
         if any(isinstance(d, int) and d == 0 for d in getattr(val, "shape", ())):
             return f"its result has no elements (shape {tuple(val.shape)}): XNNPACK holds no value of size 0"
-    if registration.check is not None:
-        try:
-            with sizes_stay_dynamic(node, program.dim_names):
-                return registration.check(node)
-        except XnnquantError as exc:
-            return str(exc)
-    return None
+    return check_refusal(registration, node, program.dim_names)
 
 
 def outside_xnnpack(node: Any) -> str | None:
@@ -121,7 +114,18 @@ def _argument_refusal(node: Any) -> str | None:
         if any(isinstance(p, int) and p < 0 for p in args[1]):
             return (f"its portable kernel refuses negative padding (got pad {list(args[1])}: "
                     "'Padding values must be non-negative')")
+    shape = getattr(getattr(node, "meta", {}).get("val"), "shape", ())
+    if node.target in _fixed_out() and not all(isinstance(d, int) for d in shape):
+        return (f"its portable kernel does not resize its result, which has dynamic dims {tuple(shape)} "
+                "('out.size(2) == output_size[0]' fails at every other size); expected static shapes for it")
     return None
+
+
+def _fixed_out() -> tuple[Any, ...]:
+    """Ops whose 1.4.1 portable kernel checks its out tensor's sizes instead of resizing it."""
+    import torch
+
+    return (torch.ops.aten._upsample_bilinear2d_aa.default, torch.ops.aten._upsample_bilinear2d_aa.vec)
 
 
 def phases(program: AtenProgram) -> None:
