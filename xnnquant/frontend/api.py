@@ -241,15 +241,23 @@ def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], 
     return program, tuple(tables)
 
 
+#: Lowered ops without a portable kernel whose decomposition is one op that has one: when
+#: the lowering's check refuses a node (and the export is not ``strict``), the op is
+#: decomposed so that the node can run on the portable kernels (``_unrunnable``).
+#: ``max_pool2d`` -> ``max_pool2d_with_indices`` (ceil mode over a dynamic H or W).
+ONE_OP_DECOMPOSITIONS = ("aten.max_pool2d.default",)
+
+
 def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     """torch's core ATen decompositions of the ops in ``program`` that neither XNNPACK nor
     ExecuTorch's portable kernels run: ops without a lowering that torch.export's default
-    decompositions keep, and (unless ``strict``) lowered ops whose lowering's check refuses a
-    node (``max_pool2d`` in ceil mode, ``group_norm``, ``log_softmax``, ``instance_norm`` over a
-    dynamic dim): their pieces then run where they can (``max_pool2d_with_indices``,
-    ``native_group_norm``, ``_log_softmax`` on the portable kernels)."""
+    decompositions keep, and (unless ``strict``) the ``ONE_OP_DECOMPOSITIONS`` whose
+    lowering's check refuses a node, and the ops whose lowering is composed at the sizes
+    seen at export (check ``static_shapes``) over dynamic dims: ``group_norm``,
+    ``log_softmax``, ``instance_norm`` then run as ``native_group_norm``, ``_log_softmax``,
+    ``_native_batch_norm_legit`` on the portable kernels."""
 
-    from .lowering import check_refusal, load_lowerings
+    from .lowering import check_refusal, load_lowerings, static_shapes
     from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
@@ -261,7 +269,8 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
         if node.op != "call_function" or op in asked or op not in table or is_size(node):
             continue
         lowering = lowerings.get(op)
-        if lowering is not None and (strict or check_refusal(lowering, node) is None):
+        decomposable = str(op) in ONE_OP_DECOMPOSITIONS or getattr(lowering, "check", None) is static_shapes
+        if lowering is not None and (strict or not decomposable or check_refusal(lowering, node) is None):
             continue
         asked.add(op)
         if portable_refusal_of(op, portable_refusal) is not None:

@@ -137,11 +137,11 @@ class _Emitter:
     def __init__(self, program: AtenProgram, method: MethodBuilder) -> None:
         self.program = program
         self.method = method
+        self.sizes: dict[Any, Any] = {}  # size expression -> its value (``sizes.computed``)
         self.values: dict[Any, Any] = {}  # ATen node -> value index (or tuple of them)
         self.constants: dict[str, int] = {}
         self.tables: dict[int, tuple[int, int, int]] = {}  # id(QuantizedEmbedding) -> (codes, scales, guard)
         self.copies: dict[tuple[int, tuple[int, ...]], int] = {}  # (value, dim order) -> its copy in that order
-        self.sizes: dict[Any, Any] = {}  # size expression -> its value (``sizes.computed``)
 
     def tensor_of(self, spec: TensorIO) -> int:
         return self.method.tensor(spec.dtype, spec.shape, dim_order=spec.dim_order, dynamic=bool(spec.dynamic))
@@ -181,18 +181,19 @@ class _Emitter:
 
         from ..pte.portable import RuntimeInt
 
-        m = self.method
         if node.target is torch.ops.aten.sym_size.int and node.args[0] not in self.values:
             from .sizes import computed  # a value a delegate computes later: its size from the inputs'
 
-            return computed(size.expr, self.program, m, self.operand, self.sizes)
-        hint = node.meta["val"].node.hint  # None for a value read from a tensor (``item``)
-        out = m.int_value(size.bound if hint is None else int(hint))  # rewritten when the program runs
+            return computed(size.expr, self.program, self.method, self.operand, self.sizes)
+
+        m = self.method
+        hint = node.meta["val"].node.hint
+        out = m.int_value(int(hint) if hint is not None else size.bound)  # rewritten when the program runs
         if node.target is torch.ops.aten.sym_size.int:
             m.kernel_call("aten::sym_size", "int", [self.operand(node.args[0]), m.int_value(int(node.args[1])), out])
             return RuntimeInt(out, size.bound)
-        if node.target in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
-            m.kernel_call("aten::_local_scalar_dense", "", [self.operand(node.args[0]), out])  # an int tensor's
+        if node.target in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            m.kernel_call("aten::_local_scalar_dense", "", [self.operand(node.args[0]), out])
             return RuntimeInt(out, size.bound)
         kernel = SIZE_KERNELS.get(getattr(node.target, "__name__", ""))
         if kernel is None:

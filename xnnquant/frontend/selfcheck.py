@@ -409,7 +409,7 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
     compared, worst relative error, the program's outputs)."""
     import torch
 
-    from .passes.partition import PARTITION, PHASE, PORTABLE, SIZE
+    from .passes.partition import PARTITION, PHASE, PORTABLE
 
     values: dict[Any, Any] = {}
     given = iter(inputs)
@@ -421,6 +421,10 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
         if arg in values:
             return values[arg]
         val = arg.meta.get("val")
+        if isinstance(val, torch.SymInt) and arg.op == "call_function":  # a size: computed from the values
+            args = torch.fx.node.map_arg(arg.args, operand)
+            values[arg] = int(torch_op(arg.target)(*args, **torch.fx.node.map_arg(arg.kwargs, operand)))
+            return values[arg]
         return int(val.node.hint) if isinstance(val, torch.SymInt) else val
 
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
@@ -433,10 +437,6 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
                     args = torch.fx.node.map_arg(node.args, operand)
                     kwargs = torch.fx.node.map_arg(node.kwargs, operand)
                     values[node] = torch_op(node.target)(*args, **kwargs)
-                elif node.meta.get(PARTITION) == SIZE and all(a in values for a in node.all_input_nodes):
-                    # a size as this run computes it (one read from a tensor has no traced value)
-                    values[node] = node.target(*torch.fx.node.map_arg(node.args, operand),
-                                               **torch.fx.node.map_arg(node.kwargs, operand))
             lowered = delegates[phase] if phase < len(delegates) else None
             if lowered is None:
                 continue

@@ -232,10 +232,10 @@ def slice_(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: A
         lo, hi = _dynamic_bounds(ctx, x, dim % x.rank, start, end)
     else:
         moving = [v for v in (start, end) if v is not None and not isinstance(v, int)]
-        if moving:  # int(v) would fix the size at its traced value (``sizes_stay_dynamic``)
-            at = ", ".join(str(ctx.program.size(v, "a slice bound").expr) for v in moving)
-            raise XnnquantError(f"a slice of dim {dim % x.rank} (fixed size {x.shape[dim % x.rank]}) at positions that "
-                                f"change when the program runs ({at}): XNNPACK slices only at fixed positions")
+        if moving:  # read as the traced value, the slice would be fixed at the example's
+            raise XnnquantError(f"a slice of dim {dim % x.rank} (size {x.shape[dim % x.rank]}) between positions "
+                                f"computed when the program runs ({', '.join(str(v) for v in moving)}): XNNPACK "
+                                "slices only at fixed positions")
         lo, hi = _range(x.shape[dim % x.rank], start, end)
     if step == 1 or hi - lo <= 1:
         return sliced(ctx, x, dim, lo, hi)
