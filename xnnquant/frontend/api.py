@@ -42,6 +42,7 @@ from typing import Any
 from ..errors import XnnquantError, missing_extra
 from .exported import Exported
 from .options import ExportOptions, StaticInt8
+from .prequantized import dequantized_for_export
 from .program import AtenProgram
 from .report import ReportRow, stage
 
@@ -308,6 +309,7 @@ def _statistics(module: Any, program: Any, decompositions: tuple[dict[Any, Any],
         return statistics(programs, options.calibration, options.policy, options.method)
 
 
+@dequantized_for_export
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
@@ -684,6 +686,7 @@ def _check_streamed(module: Any, path: str) -> None:
                 "torch.device('meta'): ...), or export it without state_dict=")
 
 
+@dequantized_for_export
 def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", fallback: Any = "auto",
           target: Any = "1.4.1", dynamic_shapes: Any = None, strict: bool = False,
           embeddings: Any = None) -> CheckReport:
