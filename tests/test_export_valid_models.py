@@ -254,3 +254,51 @@ def test_an_antialiased_resize_over_a_dynamic_dim_is_refused_before_it_runs() ->
                                                         r"not resize its result, which has dynamic dims"):
         xq.export(Resize().eval(), (torch.randn(1, 2, 10, 6),), weights="fp32",
                   dynamic_shapes=({2: Dim("h", min=4, max=32)},), progress=False)
+
+
+# ---------------------------------------------------------------- a cat with empty operands
+
+
+class CatTwice(torch.nn.Module):
+    """ExecuTorch's own op test: ``cat`` of four inputs, two of them empty, then ``x + x``."""
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        x = torch.cat(inputs, dim=0)
+        return x + x
+
+
+class CatEmptyBuffer(torch.nn.Module):
+    """A cat with a 1-D empty buffer, which torch skips whatever the other operands' rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("nothing", torch.zeros(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.nothing, x, x * 2], dim=1) + 1
+
+
+@pytest.mark.parametrize(("module", "inputs"), [
+    (CatTwice(), (torch.randn(0, 2, 3), torch.randn(1, 2, 3), torch.randn(3, 2, 3), torch.randn(0, 2, 3))),
+    (CatTwice(), (torch.randn(2, 3), torch.randn(0, 3))),
+    (CatEmptyBuffer(), (torch.randn(2, 3),)),
+], ids=["executorch-op-test", "one-left", "empty-buffer"])
+def test_an_empty_operand_of_a_cat_contributes_nothing(module: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
+    """The empty operands are left out of the cat (the old code refused the empty inputs); an
+    empty input stays an input of the program, which ExecuTorch's runtime takes and nothing
+    reads: exact (a copy and a sum)."""
+    exported = xq.export(module.eval(), inputs, weights="fp32", progress=False)
+    assert [spec.shape for spec in exported.inputs] == [tuple(x.shape) for x in inputs]
+    (got,) = exported.run(*inputs)
+    np.testing.assert_array_equal(got, module(*inputs).numpy())
+
+
+def test_an_empty_input_something_reads_is_refused_by_name() -> None:
+    class Sum(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return y + x.sum()
+
+    with pytest.raises(xq.XnnquantError, match=r"aten.sum.default \(node sum\w*, module <top level>\): neither "
+                                               r"XNNPACK \(its input x has no elements: XNNPACK holds no value of "
+                                               r"size 0\)"):
+        xq.export(Sum().eval(), (torch.randn(0, 3), torch.randn(2, 3)), weights="fp32", progress=False)

@@ -149,9 +149,6 @@ def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
             raise XnnquantError(f"example_inputs[{i}] must be a torch.Tensor: got {type(x).__name__}")
         if str(x.dtype).removeprefix("torch.") not in INPUT_DTYPES:
             raise XnnquantError(f"example_inputs[{i}] is {x.dtype}: expected one of {', '.join(INPUT_DTYPES)}")
-        if x.numel() == 0:
-            raise XnnquantError(f"example_inputs[{i}] has no elements (shape {tuple(x.shape)}): XNNPACK cannot run "
-                                "a value of size 0; expected every dim >= 1")
     return tuple(example_inputs)
 
 
@@ -587,8 +584,8 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
     for _ in range(PARTITION_ROUNDS):
         portable = [n for n in calls if n.meta.get(PARTITION) == PORTABLE and n.target is not operator.getitem]
         phases = sorted({n.meta[PARTITION] for n in calls if n.meta.get(PARTITION, -1) >= 0})
-        float_io = all(_dtype(n) == "float32" for n in program.graph.nodes if n.op == "placeholder"
-                       and n.name in program.inputs)
+        float_io = all(_dtype(n) == "float32" and not _empty(n) for n in program.graph.nodes if n.op == "placeholder"
+                       and n.name in program.inputs)  # an empty input (a cat's) is no XNNPACK value
         if options.strict or (not portable and phases in ([], [0]) and float_io):
             return Partition(None, list(pass_options.problems))
         groups: list[set[Any] | None] = [None] * (max(phases, default=-1) + 1)
@@ -615,6 +612,11 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
 
 def _dtype(node: Any) -> str:
     return str(getattr(node.meta.get("val"), "dtype", "")).removeprefix("torch.")
+
+
+def _empty(node: Any) -> bool:
+    """True for a value with no elements (a static dim of 0)."""
+    return any(isinstance(d, int) and d == 0 for d in getattr(node.meta.get("val"), "shape", ()))
 
 
 def _mixed(program: AtenProgram, delegates: list[Any], rows: list[ReportRow], options: ExportOptions,

@@ -86,7 +86,7 @@ def input_specs(program: AtenProgram) -> list[TensorIO]:
         val = placeholders[name].meta.get("val")
         what = f"input {program.input_names.get(name, name)!r}"
         sizes = program.shape(val, what)
-        if any(s.bound == 0 for s in sizes):
+        if any(s.bound == 0 for s in sizes) and placeholders[name].users:  # an empty cat operand is read by none
             raise XnnquantError(f"{what} has no elements (shape {tuple(s.bound for s in sizes)}): the runtime "
                                 "cannot run a value of size 0; expected every dim >= 1")
         specs.append(TensorIO(program.input_names.get(name, name), tuple(s.bound for s in sizes), _dtype(val),
