@@ -93,7 +93,7 @@ def needs_decomposition(program: Any) -> bool:
     """
     import operator
 
-    from .lowering import check_refusal, load_lowerings
+    from .lowering import load_lowerings
     from .passes import HANDLED, load_passes
     from .passes.partition import is_size, portable_refusal
 
@@ -104,7 +104,8 @@ def needs_decomposition(program: Any) -> bool:
                 or is_size(node):
             continue
         lowering = lowerings.get(node.target)
-        if lowering is not None and (check_refusal(lowering, node) is None or portable_refusal(node) is None):
+        if lowering is not None and (lowering.check is None or lowering.check(node) is None or
+                                     portable_refusal(node) is None):
             continue  # lowered, or refused and left to the portable kernels (a training-mode batch norm is not)
         values = [node, *node.all_input_nodes]
         if any(_dtype(v) not in ("float32", "") for v in values) and portable_refusal(node) is None:
@@ -255,7 +256,7 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     ``log_softmax``, ``instance_norm`` then run as ``native_group_norm``, ``_log_softmax``,
     ``_native_batch_norm_legit`` on the portable kernels."""
 
-    from .lowering import check_refusal, load_lowerings, static_shapes
+    from .lowering import load_lowerings
     from .passes.partition import is_size, portable_refusal
 
     lowerings = load_lowerings()
@@ -267,8 +268,9 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
         if node.op != "call_function" or op in asked or op not in table or is_size(node):
             continue
         lowering = lowerings.get(op)
-        decomposable = str(op) in ONE_OP_DECOMPOSITIONS or getattr(lowering, "check", None) is static_shapes
-        if lowering is not None and (strict or not decomposable or check_refusal(lowering, node) is None):
+        decomposed = str(op) in ONE_OP_DECOMPOSITIONS or (lowering is not None and lowering.composed_at_export_sizes)
+        if lowering is not None and (strict or not decomposed or lowering.check is None
+                                     or lowering.check(node) is None):
             continue
         asked.add(op)
         if portable_refusal_of(op, portable_refusal) is not None:

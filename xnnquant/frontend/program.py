@@ -34,17 +34,6 @@ from ..errors import UnsupportedConfigError, XnnquantError
 from .streaming import WeightFile, absent_buffer, meta_tensor_refusal
 
 
-def cancelled(expr: Any) -> Any:
-    """``expr`` with its quotients of sizes cancelled: torch infers a view's -1 as
-    ``(32*s - 32)/(16*s - 16)``, which is 2 at every size."""
-    import sympy
-
-    if not isinstance(expr, sympy.Basic) or expr.is_number or not any(p.exp.is_negative for p in expr.atoms(sympy.Pow)):
-        return expr
-    simpler = sympy.cancel(expr)
-    return simpler if simpler.is_number else expr
-
-
 class Size(NamedTuple):
     """One dim: its largest value, and its sympy expression when it is dynamic (else None)."""
 
@@ -262,3 +251,14 @@ class AtenProgram:
         if name not in self.weight_file.file.tensors:
             raise XnnquantError(f"{what}: " + absent_buffer(name, self.weight_file))
         return self.weight_file.array(name, tuple(int(d) for d in tensor.shape), what)
+
+
+def cancelled(expr: Any) -> Any:
+    """``expr`` with its quotients of sizes cancelled: torch infers a view's -1 as
+    ``(32*s - 32)/(16*s - 16)``, which is 2 at every size."""
+    import sympy
+
+    if not isinstance(expr, sympy.Basic) or expr.is_number or not any(p.exp.is_negative for p in expr.atoms(sympy.Pow)):
+        return expr
+    simpler = sympy.cancel(expr)
+    return simpler if simpler.is_number else expr

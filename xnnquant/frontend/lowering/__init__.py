@@ -18,13 +18,15 @@ outputs), or raises ``XnnquantError`` saying why it cannot (a refusal).
 
 A dynamic size stays a ``torch.SymInt`` in the arguments.  A lowering (or check) that reads
 one as a number (``int(s)``, ``s == 10``, ``range(s)``) would make torch fix the size at
-its traced value for the whole program, silently; the walk and the partition call them
-under ``sizes_stay_dynamic``, where such a read refuses the node naming the dim instead
-(with dynamic shapes, a refused node runs on the portable kernels, sized at run time).
+its traced value for the whole program, silently; a registered check always runs under
+``sizes_stay_dynamic``, and the walk calls the lowering under it too, where such a read
+refuses the node naming the dim instead (with dynamic shapes, a refused node runs on the
+portable kernels, sized at run time).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -49,6 +51,12 @@ class Registration:
     fn: Lowering
     emits: frozenset[str]
     check: Check | None = None
+
+    @property
+    def composed_at_export_sizes(self) -> bool:
+        """True when the check refuses only dynamic shapes (``static_shapes``): the lowering
+        composes the op at the sizes seen at export."""
+        return getattr(self.check, "__wrapped__", self.check) is static_shapes
 
     @property
     def family(self) -> str:
@@ -85,7 +93,7 @@ def lowers(*ops: Any, emits: Iterable[str], check: Check | None = None) -> Calla
                 raise RuntimeError(
                     f"{op_name(op)} is already lowered by {first.__module__}.{first.__qualname__}: "
                     f"refusing a second lowering {fn.__module__}.{fn.__qualname__}")
-            LOWERINGS[op] = Registration(op, fn, kinds, check)
+            LOWERINGS[op] = Registration(op, fn, kinds, None if check is None else _guarded(check))
         return fn
 
     return register
@@ -170,18 +178,20 @@ def sizes_stay_dynamic(node: Any, dim_names: dict[str, str] | None = None) -> It
                             "tensor's values when it runs, as a number; expected static sizes for it") from None
 
 
-def check_refusal(registration: Registration, node: Any, dim_names: dict[str, str] | None = None) -> str | None:
-    """Why ``registration``'s check refuses ``node`` (None: it takes it), asked under
-    ``sizes_stay_dynamic``: a check that reads a dynamic size as a number refuses."""
+def _guarded(check: Check) -> Check:
+    """``check`` asked under ``sizes_stay_dynamic``: a check that reads a dynamic size as a
+    number refuses the node (module docstring)."""
     from ...errors import XnnquantError
 
-    if registration.check is None:
-        return None
-    try:
-        with sizes_stay_dynamic(node, dim_names):
-            return registration.check(node)
-    except XnnquantError as exc:
-        return str(exc)
+    @functools.wraps(check)
+    def guarded(node: Any) -> str | None:
+        try:
+            with sizes_stay_dynamic(node):
+                return check(node)
+        except XnnquantError as exc:
+            return str(exc)
+
+    return guarded
 
 
 def _dims(fact: str, dim_names: dict[str, str] | None) -> str:

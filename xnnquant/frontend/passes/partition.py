@@ -30,7 +30,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ..lowering import LOWERINGS, check_refusal, load_lowerings, op_name
+from ..lowering import LOWERINGS, load_lowerings, op_name
 from ..program import AtenProgram
 from . import rewrite
 
@@ -78,7 +78,9 @@ def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
             return f"its result is {_dtype(val)} (XNNPACK's values here are float32)"
         if any(isinstance(d, int) and d == 0 for d in getattr(val, "shape", ())):
             return f"its result has no elements (shape {tuple(val.shape)}): XNNPACK holds no value of size 0"
-    return check_refusal(registration, node, program.dim_names)
+    if registration.check is not None:
+        return registration.check(node)
+    return None
 
 
 def outside_xnnpack(node: Any) -> str | None:
