@@ -302,3 +302,61 @@ def test_an_empty_input_something_reads_is_refused_by_name() -> None:
                                                r"XNNPACK \(its input x has no elements: XNNPACK holds no value of "
                                                r"size 0\)"):
         xq.export(Sum().eval(), (torch.randn(0, 3), torch.randn(2, 3)), weights="fp32", progress=False)
+
+
+# ---------------------------------------------------------------- static int8 through a global response norm
+
+
+class GlobalResponseNorm(torch.nn.Module):
+    """ConvNeXt V2's GRN between two convolutions (channels-last inside, as ConvNeXt V2 has it):
+    ``gamma * (x * N(x)) + beta + x`` with ``N(x) = |x|_HW / mean_C |x|_HW``."""
+
+    def __init__(self, zero: bool) -> None:
+        super().__init__()
+        self.first, self.last = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 8, 1)
+        self.gamma = torch.nn.Parameter(torch.zeros(1, 1, 1, 16) if zero else torch.randn(1, 1, 1, 16) / 2)
+        self.beta = torch.nn.Parameter(torch.zeros(1, 1, 1, 16) if zero else torch.randn(1, 1, 1, 16) / 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.first(x).permute(0, 2, 3, 1)
+        gx = torch.norm(y, p=2, dim=(1, 2), keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        y = self.gamma * (y * nx) + self.beta + y
+        return self.last(y.permute(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["trained", "initial-gamma-0"])
+def test_static_int8_through_a_global_response_norm(zero: bool) -> None:
+    """The norm (a square, a sum by a fully connected node, a square root) stays fp32 as a whole
+    (before, its sum alone went int8 between two fp32 nodes and the self-check caught the
+    rounding inside the node); with gamma = beta = 0 the GRN's term is zero by construction,
+    which any int8 grid holds exactly (before: 'is 0 on every calibration input', a hint about
+    calibration).  The self-check judges every int8 node against torch."""
+    torch.manual_seed(0)
+    module = GlobalResponseNorm(zero).eval()
+    batches = [(torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(k)),) for k in range(8)]
+    exported = xq.export(module, batches[0], weights="qc8w", activations="qint8", calibration=batches,
+                         progress=False)
+    assert exported.self_check.nodes > 0
+    (norm,) = [b for b in exported.boundaries if b.startswith("aten.linalg_vector_norm.default")]
+    assert "lowered as a composition of 3 computing nodes (XNNSquare, XNNFullyConnected, XNNSquareRoot)" in norm
+
+
+def test_static_int8_refuses_a_value_calibration_saw_only_zeros_of() -> None:
+    """A value that is 0 on every calibration batch only because of the batches (not by
+    construction) still has no range: refused with the calibration hint."""
+
+    class Dead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv(x)
+            return torch.relu(y - 100.0) + y
+
+    batches = [(torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(k)),) for k in range(4)]
+    with pytest.raises(xq.XnnquantError, match=r"is 0 on every calibration input \(a constant activation\): its int8 "
+                                               r"range would be empty; calibrate with inputs that exercise it"):
+        xq.export(Dead().eval(), batches[0], weights="qc8w", activations="qint8", calibration=batches,
+                  progress=False)
