@@ -360,3 +360,26 @@ def test_static_int8_refuses_a_value_calibration_saw_only_zeros_of() -> None:
                                                r"range would be empty; calibrate with inputs that exercise it"):
         xq.export(Dead().eval(), batches[0], weights="qc8w", activations="qint8", calibration=batches,
                   progress=False)
+
+
+# ---------------------------------------------------------------- xq.check is the dry run of xq.export
+
+
+@pytest.mark.parametrize(("make", "inputs", "spec"), [
+    (LengthOfAConvOutput, (torch.randn(1, 4, 21),), ({2: 2 * Dim("L", min=3, max=32) + 1},)),
+    (ConvGroupNorm, (torch.randn(1, 4, 20),), ({2: Dim("time", min=4, max=64)},)),
+    (LogSoftmaxHead, (torch.randn(1, 10, 8),), ({1: Dim("time", min=4, max=32)},)),
+    (lambda: MultiQuery("computed"), (torch.randn(1, 6, 16),), ({1: Dim("seq", min=2, max=24)},)),
+    (CatTwice, (torch.randn(0, 2, 3), torch.randn(1, 2, 3)), None),
+], ids=["size-of-a-delegate-value", "group-norm", "log-softmax", "multi-query", "empty-cat"])
+@pytest.mark.parametrize("weights", ["fp32", "qb4w:32"])
+def test_check_says_what_export_does(make: Any, inputs: tuple[Any, ...], spec: Any, weights: str) -> None:
+    """Same placement (the ops left to the portable kernels) and both take the module (the old
+    code: check said yes to the delegate's size case, which export then failed on)."""
+    torch.manual_seed(0)
+    module = make().eval()
+    report = xq.check(module, inputs, weights=weights, dynamic_shapes=spec)
+    exported = xq.export(module, inputs, weights=weights, dynamic_shapes=spec, progress=False, check=False)
+    assert report.ok
+    assert sorted(p.op for p in report.portable) == sorted(p.op for p in exported.placement
+                                                           if p.where == "portable kernels")
