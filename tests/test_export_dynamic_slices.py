@@ -169,3 +169,51 @@ def test_a_dim_fixed_after_torch_export_is_never_written_silently(monkeypatch: p
     with pytest.raises(xq.XnnquantError, match=r"dynamic dim seq was fixed at its traced size while exporting"):
         xq.export(SplitAtSeq().eval(), (_x(10),), weights="fp32", dynamic_shapes=({1: SEQ},),
                   progress=False)
+
+
+def test_executorchs_llama_transformer_takes_every_length() -> None:
+    """ExecuTorch's own llama ``Transformer`` (no KV cache, GQA by repeat_interleave) reads its
+    rotary tables as ``freqs_cos[:seqlen]`` and its causal mask as ``mask[:seqlen, :seqlen]``:
+    one program for 1 to 31 tokens, on the runtime, against the module (the old code fixed
+    the token count at the example's 9; the mask ``[L, S]`` meets the scores ``[1, H, L, S]``
+    without a reshape to two dynamic dims).  Bound: float32 sums of at most 128 products
+    through two layers, relative to the largest logit, as ``BOUND``."""
+    pytest.importorskip("executorch.examples.models.llama.llama_transformer")
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    torch.manual_seed(0)
+    model = construct_transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=100,
+                                            hidden_dim=128, max_seq_len=32, max_context_len=32, use_kv_cache=False,
+                                            enable_dynamic_shape=True, generate_full_logits=True)).eval()
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
+
+    exported = xq.export(model, (ids(9),), weights="fp32", dynamic_shapes=({1: Dim("tokens", min=1, max=31)},),
+                         progress=False)
+    for n in (1, 9, 31):
+        (got,) = exported.run(ids(n))
+        with torch.no_grad():
+            want = model(ids(n))
+        want = (want[0] if isinstance(want, tuple) else want).numpy()
+        assert got.shape == want.shape
+        assert _relative(got, want) < BOUND
+
+
+def test_a_mask_with_two_dynamic_dims_broadcasts_against_the_scores() -> None:
+    """``scores [1, 4, L, L] + mask [L, L]``: XNNPACK's add aligns the ranks from the right as
+    torch does; the mask is not reshaped to ``[1, 1, L, L]`` (a reshape infers one dim)."""
+
+    class Masked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = x.view(1, x.shape[1], 4, 2).transpose(1, 2)
+            scores = q @ q.transpose(-1, -2)
+            mask = x[0, :, :1] - x[0, :, 1]  # [L, 1] - [L] -> [L, L], computed
+            return torch.softmax(scores + mask, dim=-1)
+
+    exported = xq.export(Masked().eval(), (_x(10),), weights="fp32", dynamic_shapes=({1: SEQ},), progress=False)
+    assert not exported.mixed
+    for n in (4, 10, 32):
+        (got,) = exported.run(_x(n))
+        assert _relative(got, Masked()(_x(n)).numpy()) < BOUND

@@ -383,3 +383,18 @@ def test_check_says_what_export_does(make: Any, inputs: tuple[Any, ...], spec: A
     assert report.ok
     assert sorted(p.op for p in report.portable) == sorted(p.op for p in exported.placement
                                                            if p.where == "portable kernels")
+
+
+def test_a_value_and_its_transpose_multiplied_keep_their_layouts() -> None:
+    """``q @ q^T`` of a transposed view: both operands are one graph value read in two orders;
+    each gets its own layout (the old code cached one layout for both and refused the product,
+    'expected [..., M, K] and [..., K, N]')."""
+
+    class Gram(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = x.view(1, 10, 4, 2).transpose(1, 2)
+            return q @ q.transpose(-1, -2)
+
+    x = torch.randn(1, 10, 8, generator=torch.Generator().manual_seed(0))
+    exported = xq.export(Gram().eval(), (x,), weights="fp32", progress=False)
+    _runs_like_the_module(exported, Gram(), [(x,)])

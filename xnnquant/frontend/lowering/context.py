@@ -208,7 +208,7 @@ class LoweringContext:
         #: graph value id -> the ATen nodes that lowered to it (a value and its permute / view aliases)
         self.aliases: dict[int, list[Any]] = {}
         self._names: dict[int, str] = {}  # id(constant tensor) -> placeholder name
-        self._layouts: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._layouts: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
         self._dynamic: dict[tuple[int, int], int] = {}
         self._scaled: dict[tuple[int, int], int] = {}
         self._constants: dict[tuple[int, tuple[int, ...]], tuple[Any, int]] = {}
@@ -346,7 +346,7 @@ class LoweringContext:
         """Graph value holding ``x`` laid out by ``perm`` (a transpose when needed, emitted once)."""
         if x.perm == perm:
             return x.id
-        key = (x.id, perm)
+        key = (x.id, x.perm, perm)  # one value read as two tensors (q and q^T of q @ q^T): two layouts
         if key not in self._layouts:
             order = tuple(x.perm.index(p) for p in perm)  # new dim i = old dim order[i]
             dims = tuple(x.shape[p] for p in perm)
