@@ -48,6 +48,7 @@ from ..errors import XnnquantError, missing_extra
 from .caller import mutated_inputs, refuse_parameter_writes
 from .exported import Exported
 from .options import ExportOptions, StaticInt8
+from .prequantized import dequantized_for_export
 from .program import AtenProgram
 from .report import ReportRow, stage
 
@@ -165,9 +166,6 @@ def _check_inputs(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
         check_plain_tensor(x, f"example_inputs[{i}]", meta=True)
         if str(x.dtype).removeprefix("torch.") not in INPUT_DTYPES:
             raise XnnquantError(f"example_inputs[{i}] is {x.dtype}: expected one of {', '.join(INPUT_DTYPES)}")
-        if x.numel() == 0:
-            raise XnnquantError(f"example_inputs[{i}] has no elements (shape {tuple(x.shape)}): XNNPACK cannot run "
-                                "a value of size 0; expected every dim >= 1")
     return tuple(example_inputs)
 
 
@@ -279,7 +277,10 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
     """torch's core ATen decompositions of the ops in ``program`` that neither XNNPACK nor
     ExecuTorch's portable kernels run: ops without a lowering that torch.export's default
     decompositions keep, and (unless ``strict``) the ``ONE_OP_DECOMPOSITIONS`` whose
-    lowering's check refuses a node."""
+    lowering's check refuses a node, and the ops whose lowering is composed at the sizes
+    seen at export (check ``static_shapes``) over dynamic dims: ``group_norm``,
+    ``log_softmax``, ``instance_norm`` then run as ``native_group_norm``, ``_log_softmax``,
+    ``_native_batch_norm_legit`` on the portable kernels."""
 
     from .functional import buffer_updates
     from .lowering import load_lowerings
@@ -295,7 +296,8 @@ def _unrunnable(program: Any, strict: bool = False) -> dict[Any, Any]:
         if node.op != "call_function" or op in asked or op not in table or is_size(node) or node in updates:
             continue
         lowering = lowerings.get(op)
-        if lowering is not None and (strict or str(op) not in ONE_OP_DECOMPOSITIONS or lowering.check is None
+        decomposed = str(op) in ONE_OP_DECOMPOSITIONS or (lowering is not None and lowering.composed_at_export_sizes)
+        if lowering is not None and (strict or not decomposed or lowering.check is None
                                      or lowering.check(node) is None):
             continue
         asked.add(op)
@@ -334,6 +336,7 @@ def _statistics(module: Any, program: Any, decompositions: tuple[dict[Any, Any],
         return statistics(programs, options.calibration, options.policy, options.method)
 
 
+@dequantized_for_export
 def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", method: str = "mse",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
@@ -720,8 +723,8 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
     for _ in range(PARTITION_ROUNDS):
         portable = [n for n in calls if n.meta.get(PARTITION) == PORTABLE and n.target is not operator.getitem]
         phases = sorted({n.meta[PARTITION] for n in calls if n.meta.get(PARTITION, -1) >= 0})
-        float_io = all(_dtype(n) == "float32" for n in program.graph.nodes if n.op == "placeholder"
-                       and n.name in program.inputs)
+        float_io = all(_dtype(n) == "float32" and not _empty(n) for n in program.graph.nodes if n.op == "placeholder"
+                       and n.name in program.inputs)  # an empty input (a cat's) is no XNNPACK value
         if options.strict or (not portable and phases in ([], [0]) and float_io and not program.state):
             return Partition(None, list(pass_options.problems))
         groups: list[set[Any] | None] = [None] * (max(phases, default=-1) + 1)
@@ -748,6 +751,11 @@ def _partitioned(program: AtenProgram, options: ExportOptions, pass_options: _Pa
 
 def _dtype(node: Any) -> str:
     return str(getattr(node.meta.get("val"), "dtype", "")).removeprefix("torch.")
+
+
+def _empty(node: Any) -> bool:
+    """True for a value with no elements (a static dim of 0)."""
+    return any(isinstance(d, int) and d == 0 for d in getattr(node.meta.get("val"), "shape", ()))
 
 
 def _mixed(program: AtenProgram, delegates: list[Any], rows: list[ReportRow], options: ExportOptions,
@@ -835,6 +843,7 @@ def _check_streamed(module: Any, path: str) -> None:
                 "torch.device('meta'): ...), or export it without state_dict=")
 
 
+@dequantized_for_export
 def check(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32", fallback: Any = "auto",
           target: Any = "1.4.1", dynamic_shapes: Any = None, strict: bool = False,
           embeddings: Any = None) -> CheckReport:

@@ -102,7 +102,7 @@ def input_specs(program: AtenProgram) -> list[TensorIO]:
         val = placeholders[name].meta.get("val")
         what = f"input {program.input_names.get(name, name)!r}"
         sizes = program.shape(val, what)
-        if any(s.bound == 0 for s in sizes):
+        if any(s.bound == 0 for s in sizes) and placeholders[name].users:  # an empty cat operand is read by none
             raise XnnquantError(f"{what} has no elements (shape {tuple(s.bound for s in sizes)}): the runtime "
                                 "cannot run a value of size 0; expected every dim >= 1")
         specs.append(TensorIO(program.input_names.get(name, name), tuple(s.bound for s in sizes), _dtype(val),
@@ -151,6 +151,7 @@ class _Emitter:
     def __init__(self, program: AtenProgram, method: MethodBuilder) -> None:
         self.program = program
         self.method = method
+        self.sizes: dict[Any, Any] = {}  # size expression -> its value (``sizes.computed``)
         self.values: dict[Any, Any] = {}  # ATen node -> value index (or tuple of them)
         self.constants: dict[str, int] = {}
         self.tables: dict[int, tuple[int, int, int]] = {}  # id(QuantizedEmbedding) -> (codes, scales, guard)
@@ -194,6 +195,11 @@ class _Emitter:
         import torch
 
         from ..pte.portable import RuntimeInt
+
+        if node.target is torch.ops.aten.sym_size.int and node.args[0] not in self.values:
+            from .sizes import computed  # a value a delegate computes later: its size from the inputs'
+
+            return computed(size.expr, self.program, self.method, self.operand, self.sizes)
 
         m = self.method
         hint = node.meta["val"].node.hint

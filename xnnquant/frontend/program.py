@@ -192,8 +192,13 @@ class AtenProgram:
             return Size(int(d))
         from torch.utils._sympy.value_ranges import bound_sympy
 
-        expr = d.node.expr
+        expr = cancelled(d.node.expr)
         if expr.is_number:
+            fixed = [s for s in getattr(d.node._expr, "free_symbols", ()) if s in self.ranges]
+            if fixed:  # a guard added after torch.export fixed a dynamic dim (lowerings read none)
+                raise XnnquantError(f"{what}: dynamic dim {self.dim_names.get(str(fixed[0]), fixed[0])} was fixed at "
+                                    f"its traced size while exporting, so the program would take that size only: a "
+                                    "fault of the export; please report it")
             return Size(int(expr))
         upper = bound_sympy(expr, self.ranges).upper
         try:
@@ -321,3 +326,14 @@ class AtenProgram:
         if name not in self.weight_file.file.tensors:
             raise XnnquantError(f"{what}: " + absent_buffer(name, self.weight_file))
         return self.weight_file.array(name, tuple(int(d) for d in tensor.shape), what)
+
+
+def cancelled(expr: Any) -> Any:
+    """``expr`` with its quotients of sizes cancelled: torch infers a view's -1 as
+    ``(32*s - 32)/(16*s - 16)``, which is 2 at every size."""
+    import sympy
+
+    if not isinstance(expr, sympy.Basic) or expr.is_number or not any(p.exp.is_negative for p in expr.atoms(sympy.Pow)):
+        return expr
+    simpler = sympy.cancel(expr)
+    return simpler if simpler.is_number else expr

@@ -182,9 +182,11 @@ def _execute(module: Any, method: str, inputs: Sequence[Any]) -> list[np.ndarray
     for i, x in enumerate(arguments.items(inputs, "inputs", "arrays")):
         # a torch tensor is passed as it is: its strides may lay it out in a declared dim order
         array = to_numpy(x, f"inputs[{i}]")
-        if array.dtype not in SCALAR_TYPES.values() or array.size == 0:
-            raise XnnquantError(f"inputs[{i}] must be a non-empty array of one of the dtypes "
+        if array.dtype not in SCALAR_TYPES.values():
+            raise XnnquantError(f"inputs[{i}] must be an array of one of the dtypes "
                                 f"{', '.join(str(d) for d in SCALAR_TYPES.values())}: got {arguments.shown(array)}")
+        if array.size == 0:  # the runtime checks an empty tensor's strides too: contiguous ones, not numpy's 0s
+            x = torch.empty(array.shape, dtype=getattr(torch, str(array.dtype)))
         tensors.append(x if isinstance(x, torch.Tensor) else torch.from_numpy(contiguous(array)))
     with _runtime_errors(f"to run method {method!r}"):
         results = module.run_method(method, tensors)

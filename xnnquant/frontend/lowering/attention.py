@@ -24,6 +24,10 @@ Dynamic sizes.  The nodes follow a dynamic batch, head count or length; a consta
 (boolean, causal or float) cannot follow a dynamic query or key length and is refused
 there (``LoweringContext.constant_like``), as are reshapes to two dynamic dims.
 
+Multi-query attention (one key and value head, Falcon's): the key's and value's batch
+dims broadcast against the query's, as in torch, through the products' broadcast of
+batch dims (any batch dims that broadcast to the query's are taken so).
+
 Grouped-query attention (``enable_gqa``, key and value with ``Hkv`` heads, the query
 with ``Hq = G * Hkv``): query head h reads key head ``h // G``, so the query is read as
 ``[..., Hkv, G * L, E]`` (its heads are consecutive in memory) and key and value are
@@ -115,12 +119,14 @@ def scaled_dot_product_attention(ctx: LoweringContext, query: Any, key: Any, val
         raise XnnquantError("scaled_dot_product_attention with a dynamic head size: expected a static head size")
     heads, kv_heads = (q.shape[-3], k.shape[-3]) if q.rank >= 3 and k.rank >= 3 else (1, 1)
     groups = 1
-    if heads != kv_heads:
-        if not enable_gqa or heads % kv_heads or v.shape[-3] != kv_heads:
-            raise XnnquantError(f"query with {heads} heads and key / value with {k.shape[-3]} / {v.shape[-3]}: "
-                                "expected equal heads, or enable_gqa=True with key and value heads dividing the "
-                                "query's")
+    grouped = enable_gqa and heads != kv_heads and heads % kv_heads == 0 and v.shape[-3] == kv_heads
+    if grouped:
         groups = heads // kv_heads
+    elif not _broadcasts(q.shape[:-2], k.shape[:-2], v.shape[:-2]):
+        raise XnnquantError(f"query with batch dims {q.shape[:-2]} and key / value with {k.shape[:-2]} / "
+                            f"{v.shape[:-2]}: expected key and value batch dims that broadcast to the query's (equal "
+                            "heads, or one key / value head), or enable_gqa=True with key and value heads dividing "
+                            "the query's")
     factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
     mask, keep = _additive(ctx, attn_mask, bool(is_causal), length, keys)
     batch, batch_exprs = q.shape[:-2], q.exprs[:-2]
@@ -142,6 +148,14 @@ def scaled_dot_product_attention(ctx: LoweringContext, query: Any, key: Any, val
     if keep is not None:
         out = binary(ctx, "multiply", out, keep)
     return out
+
+
+def _broadcasts(query: tuple[int, ...], key: tuple[int, ...], value: tuple[int, ...]) -> bool:
+    """True when the key's and value's batch dims broadcast to the query's (torch's products do)."""
+    try:
+        return tuple(torch.broadcast_shapes(query, key, value)) == tuple(query)
+    except RuntimeError:
+        return False
 
 
 def _masked(ctx: LoweringContext, scores: Activation, mask: Any, batch: tuple[int, ...], groups: int, length: int,

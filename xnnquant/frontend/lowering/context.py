@@ -40,6 +40,7 @@ from ...graph import Graph
 from ...graph.interpreter import CLAMPED_KINDS
 from ...graph.model import Node
 from ...tensor import QuantizedTensor
+from ..prequantized import stored_of
 from ..program import AtenProgram
 from ..report import ReportRow
 from ..streaming import is_meta, laid_out_shape, meta_tensor_refusal
@@ -207,7 +208,7 @@ class LoweringContext:
         #: graph value id -> the ATen nodes that lowered to it (a value and its permute / view aliases)
         self.aliases: dict[int, list[Any]] = {}
         self._names: dict[int, str] = {}  # id(constant tensor) -> placeholder name
-        self._layouts: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._layouts: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
         self._dynamic: dict[tuple[int, int], int] = {}
         self._scaled: dict[tuple[int, int], int] = {}
         self._constants: dict[tuple[int, tuple[int, ...]], tuple[Any, int]] = {}
@@ -345,7 +346,7 @@ class LoweringContext:
         """Graph value holding ``x`` laid out by ``perm`` (a transpose when needed, emitted once)."""
         if x.perm == perm:
             return x.id
-        key = (x.id, perm)
+        key = (x.id, x.perm, perm)  # one value read as two tensors (q and q^T of q @ q^T): two layouts
         if key not in self._layouts:
             order = tuple(x.perm.index(p) for p in perm)  # new dim i = old dim order[i]
             dims = tuple(x.shape[p] for p in perm)
@@ -442,6 +443,8 @@ class LoweringContext:
         (``streaming.WeightFile.weight``).
         """
         path = self.weight_path(weight) if path is None else path
+        if stored_of(weight) is not None:
+            return self.torchao_weight(weight, path, layout, axis, values)
         choice = self.choose(path, layer)
         scheme, note = choice.scheme, choice.note
         options = self.weights
@@ -490,6 +493,27 @@ class LoweringContext:
         shape = tuple(int(d) for d in weight.shape) if hasattr(weight, "shape") else pre.shape
         self.filters[vid] = FilterOrigin(weight, layout, tuple(pre.shape), shape, len(self.rows) - 1)
         return vid, scheme
+
+    def torchao_weight(self, weight: Any, path: str, layout: Callable[[np.ndarray], np.ndarray] | None, axis: int,
+                       values: np.ndarray | None) -> tuple[int, WeightScheme]:
+        """A weight torchao quantized (``prequantized.py``): its codes and scales stored as they
+        are, ``[N, K]`` as a linear reads them; returns (value id, the scheme that holds them)."""
+        stored = stored_of(weight)
+        assert stored is not None
+        if layout is not None or axis != 0 or values is not None:
+            raise WeightRefusal(f"layer {path or '<top level>'!r} holds torchao's codes [N, K], and this node reads "
+                                "its weight in another layout or scaled: the codes would change")
+        q = stored.quantized
+        kind = {Datatype.qcint8: "qc8w", Datatype.qcint4: "qc4w", Datatype.qbint4: f"qb4w:{q.group_size}"}
+        scheme = WeightScheme.parse(kind[q.datatype])
+        label = f"{scheme} (torchao)" if stored.dynamic else f"{scheme} fp32 activations (torchao)"
+        self.rows.append(ReportRow(path, q.shape, label, scheme.stored_nbytes(q.shape, 0, self.graph.scales_in_segment),
+                                   math.inf))
+        if self.weights.dry_run:
+            return self.graph.tensor(q.shape), scheme
+        if stored.dynamic:  # the self-check quantizes the input as the graph does (``note_quantized``)
+            self._dequantized[id(weight)] = (weight, q.dequantize())
+        return self.graph.constant(q), scheme
 
     def note_quantized(self, weight: Any, *, input_scale: np.ndarray | None = None,
                        input_layout: tuple[int, ...], nonbatch_dims: int) -> None:

@@ -61,7 +61,9 @@ def aligned(ctx: LoweringContext, a: Any, b: Any) -> tuple[int, int, tuple[int, 
 
     Activations of one rank meet in the layout of the larger (the smaller is transposed,
     or reshaped when only size-1 dims move); of different ranks, in torch's order with the
-    lower rank given leading ones.  A constant follows the activation's layout.
+    lower rank given leading ones, or, when it has two dynamic dims (a reshape infers one),
+    as it is: XNNPACK's binary nodes align ranks from the right as torch does (a causal mask
+    ``[L, S]`` added to scores ``[B, H, L, S]``).  A constant follows the activation's layout.
     """
     try:
         shape = tuple(int(d) for d in torch.broadcast_shapes(_shape(a), _shape(b)))
@@ -80,7 +82,7 @@ def aligned(ctx: LoweringContext, a: Any, b: Any) -> tuple[int, int, tuple[int, 
     ranked = []
     for t in (a, b):
         vid = ctx.canonical(t)
-        if t.rank < len(shape):
+        if t.rank < len(shape) and sum(e is not None for e in t.exprs) <= 1:
             lead = len(shape) - t.rank
             vid = ctx.reshape(vid, (1,) * lead + t.shape, (None,) * lead + t.exprs)
         ranked.append(vid)

@@ -25,13 +25,14 @@ import torch
 
 from ...errors import XnnquantError
 from ..passes.equalization import EQUALIZE
+from ..prequantized import stored_of
 from ..weights import Layer, LayerKind
 from . import lowers
 from .context import Activation, LoweringContext, identity
 
 aten = torch.ops.aten
 
-DENSE_KINDS = ("XNNFullyConnected", "XNNConvert", "XNNStaticTranspose", "XNNStaticReshape", "XNNMultiply")
+DENSE_KINDS = ("XNNFullyConnected", "XNNConvert", "XNNStaticTranspose", "XNNStaticReshape", "XNNMultiply", "XNNAdd")
 PRODUCT_KINDS = ("XNNBatchMatrixMultiply", "XNNStaticTranspose", "XNNStaticReshape", "XNNAdd")
 
 
@@ -56,8 +57,9 @@ def dense(ctx: LoweringContext, x: Activation, weight: Any, bias: Any, *, transp
     path = ctx.weight_path(weight) if path is None else path
     layer = Layer(LayerKind.LINEAR, k)
     noted: tuple[Any, np.ndarray] | None = ctx.annotation(EQUALIZE) if not transposed else None
-    if noted is not None and not ctx.choose(path, layer).scheme.is_quantized:
-        noted = None  # an fp32 layer needs no equalization
+    torchao = stored_of(weight)
+    if noted is not None and (torchao is not None or not ctx.choose(path, layer).scheme.is_quantized):
+        noted = None  # an fp32 layer needs no equalization; torchao's codes are kept as they are
     if noted is not None:  # the weight read now, scaled (a streaming export has no calibration)
         values = (ctx.constant_array(weight, "a linear weight") if values is None else values) * noted[1]
     wid, scheme = ctx.weight(weight, layer, path=path, values=values, layout=(lambda a: a.T) if transposed else None)
@@ -70,6 +72,9 @@ def dense(ctx: LoweringContext, x: Activation, weight: Any, bias: Any, *, transp
     xin = ctx.canonical(x)
     if noted is not None:
         xin = ctx.scaled_input(xin, noted[0], noted[1])
+    if torchao is not None and not torchao.dynamic:  # torchao's weight-only: fp32 activations, the bias added after
+        y = ctx.tensor(ctx.graph.fully_connected(xin, wid, None), x.shape[:-1] + (n,))
+        return y if bid is None else ctx.tensor(ctx.graph.add(y.id, bid), y.shape)
     if scheme.is_quantized:
         xin = ctx.dynamic(xin, num_nonbatch_dims=1)
         ctx.note_quantized(weight, input_scale=None if noted is None else ctx.reciprocal(noted[1]),

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ...errors import XnnquantError
+from ..program import cancelled
 from . import lowers
 from .context import Activation, LoweringContext, inverse, moves_only_ones
 
@@ -69,7 +70,7 @@ def view(ctx: LoweringContext, x: Any, shape: Any) -> Activation:
     x = ctx.value(x)
     if None in sizes and x.sym:
         count = math.prod(x.exprs[d] if x.is_dynamic(d) else x.shape[d] for d in range(x.rank))
-        inferred = count / math.prod(s.bound if s.expr is None else s.expr for s in sizes if s is not None)
+        inferred = cancelled(count / math.prod(s.bound if s.expr is None else s.expr for s in sizes if s is not None))
         exprs[sizes.index(None)] = None if getattr(inferred, "is_number", True) else inferred
     return reshaped(ctx, x, tuple(-1 if s is None else s.bound for s in sizes), tuple(exprs))
 
@@ -275,6 +276,9 @@ def strided(ctx: LoweringContext, x: Activation, dim: int, lo: int, hi: int, ste
 def select(ctx: LoweringContext, x: Any, dim: int, index: int) -> Activation:
     x = ctx.value(x)
     dim %= x.rank
+    if not isinstance(index, int):  # int(index) would fix the size at its traced value (``sizes_stay_dynamic``)
+        raise XnnquantError(f"select at index {ctx.program.size(index, 'an index').expr} of dim {dim}, which changes "
+                            "when the program runs: XNNPACK slices only at fixed positions")
     if x.is_dynamic(dim) and index < 0:
         raise XnnquantError(f"select of index {index} on dynamic dim {dim} ({x.exprs[dim]}), from its end: "
                             "XNNPACK slices only at positions from its start")

@@ -27,7 +27,7 @@ from ...graph import Graph, Target
 from ..exported import DynamicDim, TensorIO
 from ..program import AtenProgram, Size
 from ..report import ReportRow
-from . import LOWERINGS, load_lowerings, op_name
+from . import LOWERINGS, load_lowerings, op_name, sizes_stay_dynamic
 from .context import NHWC, Activation, LoweringContext, QuantizedReference, WeightOptions, WeightRefusal, identity
 
 Progress = Callable[[Iterator[Any], int], Iterator[Any]]
@@ -227,11 +227,12 @@ class _Walk:
             self.env[node] = self._stand_in(node)
             return
         start = len(ctx.graph.nodes)
-        reason = registration.check(node) if registration.check is not None else None
         try:
-            if reason is not None:
-                raise XnnquantError(reason)
-            result = registration.fn(ctx, *args, **kwargs)
+            with sizes_stay_dynamic(node, ctx.program.dim_names):
+                reason = registration.check(node) if registration.check is not None else None
+                if reason is not None:
+                    raise XnnquantError(reason)
+                result = registration.fn(ctx, *args, **kwargs)
             self.lowered_ops.append(op_name(node.target))
         except XnnquantError as exc:
             self.refuse(node, str(exc), isinstance(exc, WeightRefusal))

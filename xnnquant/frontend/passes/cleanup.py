@@ -17,6 +17,9 @@
 * in-place activations (``relu_``, ``hardtanh_``, as ``nn.ReLU6(inplace=True)`` traces)
   whose input nothing else reads: the functional op (no reader can tell the difference),
   so that the program needs no decomposition (functionalization) for them;
+* the operands of a ``cat`` that have no elements (``(0, 2, 3)``, and the 1-D ``(0,)`` torch
+  lets a cat skip): they contribute nothing, and XNNPACK holds no value of size 0; a cat
+  left with one operand is that operand;
 * nodes whose result nothing reads (torch.export leaves them where no decomposition ran):
   erased, unless they mutate or have other effects (``torch.fx``'s own rule).
 """
@@ -104,4 +107,23 @@ def cleanup(program: AtenProgram, options: Any) -> None:
             replace_uses(node, copy)
         elif functional_in_place(node):
             node.target = IN_PLACE[node.target]
+        elif node.target is aten.cat.default:
+            _drop_empty_operands(node)
     program.graph.eliminate_dead_code()
+
+
+def _is_empty(node: Any) -> bool:
+    shape = getattr(getattr(node, "meta", {}).get("val"), "shape", None)
+    return shape is not None and any(isinstance(d, int) and d == 0 for d in shape)
+
+
+def _drop_empty_operands(cat: Any) -> None:
+    """``cat(tensors, dim)`` without its operands of no elements (module docstring)."""
+    tensors = list(cat.args[0])
+    kept = [t for t in tensors if not _is_empty(t)]
+    if len(kept) == len(tensors) or not kept:
+        return
+    if len(kept) == 1 and tuple(kept[0].meta["val"].shape) == tuple(cat.meta["val"].shape):
+        replace_uses(cat, kept[0])
+        return
+    cat.args = (kept, *cat.args[1:])

@@ -116,7 +116,18 @@ def _argument_refusal(node: Any) -> str | None:
         if any(isinstance(p, int) and p < 0 for p in args[1]):
             return (f"its portable kernel refuses negative padding (got pad {list(args[1])}: "
                     "'Padding values must be non-negative')")
+    shape = getattr(getattr(node, "meta", {}).get("val"), "shape", ())
+    if node.target in _fixed_out() and not all(isinstance(d, int) for d in shape):
+        return (f"its portable kernel does not resize its result, which has dynamic dims {tuple(shape)} "
+                "('out.size(2) == output_size[0]' fails at every other size); expected static shapes for it")
     return None
+
+
+def _fixed_out() -> tuple[Any, ...]:
+    """Ops whose 1.4.1 portable kernel checks its out tensor's sizes instead of resizing it."""
+    import torch
+
+    return (torch.ops.aten._upsample_bilinear2d_aa.default, torch.ops.aten._upsample_bilinear2d_aa.vec)
 
 
 def phases(program: AtenProgram) -> None:

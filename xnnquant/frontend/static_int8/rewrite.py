@@ -244,6 +244,7 @@ class Rewrite:
         self.refusal: dict[int, str] = {}  # node index -> why it stays fp32
         self.group: dict[int, int] = {}  # float value id -> its group (of values sharing a grid)
         self.grids: dict[int, tuple[float, int]] = {}  # group -> its grid (scale, zero point)
+        self.unranged: dict[int, str] = {}  # group -> why it has no grid (calibration saw only zeros)
         self.domain: dict[int, Datatype] = {}  # float value id -> what its producer computes in
         self.filter_q: dict[int, QuantizedTensor] = {}
         self.weights: dict[int, np.ndarray] = {}  # float filter id -> its values (after equalization)
@@ -261,14 +262,15 @@ class Rewrite:
             reason = int8_refusal(n, src)
             if reason is not None:
                 self.refusal[i] = reason
-            elif n.kind not in DATA_MOVEMENT:
+            if n.kind not in DATA_MOVEMENT:  # fp32 ones too: an int8 node among them is rounded mid-node
                 computing.setdefault(n.debug_handle, []).append(i)
         for nodes in computing.values():
             if len(nodes) > 1:
                 kinds = ", ".join(src.nodes[i].kind for i in nodes)
                 for i in nodes:
-                    self.refusal[i] = (f"lowered as a composition of {len(nodes)} computing nodes ({kinds}); an int8 "
-                                       "ATen node is one computing node; computed in fp32 between converts")
+                    self.refusal.setdefault(i, f"lowered as a composition of {len(nodes)} computing nodes ({kinds}); "
+                                               "an int8 ATen node is one computing node; computed in fp32 between "
+                                               "converts")
         if self.equalize:
             self._equalize()
         self._grids()
@@ -305,7 +307,14 @@ class Rewrite:
             for s in seen[1:]:
                 merged = merged.merged(s)
             weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
-            lo, hi = choose_range(merged, self.ranges, self.percentile, weights)
+            try:
+                lo, hi = choose_range(merged, self.ranges, self.percentile, weights)
+            except XnnquantError as exc:  # zero on every batch: a grid only if it is zero by construction
+                if not (merged.count and merged.bounds == (0.0, 0.0) and all(map(self._zero_by_construction, vids))):
+                    self.unranged[root] = str(exc)  # raised where an int8 node needs the grid (``quant``)
+                    self.group.update((vid, root) for vid in vids)
+                    continue
+                lo, hi = -1.0, 1.0  # any grid holds its only value, 0, exactly (its zero point)
             for vid in vids:
                 if vid in pads:
                     lo, hi = min(lo, pads[vid]), max(hi, pads[vid])
@@ -335,9 +344,29 @@ class Rewrite:
             total = per if total is None else total + per
         return total
 
+    def _zero_by_construction(self, vid: int) -> bool:
+        """True for a value that is 0 whatever the inputs: a product with a constant that is zero
+        everywhere (ConvNeXt V2's global response norm at its initial gamma = 0, beta = 0) or with
+        such a value, a sum or difference of them and of zero constants, data moved from one."""
+        n = self.producer.get(vid)
+        if n is None:
+            return False
+        zero = [(v.is_constant and not v.array().any()) or (not v.is_constant and self._zero_by_construction(v.id))
+                for v in (self.src.value(i) for i in n.inputs)]
+        if n.kind == "XNNMultiply":
+            return any(zero)
+        if n.kind in ("XNNAdd", "XNNSubtract"):
+            return all(zero)
+        moved = [i for i in n.inputs if not self.src.value(i).is_constant]
+        return n.kind in DATA_MOVEMENT and len(moved) == 1 and self._zero_by_construction(moved[0])
+
     def quant(self, vid: int) -> tuple[float, int]:
-        """The grid ``(scale, zero point)`` of float-graph value ``vid``."""
-        return self.grids[self.group[vid]]
+        """The grid ``(scale, zero point)`` of float-graph value ``vid``; ``XnnquantError`` for a
+        value calibration saw only zeros of (``choose_range``), which an int8 node reads or writes."""
+        group = self.group[vid]
+        if group in self.unranged:
+            raise XnnquantError(self.unranged[group])
+        return self.grids[group]
 
     def _grid(self, vid: int, node: Node) -> tuple[float, int]:
         if vid not in self.group:
@@ -554,7 +583,7 @@ class Rewrite:
             res.boundaries.append(Boundary(_where(self.sources, handle), "; ".join(reasons)))
         res.int8_handles = {n.debug_handle for i, n in enumerate(src.nodes) if i not in self.refusal
                             and n.kind not in DATA_MOVEMENT} - handles_float
-        res.quant = {vid: self.quant(vid) for vid in self.group}
+        res.quant = {vid: self.quant(vid) for vid in self.group if self.group[vid] not in self.unranged}
         res.filters = dict(self.weights)
         res.source = self.src
         self._rows()
