@@ -39,7 +39,7 @@ class ActivationKind(str, Enum):
 ACTIVATIONS = tuple(k.value for k in ActivationKind)
 #: How a static int8 activation's range is chosen from its calibration histogram
 #: (``static_int8/ranges.py``).
-RANGE_METHODS = ("minmax", "percentile", "mse", "output_mse")
+RANGE_METHODS = ("sensitivity", "minmax", "percentile", "mse", "output_mse")
 
 
 @dataclass(frozen=True)

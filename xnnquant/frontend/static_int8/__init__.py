@@ -106,11 +106,13 @@ def _stacked(shapes: Sequence[tuple[int, ...]], inputs: Sequence[TensorIO]) -> i
 
 @dataclass
 class Calibration:
-    """What calibration saw: ``stats`` by float value id, and ``means``: per filtered node (by
-    index) the per-tap means of its input over the batches (``bias_correction.tap_means``)."""
+    """What calibration saw: ``stats`` by float value id, ``means``: per filtered node (by
+    index) the per-tap means of its input over the batches (``bias_correction.tap_means``),
+    and the ``batches`` themselves (as the graph takes them: ranges by sensitivity run on some)."""
 
     stats: dict[int, ValueStats]
     means: dict[int, np.ndarray]
+    batches: Sequence[Sequence[np.ndarray]] = ()
 
 
 def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Sequence[tuple[str, str, str]],
@@ -142,7 +144,7 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
                 m = tap_means(n, values[n.inputs[0]])
                 means[i] = m if i not in means else means[i] + m
             images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
-    return Calibration(stats, {i: m / images for i, m in means.items()})
+    return Calibration(stats, {i: m / images for i, m in means.items()}, batches)
 
 
 @dataclass
@@ -185,7 +187,7 @@ def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[A
              equalize: bool) -> StaticResult:
     """Stages 2 and 3 of the module docstring on float graph ``graph``."""
     result = Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
-                     method=method, equalize=equalize).run()
+                     method=method, equalize=equalize, batches=calibration.batches).run()
     if bias_correction:
         correct_biases(result, calibration.means)
     return StaticResult(result, graph, calibration.stats)

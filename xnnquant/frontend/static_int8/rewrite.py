@@ -79,7 +79,9 @@ from ...schemes.checks import check_method
 from ...tensor import QuantizedTensor
 from ..report import ReportRow
 from ..weights import weight_sqnr
+from . import torch_graph
 from .ranges import ValueStats, choose_range, qparams
+from .sensitivity import Sensitivity, output_sensitivity
 
 F32 = np.float32
 WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
@@ -161,6 +163,10 @@ class Int8Graph:
     filters: dict[int, np.ndarray] = field(default_factory=dict)
     #: the float graph it was made from
     source: Graph | None = None
+    #: what ``ranges="sensitivity"`` measured (None with any other method, or when it fell back)
+    sensitivity: Sensitivity | None = None
+    #: how the rewrite departed from its options, and why
+    notes: list[str] = field(default_factory=list)
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -235,8 +241,10 @@ class Rewrite:
 
     def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
                  rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
-                 method: str, equalize: bool = False) -> None:
+                 method: str, equalize: bool = False, batches: Sequence[Sequence[np.ndarray]] = ()) -> None:
         self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.batches = batches
+        self.members: dict[int, list[int]] = {}  # group -> its member value ids
         self.equalize = equalize
         self.rows, self.filters = list(rows), filters
         self.ranges, self.percentile, self.method = ranges, percentile, method
@@ -297,20 +305,44 @@ class Rewrite:
         for v in self.src.values:
             if not v.is_constant and v.datatype is Datatype.fp32:
                 members.setdefault(sets.find(v.id), []).append(v.id)
+        merged: dict[int, ValueStats] = {}
         for root, vids in members.items():
             seen = [self.stats[v] for v in vids if v in self.stats]
-            if not seen:
-                continue  # never observed (an argmax index, a value no node reads): never quantized
-            merged = seen[0]
-            for s in seen[1:]:
-                merged = merged.merged(s)
-            weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
-            lo, hi = choose_range(merged, self.ranges, self.percentile, weights)
+            if seen:  # else never observed (an argmax index, a value no node reads): never quantized
+                merged[root] = seen[0]
+                for st in seen[1:]:
+                    merged[root] = merged[root].merged(st)
+        histograms = self._sensitivity({r: members[r] for r in merged}, merged) if self.ranges == "sensitivity" \
+            else {}
+        for root, stats in merged.items():
+            vids = members[root]
+            found = histograms[root].best_range() if root in histograms else None
+            if found is not None:
+                lo, hi = found
+            else:
+                method = "percentile" if self.ranges == "sensitivity" else self.ranges
+                weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
+                lo, hi = choose_range(stats, method, self.percentile, weights)
             for vid in vids:
                 if vid in pads:
                     lo, hi = min(lo, pads[vid]), max(hi, pads[vid])
                 self.group[vid] = root
             self.grids[root] = qparams(lo, hi)
+        self.members = {root: members[root] for root in merged}
+
+    def _sensitivity(self, groups: dict[int, list[int]], merged: dict[int, ValueStats]) -> dict[int, Any]:
+        """Each group's ``sensitivity.WeightedHistogram`` (``ranges="sensitivity"``), or none with a note
+        when the float graph has a node torch cannot compute here or there are no batches."""
+        unsupported = torch_graph.unsupported(self.src)
+        if unsupported is not None or not self.batches:
+            why = f"{unsupported} has no torch form here" if unsupported else "no calibration batches were kept"
+            self.result.notes.append(f"ranges: percentile instead of sensitivity ({why})")
+            return {}
+        factors = {e.value: e.factors for e in self.result.equalized}
+        measured = output_sensitivity(self.src, self.batches, groups, {r: st.bounds for r, st in merged.items()},
+                                      factors)
+        self.result.sensitivity = measured
+        return measured.histograms
 
     def _channel_weights(self, vid: int) -> np.ndarray | None:
         """float64 ``(C,)``: per channel of ``vid``, the sum of its readers' squared filter entries
