@@ -305,7 +305,7 @@ def test_static_int8_options_are_checked() -> None:
             xq.export(module, example, progress=False, **kwargs)
         assert str(caught.value) == message
     with pytest.raises(XnnquantError, match=r"^unknown activation range method: got 'median', expected one of "
-                                            r"'minmax', 'percentile', 'mse', 'output_mse'$"):
+                                            r"'sensitivity', 'minmax', 'percentile', 'mse', 'output_mse'$"):
         xq.StaticInt8(ranges="median")
 
 

@@ -184,10 +184,23 @@ class StaticResult:
 
 def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
              calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
-             equalize: bool) -> StaticResult:
-    """Stages 2 and 3 of the module docstring on float graph ``graph``."""
-    result = Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
-                     method=method, equalize=equalize, batches=calibration.batches).run()
+             equalize: bool, budget: float = 0.0) -> StaticResult:
+    """Stages 2 and 3 of the module docstring on float graph ``graph``; with ``budget``, the graph
+    is planned once to choose what mixed precision keeps in fp32 (``mixed.py``), then rewritten
+    with those nodes fp32 from the start (equalization and grids planned around them)."""
+
+    def rewrite(keep: dict[int, str] | None = None) -> Rewrite:
+        return Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
+                       method=method, equalize=equalize, batches=calibration.batches, keep=keep)
+
+    planner = rewrite()
+    lines: list[str] = []
+    if budget > 0:
+        planner.plan()
+        keep, lines = planner.choose_float(budget)
+        planner = rewrite(keep)
+    result = planner.run()
+    result.kept = lines
     if bias_correction:
         correct_biases(result, calibration.means)
     return StaticResult(result, graph, calibration.stats)

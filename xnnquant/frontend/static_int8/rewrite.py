@@ -79,8 +79,8 @@ from ...schemes.checks import check_method
 from ...tensor import QuantizedTensor
 from ..report import ReportRow
 from ..weights import weight_sqnr
-from . import torch_graph
-from .ranges import ValueStats, choose_range, qparams
+from . import mixed, torch_graph
+from .ranges import ValueStats, choose_range, grid_range, qparams
 from .sensitivity import Sensitivity, output_sensitivity
 
 F32 = np.float32
@@ -167,6 +167,8 @@ class Int8Graph:
     sensitivity: Sensitivity | None = None
     #: how the rewrite departed from its options, and why
     notes: list[str] = field(default_factory=list)
+    #: mixed precision (``StaticInt8.budget``): one line per step of nodes kept in fp32, with its measured cost
+    kept: list[str] = field(default_factory=list)
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -241,8 +243,10 @@ class Rewrite:
 
     def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
                  rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
-                 method: str, equalize: bool = False, batches: Sequence[Sequence[np.ndarray]] = ()) -> None:
+                 method: str, equalize: bool = False, batches: Sequence[Sequence[np.ndarray]] = (),
+                 keep: dict[int, str] | None = None) -> None:
         self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.keep = dict(keep or {})  # node index -> why mixed precision keeps it fp32
         self.batches = batches
         self.members: dict[int, list[int]] = {}  # group -> its member value ids
         self.equalize = equalize
@@ -269,6 +273,8 @@ class Rewrite:
             reason = int8_refusal(n, src)
             if reason is not None:
                 self.refusal[i] = reason
+            elif i in self.keep:
+                self.refusal[i] = self.keep[i]
             elif n.kind not in DATA_MOVEMENT:
                 computing.setdefault(n.debug_handle, []).append(i)
         for nodes in computing.values():
@@ -312,8 +318,8 @@ class Rewrite:
                 merged[root] = seen[0]
                 for st in seen[1:]:
                     merged[root] = merged[root].merged(st)
-        histograms = self._sensitivity({r: members[r] for r in merged}, merged) if self.ranges == "sensitivity" \
-            else {}
+        spread = {r: members[r] for r, st in merged.items() if st.bounds[1] > st.bounds[0]}  # else refused below
+        histograms = self._sensitivity(spread, merged) if self.ranges == "sensitivity" else {}
         for root, stats in merged.items():
             vids = members[root]
             found = histograms[root].best_range() if root in histograms else None
@@ -329,6 +335,31 @@ class Rewrite:
                 self.group[vid] = root
             self.grids[root] = qparams(lo, hi)
         self.members = {root: members[root] for root in merged}
+
+    def choose_float(self, budget: float) -> tuple[dict[int, str], list[str]]:
+        """After ``plan``: the nodes mixed precision keeps in fp32 within ``budget`` (``mixed.choose``)
+        with their reasons, and one report line per step; nothing (and a note) without a
+        sensitivity measurement."""
+        measured = self.result.sensitivity
+        if measured is None:
+            self.result.notes.append("budget: nothing kept in fp32 (it needs ranges='sensitivity' and its "
+                                     "measurement)")
+            return {}, []
+        costs = {root: measured.histograms[root].cost(*grid_range(*self.grids[root])) for root in self.members
+                 if root in measured.histograms}
+        refused = {i for i, r in self.refusal.items() if i not in self.keep}
+        steps = mixed.choose(self.src, self.members, costs, refused, budget, measured)
+        reasons: dict[int, str] = {}
+        lines = []
+        for step in steps:
+            why = (f"kept in fp32 by budget={budget:g}: with {len(step.nodes) - 1} other node(s) it frees "
+                   f"{len(step.groups)} int8 grid(s) whose error alone would leave the outputs {step.db:.1f} dB SQNR "
+                   f"(first-order, {measured.inputs} calibration inputs), for {step.time:+.1%} estimated time")
+            for i in step.nodes:
+                reasons[i] = why
+            where = sorted({_where(self.sources, self.src.nodes[i].debug_handle) for i in step.nodes})
+            lines.append(f"{'; '.join(where)}: {step.db:.1f} dB alone, {step.time:+.1%} time")
+        return reasons, lines
 
     def _sensitivity(self, groups: dict[int, list[int]], merged: dict[int, ValueStats]) -> dict[int, Any]:
         """Each group's ``sensitivity.WeightedHistogram`` (``ranges="sensitivity"``), or none with a note
