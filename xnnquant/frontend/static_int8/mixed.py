@@ -9,10 +9,11 @@ input, measured on calibration inputs), plus that of any other group the same fp
 free.  Greedily, the group of most cost bought per unit of estimated time is taken while
 the program's estimated time stays within ``(1 + budget)`` times the all-int8 program's.
 
-Estimated time (``estimate``), in multiply-accumulates of fp32 (measured ratios of
-XNNPACK's kernels on x86: MobileNetV2 in int8 runs in 0.51 to 0.55 of its fp32 time)::
+Estimated time (``estimate``), in multiply-accumulates of fp32 (ratios from XNNPACK's
+programs on x86, one thread: a network of 3x3 convolutions runs in int8 in 0.31 of its fp32
+time, MobileNetV2 in 0.51, its depthwise layers being bound by memory)::
 
-    convolution, fully connected      MACs       x 1 (fp32)  or INT8_MAC (int8)
+    convolution, fully connected      MACs       x 1 (fp32)  or INT8_MAC[kind] (int8)
     any other computing or moving     elements   x F32_ELEMENT or INT8_ELEMENT
     convert fp32 <-> qint8            elements   x CONVERT_ELEMENT
 
@@ -32,7 +33,7 @@ from ...graph.rules import DATA_MOVEMENT
 from ...graph.shapes import Window
 from .sensitivity import Sensitivity
 
-INT8_MAC = 0.5
+INT8_MAC = {"XNNConv2d": 0.3, "XNNFullyConnected": 0.35, "XNNDepthwiseConv2d": 0.6}
 F32_ELEMENT = 4.0
 INT8_ELEMENT = 1.0
 CONVERT_ELEMENT = 4.0
@@ -83,7 +84,7 @@ def estimate(graph: Graph, floats: set[int]) -> float:
                 total += CONVERT_ELEMENT * math.prod(graph.value(v).dims)
         work = macs(node, graph)
         if work:
-            total += work * (1.0 if in_float else INT8_MAC)
+            total += work * (1.0 if in_float else INT8_MAC[node.kind])
         else:
             total += math.prod(graph.value(node.outputs[0]).dims) * (F32_ELEMENT if in_float else INT8_ELEMENT)
         for v in node.outputs:
