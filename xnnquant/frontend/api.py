@@ -497,7 +497,7 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
         result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters, seen,
                                       ranges=static.ranges, percentile=static.percentile, method=method,
                                       bias_correction=static.bias_correction, equalize=static.equalize,
-                                      budget=static.budget)
+                                      budget=static.budget, rounding=static.rounding)
     return result
 
 

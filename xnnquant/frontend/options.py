@@ -40,6 +40,8 @@ ACTIVATIONS = tuple(k.value for k in ActivationKind)
 #: How a static int8 activation's range is chosen from its calibration histogram
 #: (``static_int8/ranges.py``).
 RANGE_METHODS = ("sensitivity", "minmax", "percentile", "mse", "output_mse")
+#: How a static int8 filter's codes are rounded (``static_int8/rounding.py``).
+ROUNDINGS = ("nearest", "learned")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class StaticInt8:
     grids cost the outputs most stay fp32 while the program's estimated time stays within
     ``1 + budget`` times the all-int8 program's (``static_int8/mixed.py``; needs
     ``"sensitivity"``); ``Exported.static_int8.int8.kept`` lists them with their costs.
+    ``rounding``: ``"nearest"`` codes, or ``"learned"``: each code rounded up or down for its
+    layer's output on calibration inputs, AdaRound's choice made as GPTQ orders it
+    (``static_int8/rounding.py``).
 
     Defaults by measurement (``benchmarks/static_int8.py``, ``notebooks/static_int8.ipynb``):
     on MobileNetV2's logits (held-out photo crops) ``sensitivity`` ranges gave 21.4 dB
@@ -73,6 +78,7 @@ class StaticInt8:
     equalize: bool = True
     bias_correction: bool = True
     budget: float = 0.0
+    rounding: str = "nearest"
 
     def __post_init__(self) -> None:
         if self.ranges not in RANGE_METHODS:
@@ -83,6 +89,9 @@ class StaticInt8:
         for name in ("equalize", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise XnnquantError(f"{name} must be True or False: got {getattr(self, name)!r}")
+        if self.rounding not in ROUNDINGS:
+            raise XnnquantError(f"unknown rounding: got {self.rounding!r}, expected one of "
+                                f"{', '.join(map(repr, ROUNDINGS))}")
         if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not 0 <= self.budget < 10:
             raise XnnquantError(f"budget is the extra time mixed precision may spend, as a fraction of the int8 "
                                 f"program's (0.3: up to 1.3 times): got {self.budget!r}, expected a number in [0, 10)")
@@ -97,6 +106,7 @@ class StaticInt8:
         parts += [f"{name}={getattr(self, name)}" for name in ("equalize", "bias_correction")
                   if getattr(self, name) != getattr(StaticInt8(), name)]
         parts += [f"budget={self.budget:g}"] if self.budget else []
+        parts += [f"rounding={self.rounding}"] if self.rounding != "nearest" else []
         return f"qint8({', '.join(parts)})"
 
 

@@ -184,18 +184,20 @@ class StaticResult:
 
 def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
              calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
-             equalize: bool, budget: float = 0.0) -> StaticResult:
+             equalize: bool, budget: float = 0.0, rounding: str = "nearest") -> StaticResult:
     """Stages 2 and 3 of the module docstring on float graph ``graph``; with ``budget``, the graph
     is planned once to choose what mixed precision keeps in fp32 (``mixed.py``), then rewritten
     with those nodes fp32 from the start (equalization and grids planned around them)."""
 
     def rewrite(keep: dict[int, str] | None = None) -> Rewrite:
         return Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
-                       method=method, equalize=equalize, batches=calibration.batches, keep=keep)
+                       method=method, equalize=equalize, batches=calibration.batches, keep=keep,
+                       rounding=rounding)
 
     planner = rewrite()
     lines: list[str] = []
-    if budget > 0:
+    if budget > 0:  # the choice reads the grids only: nearest codes while choosing
+        planner.rounding = "nearest"
         planner.plan()
         keep, lines = planner.choose_float(budget)
         planner = rewrite(keep)

@@ -81,6 +81,7 @@ from ..report import ReportRow
 from ..weights import weight_sqnr
 from . import mixed, torch_graph
 from .ranges import ValueStats, choose_range, grid_range, qparams
+from .rounding import layer_grams, learned_filter
 from .sensitivity import Sensitivity, output_sensitivity
 
 F32 = np.float32
@@ -244,8 +245,10 @@ class Rewrite:
     def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
                  rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
                  method: str, equalize: bool = False, batches: Sequence[Sequence[np.ndarray]] = (),
-                 keep: dict[int, str] | None = None) -> None:
+                 keep: dict[int, str] | None = None, rounding: str = "nearest") -> None:
         self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.rounding = rounding
+        self.grams: dict[int, np.ndarray] | None = None
         self.keep = dict(keep or {})  # node index -> why mixed precision keeps it fp32
         self.batches = batches
         self.members: dict[int, list[int]] = {}  # group -> its member value ids
@@ -547,8 +550,31 @@ class Rewrite:
         if wid not in self.filter_q:
             w = self._weights(wid)
             axis = 3 if n.kind == "XNNDepthwiseConv2d" else (1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0)
-            self.filter_q[wid] = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
+            stored = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
+            gram = self._grams().get(self.src.nodes.index(n)) if self.rounding == "learned" else None
+            if gram is not None:  # the scales kept, each code rounded up or down for the layer's output
+                factors = {e.value: e.factors for e in self.result.equalized}.get(n.inputs[0])
+                codes = learned_filter(n, w, np.asarray(stored.scale), gram, factors)
+                stored = QuantizedTensor(stored.datatype, codes, stored.scale, 0, channel_dim=stored.channel_dim,
+                                         meta={"rounding": "learned"})
+            self.filter_q[wid] = stored
         return self.filter_q[wid]
+
+    def _grams(self) -> dict[int, np.ndarray]:
+        """The input Grams of every filtered node learned rounding can take (``rounding.layer_grams``;
+        a grouped, not depthwise, convolution keeps nearest codes), computed once; none (and a
+        note) when torch cannot compute the float graph here."""
+        if self.grams is None:
+            unsupported = torch_graph.unsupported(self.src)
+            if unsupported is not None or not self.batches:
+                why = f"{unsupported} has no torch form here" if unsupported else "no calibration batches were kept"
+                self.result.notes.append(f"rounding: nearest instead of learned ({why})")
+                self.grams = {}
+            else:
+                nodes = [i for i, n in enumerate(self.src.nodes) if n.kind in WEIGHTED and i not in self.refusal
+                         and (n.kind != "XNNConv2d" or int(n.params.get("groups", 1)) == 1)]
+                self.grams = layer_grams(self.src, self.batches, nodes)
+        return self.grams
 
     def _fit_requantization(self, n: Node) -> None:
         """Raise the output's scale (its whole group's) so that ``s_x * s_w / s_y < 256``."""
