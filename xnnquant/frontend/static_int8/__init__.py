@@ -7,10 +7,14 @@ int8 one, in stages:
    with every value a node computes exposed (``observe.Exposed``); ``ranges.ValueStats``
    keeps, per value, its exact bounds, its zeros and a sample of it.
 2. ``rewrite.rewrite``: cross-layer equalization of filtered pairs (optional), a grid
-   (scale, zero point) per value from its range
-   (``ranges.choose_range``), shared where XNNPACK requires it; filters quantized per
-   channel, biases to int32; converts at the graph's edges and around each node that
-   has no int8 form here, each a ``Boundary`` of the report.
+   (scale, zero point) per value, shared where XNNPACK requires it: by default the grid of
+   least first-order error at the graph's outputs (``sensitivity.py``: the float graph in
+   torch, ``torch_graph.py``, each element weighted by its own squared gradient), else from
+   the value's histogram (``ranges.choose_range``); filters quantized per channel (codes
+   nearest, or learned for the layer's output: ``rounding.py``), biases to int32; converts
+   at the graph's edges and around each node that has no int8 form here or that mixed
+   precision keeps fp32 (``mixed.py``: the nodes whose grids cost the outputs most, within a
+   time budget), each a ``Boundary`` of the report.
 3. ``bias_correction.correct_biases``: one pass of the int8 graph over the calibration
    batches re-quantizes each bias for the mean shift its quantized filter causes.
 

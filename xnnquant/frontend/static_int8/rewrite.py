@@ -90,6 +90,8 @@ BINARY = ("XNNAdd", "XNNSubtract", "XNNMultiply")
 UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeakyReLU", "XNNGlobalAvgPooling2d")
 #: Node kinds computed in int8 (besides the data-movement kinds, which move codes).
 COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
+#: The largest bias code a filter scale is chosen for: 2^31 less room for the bias correction's shift.
+BIAS_CODES = float(2**28)
 #: The largest ``input_scale * filter_scale / output_scale`` XNNPACK takes is below 256.
 MAX_REQUANTIZATION = 256.0
 #: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``: MobileNetV2's
@@ -551,6 +553,10 @@ class Rewrite:
             w = self._weights(wid)
             axis = 3 if n.kind == "XNNDepthwiseConv2d" else (1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0)
             stored = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
+            floor = self._bias_floor(n)
+            if np.any(np.asarray(stored.scale) < floor):  # the bias would not fit in int32 at s_x * s_w
+                stored = quantize_per_channel(w, bits=8, axis=axis,
+                                              scale=np.maximum(np.asarray(stored.scale), floor).astype(F32))
             gram = self._grams().get(self.src.nodes.index(n)) if self.rounding == "learned" else None
             if gram is not None:  # the scales kept, each code rounded up or down for the layer's output
                 factors = {e.value: e.factors for e in self.result.equalized}.get(n.inputs[0])
@@ -559,6 +565,16 @@ class Rewrite:
                                          meta={"rounding": "learned"})
             self.filter_q[wid] = stored
         return self.filter_q[wid]
+
+    def _bias_floor(self, n: Node) -> np.ndarray:
+        """float32 ``(OC,)``: the least filter scale per output channel at which the node's bias
+        ``b`` fits its int32 codes, ``|b| / (s_x * BIAS_CODES)`` (a batch norm folded into a filter
+        of near-zero weights leaves a large bias over a tiny filter scale)."""
+        bias = self._bias(self.src.nodes.index(n)).astype(np.float64)
+        s_x = self.quant(n.inputs[0])[0] if n.inputs[0] in self.group else None
+        if s_x is None:
+            return np.zeros(bias.shape, F32)
+        return (np.abs(bias) / (float(F32(s_x)) * BIAS_CODES)).astype(F32)
 
     def _grams(self) -> dict[int, np.ndarray]:
         """The input Grams of every filtered node learned rounding can take (``rounding.layer_grams``;
