@@ -492,3 +492,21 @@ def test_learned_rounding_lowers_the_layer_output_error_within_one_code() -> Non
     exported = export(module, activations=xq.StaticInt8(rounding="learned"))
     assert str(xq.StaticInt8(rounding="learned")) == "qint8(rounding=learned)"
     assert any(layer.stored.meta.get("rounding") == "learned" for layer in exported.static_int8.int8.layers)
+
+
+def test_a_large_bias_over_a_near_zero_filter_channel_keeps_its_value() -> None:
+    """A batch norm folded into a channel of near-zero weights leaves a bias far beyond int32 codes at
+    ``s_x * s_w``: the channel's filter scale is raised until it fits (it saturated at -2^31 before,
+    and the self-check refused the bias).  The output channel stays at the bias, as torch has it."""
+    conv, norm = nn.Conv2d(4, 3, 3), nn.BatchNorm2d(3)
+    with torch.no_grad():
+        conv.weight[0] *= 1e-7
+        conv.bias.zero_()
+        norm.bias[0] = -113.0
+    module = nn.Sequential(conv, norm).eval()
+    exported = export(module)
+    (x,) = batches(1, seed=3)[0]
+    with torch.no_grad():
+        want = module(x).numpy()
+    got = exported.run(x)[0]
+    assert np.abs(got[0, 0] - want[0, 0]).max() < 0.01 * 113
