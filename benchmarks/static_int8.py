@@ -6,7 +6,7 @@ For each network: ExecuTorch's flow (``XNNPACKQuantizer`` with
 ``to_executorch``), our fp32 export (the latency baseline), our default static int8
 (``xq.export(module, example, weights="qc8w", activations="qint8", calibration=...)``), ours
 with one technique changed at a time (``VARIANTS``: the previous default's percentile ranges,
-without equalization, without bias correction), and ours at the mixed-precision budgets
+without equalization, without bias correction, with learned rounding), and ours at the mixed-precision budgets
 (``StaticInt8(budget=...)``), all calibrated on the same batches.  Printed per program:
 
 * logits SQNR against the float module (dB) and top-1 agreement with it, on every held-out
@@ -51,6 +51,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ranges=percentile": {"ranges": "percentile"},
     "no equalization": {"equalize": False},
     "no bias correction": {"bias_correction": False},
+    "rounding=learned": {"rounding": "learned"},
     "budget=0.1": {"budget": 0.1},
     "budget=0.2": {"budget": 0.2},
     "budget=0.3": {"budget": 0.3},
