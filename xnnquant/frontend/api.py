@@ -636,7 +636,8 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
     with stage("quantize", timings):
         result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters, seen,
                                       ranges=static.ranges, percentile=static.percentile, method=method,
-                                      bias_correction=static.bias_correction, equalize=static.equalize)
+                                      bias_correction=static.bias_correction, equalize=static.equalize,
+                                      budget=static.budget, rounding=static.rounding)
     return result
 
 

@@ -39,36 +39,46 @@ class ActivationKind(str, Enum):
 ACTIVATIONS = tuple(k.value for k in ActivationKind)
 #: How a static int8 activation's range is chosen from its calibration histogram
 #: (``static_int8/ranges.py``).
-RANGE_METHODS = ("minmax", "percentile", "mse", "output_mse")
+RANGE_METHODS = ("sensitivity", "minmax", "percentile", "mse", "output_mse")
+#: How a static int8 filter's codes are rounded (``static_int8/rounding.py``).
+ROUNDINGS = ("nearest", "learned")
 
 
 @dataclass(frozen=True)
 class StaticInt8:
     """``activations="qint8"`` with its choices spelled out (the string takes the defaults).
 
-    ``ranges``: each activation's range from its calibration histogram: ``"minmax"``,
-    ``"percentile"`` (``percentile`` of the magnitudes on each side of zero) or ``"mse"``
-    (the range of least expected squared error, clipping included) or ``"output_mse"``
-    (the same, each channel weighted by how much it moves its readers' outputs).  ``equalize``:
-    cross-layer equalization of filtered pairs (``static_int8/rewrite.py``).
-    ``bias_correction``: each quantized layer's bias corrected for the mean shift its
-    quantized filter causes on the calibration inputs (``static_int8/bias_correction.py``).
+    ``ranges``: each activation's range: ``"sensitivity"`` (the grid of least first-order
+    error at the graph's outputs, each element weighted by its own squared gradient,
+    measured in torch on 8 calibration inputs: ``static_int8/sensitivity.py``; percentile
+    where torch cannot compute the graph), or from its calibration histogram alone:
+    ``"minmax"``, ``"percentile"`` (``percentile`` of the magnitudes on each side of zero),
+    ``"mse"`` (the range of least expected squared error, clipping included) or
+    ``"output_mse"`` (the same, each channel weighted by how much it moves its readers'
+    outputs).  ``equalize``: cross-layer equalization of filtered pairs
+    (``static_int8/rewrite.py``).  ``bias_correction``: each quantized layer's bias corrected
+    for the mean shift its quantized filter causes on the calibration inputs
+    (``static_int8/bias_correction.py``).  ``budget``: mixed precision: the nodes whose int8
+    grids cost the outputs most stay fp32 while the program's estimated time stays within
+    ``1 + budget`` times the all-int8 program's (``static_int8/mixed.py``; needs
+    ``"sensitivity"``); ``Exported.static_int8.int8.kept`` lists them with their costs.
+    ``rounding``: ``"nearest"`` codes, or ``"learned"``: each code rounded up or down for its
+    layer's output on calibration inputs, AdaRound's choice made as GPTQ orders it
+    (``static_int8/rounding.py``).
 
-    Defaults by measurement (MobileNetV2's logits on 48 held-out photo crops, the small
-    CNNs' outputs on 8 random inputs; ``notebooks/static_int8.ipynb``): with equalization
-    and bias correction, ``percentile`` gave the best SQNR on MobileNetV2 (18.45 dB; ``mse``
-    18.2, ``output_mse`` 18.1, ``minmax`` 17.6; on 96 crops 18.5 against 17.7 for ``mse``)
-    and the four are within 0.2 dB of each other on the CNNs (``percentile`` 47.7 / 46.6 dB).
-    Both together gain 1.9 dB for ``percentile`` on MobileNetV2 (16.5 dB without either),
-    5.4 dB for ``minmax`` (12.2 dB), and 2 to 4 dB on the CNNs; bias correction alone gives
-    1.0 dB on MobileNetV2, equalization alone nothing: its amplified channels meet their
-    readers' filter errors, whose mean shift the correction removes.
+    Defaults by measurement (``benchmarks/static_int8.py``, ``notebooks/static_int8.ipynb``):
+    on MobileNetV2's logits (held-out photo crops) ``sensitivity`` ranges gave 21.4 dB
+    against 18.45 for ``percentile`` (``mse`` 18.2, ``output_mse`` 18.1, ``minmax`` 17.6),
+    with equalization and bias correction; without either, ``percentile`` gives 16.5 dB and
+    ``minmax`` 12.2 dB.
     """
 
-    ranges: str = "percentile"
+    ranges: str = "sensitivity"
     percentile: float = 99.99
     equalize: bool = True
     bias_correction: bool = True
+    budget: float = 0.0
+    rounding: str = "nearest"
 
     def __post_init__(self) -> None:
         if arguments.spelling(self.ranges) in RANGE_METHODS:  # case and spaces ignored, as every option
@@ -81,6 +91,12 @@ class StaticInt8:
         for name in ("equalize", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise XnnquantError(f"{name} must be True or False: got {getattr(self, name)!r}")
+        if self.rounding not in ROUNDINGS:
+            raise XnnquantError(f"unknown rounding: got {self.rounding!r}, expected one of "
+                                f"{', '.join(map(repr, ROUNDINGS))}")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not 0 <= self.budget < 10:
+            raise XnnquantError(f"budget is the extra time mixed precision may spend, as a fraction of the int8 "
+                                f"program's (0.3: up to 1.3 times): got {self.budget!r}, expected a number in [0, 10)")
 
     def __str__(self) -> str:
         if self == StaticInt8():
@@ -91,6 +107,8 @@ class StaticInt8:
             f"ranges={self.ranges}" + (f"@{self.percentile:g}" if self.ranges == "percentile" else "")]
         parts += [f"{name}={getattr(self, name)}" for name in ("equalize", "bias_correction")
                   if getattr(self, name) != getattr(StaticInt8(), name)]
+        parts += [f"budget={self.budget:g}"] if self.budget else []
+        parts += [f"rounding={self.rounding}"] if self.rounding != "nearest" else []
         return f"qint8({', '.join(parts)})"
 
 

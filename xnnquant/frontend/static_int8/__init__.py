@@ -7,10 +7,14 @@ int8 one, in stages:
    with every value a node computes exposed (``observe.Exposed``); ``ranges.ValueStats``
    keeps, per value, its exact bounds, its zeros and a sample of it.
 2. ``rewrite.rewrite``: cross-layer equalization of filtered pairs (optional), a grid
-   (scale, zero point) per value from its range
-   (``ranges.choose_range``), shared where XNNPACK requires it; filters quantized per
-   channel, biases to int32; converts at the graph's edges and around each node that
-   has no int8 form here, each a ``Boundary`` of the report.
+   (scale, zero point) per value, shared where XNNPACK requires it: by default the grid of
+   least first-order error at the graph's outputs (``sensitivity.py``: the float graph in
+   torch, ``torch_graph.py``, each element weighted by its own squared gradient), else from
+   the value's histogram (``ranges.choose_range``); filters quantized per channel (codes
+   nearest, or learned for the layer's output: ``rounding.py``), biases to int32; converts
+   at the graph's edges and around each node that has no int8 form here or that mixed
+   precision keeps fp32 (``mixed.py``: the nodes whose grids cost the outputs most, within a
+   time budget), each a ``Boundary`` of the report.
 3. ``bias_correction.correct_biases``: one pass of the int8 graph over the calibration
    batches re-quantizes each bias for the mean shift its quantized filter causes.
 
@@ -106,11 +110,13 @@ def _stacked(shapes: Sequence[tuple[int, ...]], inputs: Sequence[TensorIO]) -> i
 
 @dataclass
 class Calibration:
-    """What calibration saw: ``stats`` by float value id, and ``means``: per filtered node (by
-    index) the per-tap means of its input over the batches (``bias_correction.tap_means``)."""
+    """What calibration saw: ``stats`` by float value id, ``means``: per filtered node (by
+    index) the per-tap means of its input over the batches (``bias_correction.tap_means``),
+    and the ``batches`` themselves (as the graph takes them: ranges by sensitivity run on some)."""
 
     stats: dict[int, ValueStats]
     means: dict[int, np.ndarray]
+    batches: Sequence[Sequence[np.ndarray]] = ()
 
 
 def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Sequence[tuple[str, str, str]],
@@ -142,7 +148,7 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
                 m = tap_means(n, values[n.inputs[0]])
                 means[i] = m if i not in means else means[i] + m
             images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
-    return Calibration(stats, {i: m / images for i, m in means.items()})
+    return Calibration(stats, {i: m / images for i, m in means.items()}, batches)
 
 
 @dataclass
@@ -182,10 +188,25 @@ class StaticResult:
 
 def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
              calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
-             equalize: bool) -> StaticResult:
-    """Stages 2 and 3 of the module docstring on float graph ``graph``."""
-    result = Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
-                     method=method, equalize=equalize).run()
+             equalize: bool, budget: float = 0.0, rounding: str = "nearest") -> StaticResult:
+    """Stages 2 and 3 of the module docstring on float graph ``graph``; with ``budget``, the graph
+    is planned once to choose what mixed precision keeps in fp32 (``mixed.py``), then rewritten
+    with those nodes fp32 from the start (equalization and grids planned around them)."""
+
+    def rewrite(keep: dict[int, str] | None = None) -> Rewrite:
+        return Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
+                       method=method, equalize=equalize, batches=calibration.batches, keep=keep,
+                       rounding=rounding)
+
+    planner = rewrite()
+    lines: list[str] = []
+    if budget > 0:  # the choice reads the grids only: nearest codes while choosing
+        planner.rounding = "nearest"
+        planner.plan()
+        keep, lines = planner.choose_float(budget)
+        planner = rewrite(keep)
+    result = planner.run()
+    result.kept = lines
     if bias_correction:
         correct_biases(result, calibration.means)
     return StaticResult(result, graph, calibration.stats)

@@ -35,7 +35,8 @@ layout moves outputs by a step or more, and is caught.
 The stored filters and biases, which those comparisons take as given, are checked
 against the module's own by ``check_layers``: each equalized float filter is the module's
 times its factors (float32 rounding apart), each stored filter's codes are that filter
-divided by its scales, rounded (within half a code, or saturated), and each stored bias
+divided by its scales, rounded (within half a code, one with learned rounding, or
+saturated), and each stored bias
 is the float bias (equalized) plus the bias correction recomputed from the stored filter
 (within half a bias step).
 """
@@ -190,7 +191,8 @@ def check_layers(result: Int8Graph, sources: list[tuple[str, str, str]]) -> None
         ideal = equalized / scales.reshape(shape)
         codes = stored.codes.astype(np.float64)
         inside = np.abs(ideal) < 127  # saturated codes may be clipped by the scale search
-        if not np.all(np.abs(codes - ideal)[inside] <= 0.5 + 1e-3) or np.any(np.abs(codes) > 128):
+        reach = 1.0 if stored.meta.get("rounding") == "learned" else 0.5  # learned: floor or ceil
+        if not np.all(np.abs(codes - ideal)[inside] <= reach + 1e-3) or np.any(np.abs(codes) > 128):
             raise SelfCheckError(f"self-check failed at {where}: its stored int8 filter is not its float filter "
                                  "divided by its scales and rounded; please report it")
         bias = result.graph.value(layer.bias_id).quantized_tensor()

@@ -46,9 +46,11 @@ connected or regular convolution reader, whose per-output-channel filter grid th
 factors change, ``s_c = sqrt(a_c / r_c)`` (SmoothQuant's balance), normalized so that
 the largest channel keeps its magnitude.  Through a ReLU or no clamp the rewrite is
 exact; through ReLU6 (a group with one filtered producer) it keeps the per-tensor bound 6,
-which then cuts an amplified channel ``c`` at ``6 s_c`` of its own units, at or above its
-calibrated maximum (no channel ends above ``max(a) <= 6``): an int8 approximation like
-the grid's own clipping.
+which then cuts channel ``c`` at ``6 s_c`` of its own units: the factors there are held to
+``a_c / 6 <= s_c <= 1`` (``_within_bound``), so the clamp cuts no channel above 6 nor below its
+calibrated maximum (beyond it, an int8 approximation like the grid's own clipping).  Factors
+above 1 let values between 6 and ``6 s_c`` through: EfficientNet-Lite0's logits fell to 6 dB
+SQNR with them (23 dB without equalization).
 
 Scales.  Values that a data-movement node links share one grid (a union-find over those
 nodes); the grid's range is chosen once from all its members' statistics
@@ -79,7 +81,10 @@ from ...schemes.checks import check_method
 from ...tensor import QuantizedTensor
 from ..report import ReportRow
 from ..weights import weight_sqnr
-from .ranges import ValueStats, choose_range, qparams
+from . import mixed, torch_graph
+from .ranges import ValueStats, choose_range, grid_range, qparams
+from .rounding import layer_grams, learned_filter
+from .sensitivity import Sensitivity, output_sensitivity
 
 F32 = np.float32
 WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
@@ -87,6 +92,8 @@ BINARY = ("XNNAdd", "XNNSubtract", "XNNMultiply")
 UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeakyReLU", "XNNGlobalAvgPooling2d")
 #: Node kinds computed in int8 (besides the data-movement kinds, which move codes).
 COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
+#: The largest bias code a filter scale is chosen for: 2^31 less room for the bias correction's shift.
+BIAS_CODES = float(2**28)
 #: The largest ``input_scale * filter_scale / output_scale`` XNNPACK takes is below 256.
 MAX_REQUANTIZATION = 256.0
 #: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``: MobileNetV2's
@@ -161,6 +168,12 @@ class Int8Graph:
     filters: dict[int, np.ndarray] = field(default_factory=dict)
     #: the float graph it was made from
     source: Graph | None = None
+    #: what ``ranges="sensitivity"`` measured (None with any other method, or when it fell back)
+    sensitivity: Sensitivity | None = None
+    #: how the rewrite departed from its options, and why
+    notes: list[str] = field(default_factory=list)
+    #: mixed precision (``StaticInt8.budget``): one line per step of nodes kept in fp32, with its measured cost
+    kept: list[str] = field(default_factory=list)
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -235,8 +248,14 @@ class Rewrite:
 
     def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
                  rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
-                 method: str, equalize: bool = False) -> None:
+                 method: str, equalize: bool = False, batches: Sequence[Sequence[np.ndarray]] = (),
+                 keep: dict[int, str] | None = None, rounding: str = "nearest") -> None:
         self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.rounding = rounding
+        self.grams: dict[int, np.ndarray] | None = None
+        self.keep = dict(keep or {})  # node index -> why mixed precision keeps it fp32
+        self.batches = batches
+        self.members: dict[int, list[int]] = {}  # group -> its member value ids
         self.equalize = equalize
         self.rows, self.filters = list(rows), filters
         self.ranges, self.percentile, self.method = ranges, percentile, method
@@ -262,6 +281,8 @@ class Rewrite:
             reason = int8_refusal(n, src)
             if reason is not None:
                 self.refusal[i] = reason
+            elif i in self.keep:
+                self.refusal[i] = self.keep[i]
             if n.kind not in DATA_MOVEMENT:  # fp32 ones too: an int8 node among them is rounded mid-node
                 computing.setdefault(n.debug_handle, []).append(i)
         for nodes in computing.values():
@@ -299,27 +320,76 @@ class Rewrite:
         for v in self.src.values:
             if not v.is_constant and v.datatype is Datatype.fp32:
                 members.setdefault(sets.find(v.id), []).append(v.id)
+        merged: dict[int, ValueStats] = {}
         for root, vids in members.items():
             seen = [self.stats[v] for v in vids if v in self.stats]
-            if not seen:
-                continue  # never observed (an argmax index, a value no node reads): never quantized
-            merged = seen[0]
-            for s in seen[1:]:
-                merged = merged.merged(s)
-            weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
-            try:
-                lo, hi = choose_range(merged, self.ranges, self.percentile, weights)
-            except XnnquantError as exc:  # zero on every batch: a grid only if it is zero by construction
-                if not (merged.count and merged.bounds == (0.0, 0.0) and all(map(self._zero_by_construction, vids))):
-                    self.unranged[root] = str(exc)  # raised where an int8 node needs the grid (``quant``)
-                    self.group.update((vid, root) for vid in vids)
-                    continue
-                lo, hi = -1.0, 1.0  # any grid holds its only value, 0, exactly (its zero point)
+            if seen:  # else never observed (an argmax index, a value no node reads): never quantized
+                merged[root] = seen[0]
+                for st in seen[1:]:
+                    merged[root] = merged[root].merged(st)
+        spread = {r: members[r] for r, st in merged.items() if st.bounds[1] > st.bounds[0]}  # else refused below
+        histograms = self._sensitivity(spread, merged) if self.ranges == "sensitivity" else {}
+        for root, stats in merged.items():
+            vids = members[root]
+            found = histograms[root].best_range() if root in histograms else None
+            if found is not None:
+                lo, hi = found
+            else:
+                method = "percentile" if self.ranges == "sensitivity" else self.ranges
+                weights = self._channel_weights(vids[0]) if len(vids) == 1 else None
+                try:
+                    lo, hi = choose_range(stats, method, self.percentile, weights)
+                except XnnquantError as exc:  # zero on every batch: a grid only if it is zero by construction
+                    if not (stats.count and stats.bounds == (0.0, 0.0) and all(map(self._zero_by_construction, vids))):
+                        self.unranged[root] = str(exc)  # raised where an int8 node needs the grid (``quant``)
+                        self.group.update((vid, root) for vid in vids)
+                        continue
+                    lo, hi = -1.0, 1.0  # any grid holds its only value, 0, exactly (its zero point)
             for vid in vids:
                 if vid in pads:
                     lo, hi = min(lo, pads[vid]), max(hi, pads[vid])
                 self.group[vid] = root
             self.grids[root] = qparams(lo, hi)
+        self.members = {root: members[root] for root in merged}
+
+    def choose_float(self, budget: float) -> tuple[dict[int, str], list[str]]:
+        """After ``plan``: the nodes mixed precision keeps in fp32 within ``budget`` (``mixed.choose``)
+        with their reasons, and one report line per step; nothing (and a note) without a
+        sensitivity measurement."""
+        measured = self.result.sensitivity
+        if measured is None:
+            self.result.notes.append("budget: nothing kept in fp32 (it needs ranges='sensitivity' and its "
+                                     "measurement)")
+            return {}, []
+        costs = {root: measured.histograms[root].cost(*grid_range(*self.grids[root])) for root in self.members
+                 if root in measured.histograms}
+        refused = {i for i, r in self.refusal.items() if i not in self.keep}
+        steps = mixed.choose(self.src, self.members, costs, refused, budget, measured)
+        reasons: dict[int, str] = {}
+        lines = []
+        for step in steps:
+            why = (f"kept in fp32 by budget={budget:g}: with {len(step.nodes) - 1} other node(s) it frees "
+                   f"{len(step.groups)} int8 grid(s) whose error alone would leave the outputs {step.db:.1f} dB SQNR "
+                   f"(first-order, {measured.inputs} calibration inputs), for {step.time:+.1%} estimated time")
+            for i in step.nodes:
+                reasons[i] = why
+            where = sorted({_where(self.sources, self.src.nodes[i].debug_handle) for i in step.nodes})
+            lines.append(f"{'; '.join(where)}: {step.db:.1f} dB alone, {step.time:+.1%} time")
+        return reasons, lines
+
+    def _sensitivity(self, groups: dict[int, list[int]], merged: dict[int, ValueStats]) -> dict[int, Any]:
+        """Each group's ``sensitivity.WeightedHistogram`` (``ranges="sensitivity"``), or none with a note
+        when the float graph has a node torch cannot compute here or there are no batches."""
+        unsupported = torch_graph.unsupported(self.src)
+        if unsupported is not None or not self.batches:
+            why = f"{unsupported} has no torch form here" if unsupported else "no calibration batches were kept"
+            self.result.notes.append(f"ranges: percentile instead of sensitivity ({why})")
+            return {}
+        factors = {e.value: e.factors for e in self.result.equalized}
+        measured = output_sensitivity(self.src, self.batches, groups, {r: st.bounds for r, st in merged.items()},
+                                      factors)
+        self.result.sensitivity = measured
+        return measured.histograms
 
     def _channel_weights(self, vid: int) -> np.ndarray | None:
         """float64 ``(C,)``: per channel of ``vid``, the sum of its readers' squared filter entries
@@ -413,6 +483,10 @@ class Rewrite:
             producers, consumers = members
             stats = [self.stats[v] for v in sorted(group) if v in self.stats]
             factors = self._factors(stats, [src.nodes[j] for j in consumers])
+            bounds = [float(b) for b in (src.nodes[i].output_max for i in producers) if b is not None]
+            bound = min(bounds, default=math.inf)
+            if math.isfinite(bound):  # a clamp at `bound` in held units clips channel c at bound * s_c
+                factors = self._within_bound(stats, factors, bound)
             for i in producers:
                 self._scale_output(i, factors)
             for j in consumers:
@@ -485,6 +559,17 @@ class Rewrite:
             s = balance * largest / max(float(a.max()), 1e-30)
         return np.clip(s, 1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT).astype(F32)
 
+    @staticmethod
+    def _within_bound(stats: list[ValueStats], factors: np.ndarray, bound: float) -> np.ndarray:
+        """Factors of a group whose producer clamps at ``bound`` (ReLU6): at most 1, so the clamp
+        still cuts every channel at or below ``bound`` of its own units, and at least ``a_c /
+        bound``, so it cuts none below its calibrated maximum ``a_c``."""
+        a = np.zeros(0)
+        for st in stats:
+            assert st.channel_hi is not None
+            a = st.channel_hi.astype(np.float64) if a.size == 0 else np.maximum(a, st.channel_hi)
+        return np.minimum(np.maximum(factors, np.minimum(a / bound, 1.0)), 1.0).astype(F32)
+
     def _scale_output(self, i: int, factors: np.ndarray) -> None:
         n = self.src.nodes[i]
         w = self._weights(n.inputs[1])
@@ -513,8 +598,45 @@ class Rewrite:
         if wid not in self.filter_q:
             w = self._weights(wid)
             axis = 3 if n.kind == "XNNDepthwiseConv2d" else (1 if n.flags & XNN_FLAG_TRANSPOSE_WEIGHTS else 0)
-            self.filter_q[wid] = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
+            stored = quantize_per_channel(w, bits=8, axis=axis, method=check_method(self.method))
+            floor = self._bias_floor(n)
+            if np.any(np.asarray(stored.scale) < floor):  # the bias would not fit in int32 at s_x * s_w
+                stored = quantize_per_channel(w, bits=8, axis=axis,
+                                              scale=np.maximum(np.asarray(stored.scale), floor).astype(F32))
+            gram = self._grams().get(self.src.nodes.index(n)) if self.rounding == "learned" else None
+            if gram is not None:  # the scales kept, each code rounded up or down for the layer's output
+                factors = {e.value: e.factors for e in self.result.equalized}.get(n.inputs[0])
+                codes = learned_filter(n, w, np.asarray(stored.scale), gram, factors)
+                stored = QuantizedTensor(stored.datatype, codes, stored.scale, 0, channel_dim=stored.channel_dim,
+                                         meta={"rounding": "learned"})
+            self.filter_q[wid] = stored
         return self.filter_q[wid]
+
+    def _bias_floor(self, n: Node) -> np.ndarray:
+        """float32 ``(OC,)``: the least filter scale per output channel at which the node's bias
+        ``b`` fits its int32 codes, ``|b| / (s_x * BIAS_CODES)`` (a batch norm folded into a filter
+        of near-zero weights leaves a large bias over a tiny filter scale)."""
+        bias = self._bias(self.src.nodes.index(n)).astype(np.float64)
+        s_x = self.quant(n.inputs[0])[0] if n.inputs[0] in self.group else None
+        if s_x is None:
+            return np.zeros(bias.shape, F32)
+        return (np.abs(bias) / (float(F32(s_x)) * BIAS_CODES)).astype(F32)
+
+    def _grams(self) -> dict[int, np.ndarray]:
+        """The input Grams of every filtered node learned rounding can take (``rounding.layer_grams``;
+        a grouped, not depthwise, convolution keeps nearest codes), computed once; none (and a
+        note) when torch cannot compute the float graph here."""
+        if self.grams is None:
+            unsupported = torch_graph.unsupported(self.src)
+            if unsupported is not None or not self.batches:
+                why = f"{unsupported} has no torch form here" if unsupported else "no calibration batches were kept"
+                self.result.notes.append(f"rounding: nearest instead of learned ({why})")
+                self.grams = {}
+            else:
+                nodes = [i for i, n in enumerate(self.src.nodes) if n.kind in WEIGHTED and i not in self.refusal
+                         and (n.kind != "XNNConv2d" or int(n.params.get("groups", 1)) == 1)]
+                self.grams = layer_grams(self.src, self.batches, nodes)
+        return self.grams
 
     def _fit_requantization(self, n: Node) -> None:
         """Raise the output's scale (its whole group's) so that ``s_x * s_w / s_y < 256``."""
