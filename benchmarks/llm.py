@@ -141,9 +141,62 @@ def executorch_recipe(out_dir: Path) -> tuple[Path, float, int, float]:
     return pte, seconds, rss, cpu
 
 
+def checkpoint_folder() -> Path:
+    """SmolLM2 as a transformers checkpoint folder (``save_pretrained``'s safetensors, and its
+    ``tokenizer.json``), written once into the cache: what ``xnnquant export-llm`` reads, as
+    ExecuTorch's recipe reads its converted Meta checkpoint (neither conversion is timed)."""
+    folder = CACHE / "smollm2-checkpoint"
+    if not (folder / "config.json").is_file():
+        model = smollm2.load_model()
+        model.save_pretrained(folder)
+        (folder / "tokenizer.json").write_bytes(smollm2.tokenizer_json().read_bytes())
+    return folder
+
+
+def calibration_file() -> Path:
+    """The calibration text (``evaluate.calibration_text``, disjoint from the held-out text) as a file."""
+    path = CACHE / "calibration.txt"
+    if not path.is_file():
+        write_atomic(path, evaluate.calibration_text().encode("utf-8"))
+    return path
+
+
+def xnnquant(*options: str) -> Callable[[Path], tuple[Path, float, int, float]]:
+    """A configuration exporting with ``xnnquant export-llm FOLDER ... OPTIONS`` in a child process
+    (imports, reading the weights from the checkpoint folder, quantizing, writing: all timed)."""
+
+    def run(out_dir: Path) -> tuple[Path, float, int, float]:
+        folder = checkpoint_folder()
+        pte = out_dir / "model.pte"
+        command = [sys.executable, "-m", "xnnquant", "export-llm", str(folder), "-o", str(pte), "--max-context",
+                   str(MAX_CONTEXT), "--no-progress", *options]
+        seconds, rss, cpu = timed_child(command, out_dir, out_dir / "export.log")
+        return pte, seconds, rss, cpu
+
+    return run
+
+
+def _calibrated(*options: str) -> Callable[[Path], tuple[Path, float, int, float]]:
+    """``xnnquant(...)`` with GPTQ on 32 windows of 128 tokens of the calibration text."""
+
+    def run(out_dir: Path) -> tuple[Path, float, int, float]:
+        return xnnquant("--method", "gptq", "--calibration", str(calibration_file()), "--calibration-windows", "32",
+                        *options)(out_dir)
+
+    return run
+
+
 #: name -> function (out_dir) -> (pte path, export seconds, peak RSS bytes, CPU seconds): ``timed_child``'s
 CONFIGURATIONS: dict[str, Callable[[Path], tuple[Path, float, int, float]]] = {
     "executorch-recipe": executorch_recipe,
+    "xnnquant": xnnquant(),                                   # the defaults: qb4w:32 mse, int8 embeddings
+    "xnnquant-gptq": _calibrated(),                           # qb4w:32 gptq
+    "xnnquant-g64": xnnquant("--weights", "qb4w:64"),
+    "xnnquant-g128": xnnquant("--weights", "qb4w:128"),       # 576-wide inputs take qb4w:96
+    "xnnquant-g32-rotated": xnnquant("--rotation", "hadamard"),
+    "xnnquant-g64-rotated": xnnquant("--weights", "qb4w:64", "--rotation", "hadamard"),
+    "xnnquant-g128-rotated": xnnquant("--weights", "qb4w:128", "--rotation", "hadamard"),
+    "xnnquant-g128-gptq-rotated": _calibrated("--weights", "qb4w:128", "--rotation", "hadamard"),
 }
 
 
@@ -234,7 +287,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fresh", action="store_true", help="export again instead of reusing the cached .pte")
     parser.add_argument("--windows", type=int, default=32, help="perplexity windows of 128 tokens (default 32)")
-    parser.add_argument("--only", nargs="*", choices=sorted(CONFIGURATIONS), default=sorted(CONFIGURATIONS))
+    parser.add_argument("--only", nargs="*", choices=sorted(CONFIGURATIONS),
+                        default=["executorch-recipe", "xnnquant", "xnnquant-gptq"])
     parser.add_argument("--no-reference", action="store_true", help="skip the float32 perplexity")
     args = parser.parse_args()
     tokenizer = smollm2.tokenizer_json()

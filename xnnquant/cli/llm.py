@@ -7,7 +7,8 @@ checkpoint (``config.json`` and safetensors weights, one file or a sharded index
 built on the meta device and its weights are read from the safetensors files one at a
 time while the program is written (``xq.export_llm(..., state_dict=...)``), so a model
 larger than memory exports; its rotary tables, which checkpoints do not hold, are made on
-the CPU from the config.
+the CPU from the config.  With ``--calibration`` or ``--rotation`` the folder is read into
+memory instead (both compute from the weights before writing).
 
 ``generate model.pte --tokenizer tokenizer.json --prompt TEXT``: the prompt encoded with
 the tokenizer (``tokenizers``' JSON format, as transformers saves it), the new text
@@ -57,6 +58,8 @@ def add_commands(sub: Any) -> None:
                         help="tokens a window (default 128, at most --max-context)")
     export.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
                         help="the tokenizer of --calibration (default: the model folder's tokenizer.json)")
+    export.add_argument("--rotation", default=None, choices=("hadamard",),
+                        help="rotate the residual stream (folded into the weights; the model is read into memory)")
     export.add_argument("--fallback", default="auto", help="schemes for layers that cannot take --weights (as for "
                                                            "xnnquant export)")
     export.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -92,8 +95,10 @@ def _torch() -> Any:
     return torch
 
 
-def load_llm(spec: str) -> tuple[Any, str | None]:
-    """(model, safetensors file or index to stream its weights from, or None) for ``spec``."""
+def load_llm(spec: str, stream: bool = True) -> tuple[Any, str | None]:
+    """(model, safetensors file or index to stream its weights from, or None) for ``spec``; a
+    checkpoint folder is read into memory instead of streamed when not ``stream`` (calibration
+    and rotation need the weights in memory)."""
     path = Path(spec)
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
@@ -107,6 +112,11 @@ def load_llm(spec: str) -> tuple[Any, str | None]:
             raise XnnquantError(f"reading {spec!r} needs transformers' GGUF support: {exc}") from None
         return model.eval(), None
     if path.is_dir():
+        if not stream:
+            from transformers import AutoModelForCausalLM
+
+            torch = _torch()
+            return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval(), None
         return _streamed(path)
     if ":" in spec:
         import importlib
@@ -178,14 +188,14 @@ def _export_llm(args: argparse.Namespace) -> None:
 
     import xnnquant as xq
 
-    model, weights = load_llm(args.model)
+    model, weights = load_llm(args.model, stream=args.calibration is None and args.rotation is None)
     begin = time.perf_counter()
     with contextlib.redirect_stderr(args.terminal):
         embeddings = None if args.embeddings.strip().lower() in ("fp32", "none") else args.embeddings
         fallback = None if args.fallback.strip().lower() == "none" else args.fallback
         exported = xq.export_llm(model, max_context=args.max_context, weights=args.weights, embeddings=embeddings,
                                  method=args.method, calibration=_calibration(args), fallback=fallback,
-                                 progress=not args.no_progress, state_dict=weights)
+                                 progress=not args.no_progress, state_dict=weights, rotation=args.rotation)
         path = exported.save(args.output)
     if args.json:
         print(exported.to_json())
