@@ -208,7 +208,8 @@ def fx_traced(module: Any, inputs: tuple[Any, ...], exported: Any, reference: At
 
     try:  # torch.export traces it again on failure, and logs and says why if it fails too
         with without_stack_traces(), _backends_off(), _quiet("torch._subclasses.fake_tensor"):
-            graph = make_fx(call, tracing_mode="fake", pre_dispatch=True)(*(tensors[n] for n in lifted), *inputs).graph
+            traced = make_fx(call, tracing_mode="fake", pre_dispatch=True)(*(tensors[n] for n in lifted), *inputs)
+        graph = traced.graph
     except Exception:
         return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -221,7 +222,7 @@ def fx_traced(module: Any, inputs: tuple[Any, ...], exported: Any, reference: At
         node._rename(name)
         node.target = name  # a placeholder's target is its argument's name
     try:  # the quick program is only a shortcut: whatever fails here, torch.export traces the batch
-        program = AtenProgram.of(_Exported(graph, exported.graph_signature, exported.state_dict,
+        program = AtenProgram.of(_Exported(graph, traced, exported.graph_signature, exported.state_dict,
                                            getattr(exported, "constants", {})))
         run_passes(program, None, BEFORE_CALIBRATION)
     except Exception:
@@ -241,6 +242,7 @@ class _Exported:
     """What ``AtenProgram.of`` reads of a ``torch.export.ExportedProgram``."""
 
     graph: Any
+    graph_module: Any  # the owner of the graph's submodules (a grad-mode block's body)
     graph_signature: Any
     state_dict: Any
     constants: Any

@@ -48,7 +48,7 @@ def _call(program: AtenProgram, before: Any, target: Any, args: tuple[Any, ...],
 def rescued(node: Any) -> bool:
     """True for an attention whose lowering refuses only its computed boolean mask, which this
     pass replaces (so the attention needs no decomposition)."""
-    from ..lowering.attention import sdpa_check
+    from ..lowering import LOWERINGS  # the registry: this pass knows no op family
 
     if node.op != "call_function" or node.target is not SDPA:
         return False
@@ -58,7 +58,7 @@ def rescued(node: Any) -> bool:
     swapped = type("_Node", (), {"args": tuple(a if a is not mask else None for a in node.args),
                                   "kwargs": {k: (None if v is mask else v) for k, v in node.kwargs.items()},
                                   "op": node.op, "target": node.target})()
-    return sdpa_check(swapped) is None
+    return LOWERINGS[SDPA].check(swapped) is None
 
 
 @rewrite("masks")
