@@ -256,11 +256,19 @@ def _positional(call: Callable[..., Any]) -> Callable[..., Any]:
     return lambda **kwargs: call(*kwargs.values())
 
 
+def tiny_llama() -> Any:
+    """A one-layer Llama of width 32 (an export of it takes about a second)."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    return tf.LlamaForCausalLM(config).eval()
+
+
 #: Every public entry point of the front end and the program tools, as (the call, its valid
 #: keyword arguments), made from the module's fixtures: the property below replaces one or
 #: two arguments by junk and wants success or ``XnnquantError``.  One more entry point is
-#: one more row (``xq.export_llm`` joins here); the CLI, whose arguments are strings, has
-#: its own property (``test_cli``).
+#: one more row; the CLI, whose arguments are strings, has its own property (``test_cli``).
 ENTRY_POINTS: dict[str, Callable[[Any], tuple[Callable[..., Any], dict[str, Any]]]] = {
     "export": lambda f: (xq.export, dict(module=small_module(), example_inputs=(torch.from_numpy(X),), **EXPORT_ARGS)),
     "export calibrated": lambda f: (xq.export, dict(module=small_module(), example_inputs=(torch.from_numpy(X),),
@@ -269,6 +277,9 @@ ENTRY_POINTS: dict[str, Callable[[Any], tuple[Callable[..., Any], dict[str, Any]
     "check": lambda f: (xq.check, dict(module=small_module(), example_inputs=(torch.from_numpy(X),), weights="qc8w",
                                        fallback="auto", target="1.4.1", dynamic_shapes=None, strict=False,
                                        embeddings=None)),
+    "export_llm": lambda f: (xq.export_llm, dict(model=tiny_llama(), max_context=8, weights="qb4w:16",
+                                                 embeddings="int8", method="mse", calibration=None, rotation=None,
+                                                 eos_ids=None, progress=False)),
     "Exported.run": lambda f: (_positional(f.exported.run), dict(x=torch.from_numpy(X))),
     "Exported.save": lambda f: (f.exported.save, dict(path="out.pte")),
     "Exported.source": lambda f: (f.exported.source, dict(node_index=0)),
