@@ -58,7 +58,8 @@ def rescued(node: Any) -> bool:
     swapped = type("_Node", (), {"args": tuple(a if a is not mask else None for a in node.args),
                                   "kwargs": {k: (None if v is mask else v) for k, v in node.kwargs.items()},
                                   "op": node.op, "target": node.target})()
-    return LOWERINGS[SDPA].check(swapped) is None
+    check = LOWERINGS[SDPA].check
+    return check is None or check(swapped) is None
 
 
 @rewrite("masks")
