@@ -13,7 +13,8 @@ size               the ``.pte`` file
 ops/token          instructions of ``forward`` run per call (a decode token): delegate calls
                    (XNNPACK nodes inside them) and ExecuTorch kernel calls
 prefill ms         a 64-token prompt in one ``forward`` call (``evaluate.decode_timing``:
-                   median of 8 rounds, ``executorch.runtime`` stepped from Python)
+                   median of 12 rounds, ``executorch.runtime`` stepped from Python; one
+                   round of each program in turn, in a shuffled order, all in one process)
 decode ms/token    the 48 one-token calls after it, greedy (median over the rounds)
 runner tok/s       ExecuTorch's ``TextLLMRunner`` (C++): 64 new tokens after a prompt,
                    generated tokens over the time from the end of the prompt to the last
@@ -228,12 +229,29 @@ class Row:
     perplexity: evaluate.Perplexity | None = None
 
 
+def interleaved_timing(paths: dict[str, Path], prompt: np.ndarray,
+                       rounds: int = 12) -> dict[str, evaluate.DecodeTiming]:
+    """``evaluate.decode_timing`` of every program, one round of each in turn (a shuffled order
+    each time), so that a neighbour's load on the machine falls on all of them alike; the
+    medians over ``rounds`` rounds, each after a warm-up round."""
+    steps = {name: evaluate.ProgramStep(path) for name, path in paths.items()}
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
+    order = np.random.default_rng(0)
+    for r in range(rounds):
+        for name in order.permutation(sorted(paths)):
+            step = steps[str(name)]
+            one = evaluate.decode_timing(step, prompt, rounds=1, warmup=0 if r else 1, reset=step.reset)
+            measured[str(name)].extend(one.rounds)
+    return {name: evaluate.DecodeTiming(float(np.median([p for p, _ in m])), float(np.median([d for _, d in m])),
+                                        len(prompt[:64]), 48, tuple(m)) for name, m in measured.items()}
+
+
 def measure(name: str, made: Export, tokenizer: Path, held_out: np.ndarray, prompt: np.ndarray, prompt_text: str,
             windows: int) -> Row:
-    """Every figure of the module docstring for one ``.pte``."""
+    """Every figure of the module docstring for one ``.pte`` but its decode timing
+    (``interleaved_timing``, over all the programs at once)."""
     step = evaluate.ProgramStep(made.path)
     row = Row(name, made, made.path.stat().st_size, evaluate.count_calls(made.path))
-    row.timing = evaluate.decode_timing(step, prompt, reset=step.reset)
     row.runner = evaluate.runner_rate(made.path, tokenizer, prompt_text)
     row.perplexity = evaluate.perplexity(step, held_out, windows=windows, reset=step.reset)
     return row
@@ -300,6 +318,9 @@ def main() -> None:
         made = export(name, args.fresh)
         print(f"{name}: {made.path} ({'cached' if made.cached else f'exported in {made.seconds:.0f} s'})", flush=True)
         rows.append(measure(name, made, tokenizer, held_out, prompt, prompt_text, args.windows))
+    timings = interleaved_timing({r.name: r.export.path for r in rows if r.export is not None}, prompt)
+    for r in rows:
+        r.timing = timings[r.name]
     if not args.no_reference:
         rows.insert(0, float_reference(held_out, args.windows))
     print(table(rows))

@@ -102,11 +102,16 @@ class BatchRun:
         return self._values[node]
 
     def _compute(self, node: Any, swap: dict[Any, Any]) -> list[Any]:
+        import torch
+
         out: list[Any] = [None] * len(self.batches)
 
         def some(lo: int, hi: int) -> None:
-            for b in range(lo, hi):
-                out[b] = self._one(node, swap, b)
+            # grad mode is per thread: without this, a worker thread would record autograd
+            # graphs through the module's parameters and keep every value alive with them
+            with torch.no_grad():
+                for b in range(lo, hi):
+                    out[b] = self._one(node, swap, b)
 
         if self.parallel:
             for_ranges(some, len(self.batches), 1)

@@ -102,8 +102,12 @@ def _dtype(node: Any) -> Any:
 
 
 def _path(origin: str | None, node: Any) -> str:
-    if origin is None:
-        return AtenProgram.module_path(node)
+    """The report's name of a table: the tensor's own name, unless the lookup ran in a module
+    that name is not under (a table tied to an output layer, which torch.export may name
+    ``lm_head.weight``): then the module that looked it up (``embed_tokens``)."""
+    module = AtenProgram.module_path(node)
+    if origin is None or (module and not origin.startswith(module + ".")):
+        return module
     return origin[: -len(".weight")] if origin.endswith(".weight") else origin
 
 
