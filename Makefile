@@ -51,10 +51,11 @@ docs-build: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-# the tests on both cores (pytest-xdist), each file on one worker (its module fixtures made once)
+# the tests on both cores (pytest-xdist), each file on one worker (its module fixtures made once);
+# the notebooks first, the longest units, so that the short test files fill in around them
 TEST_WORKERS ?= 2
 test: lint docs-build
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests --nbmake notebooks
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 --nbmake notebooks tests
 
 # the performance figures of docs/benchmarks.md's "Performance" section, in one run
 bench: $(STAMP)
