@@ -149,20 +149,31 @@ def _mse_range(values: np.ndarray, lo: float, hi: float, weights: np.ndarray | N
     counts, edges = np.histogram(nonzero, BINS, (lo, hi), weights=None if weights is None else weights[keep])
     centers = (edges[:-1] + edges[1:]) / 2
     n = counts.astype(np.float64)
-    s0, s1, s2 = (np.concatenate([[0.0], np.cumsum(n * centers**k)]) for k in (0, 1, 2))
     los = lo * MSE_GRID if lo < 0 else np.zeros(1)
     his = hi * MSE_GRID if hi > 0 else np.zeros(1)
+    error = grid_costs(centers, n, n * centers, n * centers**2, los, his)
+    i, j = np.unravel_index(int(np.argmin(error)), error.shape)
+    return float(los[i]), float(his[j])
+
+
+def grid_costs(centers: np.ndarray, w0: np.ndarray, w1: np.ndarray, w2: np.ndarray, los: np.ndarray,
+               his: np.ndarray) -> np.ndarray:
+    """The squared error of the int8 grid over ``[a, b]`` for every ``a`` of ``los`` and ``b`` of
+    ``his`` (float64 ``(len(los), len(his))``, inf where ``b <= a``), from a histogram: per bin
+    (at ``centers``, ascending) the sums of weights ``w0``, of weight times value ``w1`` and of
+    weight times value squared ``w2``.  A bin below ``a`` costs its values' squared distance to
+    ``a`` (clipped), above ``b`` to ``b``; a bin inside costs the rounding's ``step^2 / 12``
+    per unit of weight, ``step = (b - a) / 255``."""
+    s0, s1, s2 = (np.concatenate([[0.0], np.cumsum(w)]) for w in (w0, w1, w2))
     a, b = np.meshgrid(los, his, indexing="ij")
     ia = np.searchsorted(centers, a)  # bins [0, ia) lie below a
     ib = np.searchsorted(centers, b, side="right")  # bins [ib, BINS) lie above b
     below = s2[ia] - 2 * a * s1[ia] + a * a * s0[ia]
     above = (s2[-1] - s2[ib]) - 2 * b * (s1[-1] - s1[ib]) + b * b * (s0[-1] - s0[ib])
     step = (b - a) / (QMAX - QMIN)
-    inside = (s0[ib] - s0[ia]) * step * step / 12
-    error = below + above + inside
+    error = below + above + (s0[ib] - s0[ia]) * step * step / 12
     error[~(b > a)] = np.inf
-    i, j = np.unravel_index(int(np.argmin(error)), error.shape)
-    return float(a[i, j]), float(b[i, j])
+    return np.asarray(error)
 
 
 def qparams(lo: float, hi: float) -> tuple[float, int]:

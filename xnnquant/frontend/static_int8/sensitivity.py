@@ -35,7 +35,7 @@ import numpy as np
 
 from ...graph import Graph
 from . import torch_graph
-from .ranges import MSE_GRID, QMAX, QMIN
+from .ranges import MSE_GRID, grid_costs
 
 #: Histogram bins over a group's [min, max].
 BINS = 1 << 12
@@ -72,16 +72,7 @@ class WeightedHistogram:
     def _costs(self, los: np.ndarray, his: np.ndarray) -> np.ndarray:
         """``cost(lo, hi)`` for every pair of ``los`` x ``his`` (bins at their centers)."""
         centers = self.lo + (np.arange(BINS) + 0.5) * (self.hi - self.lo) / BINS
-        s0, s1, s2 = (np.concatenate([[0.0], np.cumsum(a)]) for a in (self.weight, self.first, self.second))
-        a, b = np.meshgrid(los, his, indexing="ij")
-        ia = np.searchsorted(centers, a)  # bins [0, ia) lie below a
-        ib = np.searchsorted(centers, b, side="right")  # bins [ib, BINS) lie above b
-        below = s2[ia] - 2 * a * s1[ia] + a * a * s0[ia]
-        above = (s2[-1] - s2[ib]) - 2 * b * (s1[-1] - s1[ib]) + b * b * (s0[-1] - s0[ib])
-        step = (b - a) / (QMAX - QMIN)
-        cost = (below + above + (s0[ib] - s0[ia]) * step * step / 12) / max(self.inputs, 1)
-        cost[~(b > a)] = np.inf
-        return np.asarray(cost)
+        return grid_costs(centers, self.weight, self.first, self.second, los, his) / max(self.inputs, 1)
 
     def best_range(self) -> tuple[float, float] | None:
         """The candidate ``(lo, hi)`` of least cost, or None when no element moves the outputs.
