@@ -56,6 +56,18 @@ class LengthOfAConvOutput(torch.nn.Module):
         return self.lin(h + pos[:, None])
 
 
+
+class _Output(torch.nn.Module):
+    """A transformers ``model`` returning one tensor: ``pick(model, x)``."""
+
+    def __init__(self, model: torch.nn.Module, pick: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.pick = pick
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pick(self.model, x)
+
 def test_a_portable_node_reads_the_size_of_a_value_inside_a_delegate() -> None:
     """The length is computed from the input's (``(T - 1) // 2`` of ``T = 2L + 1``), before the
     delegate runs, so the program stays one delegate (the old code: 'no value for convolution')."""
@@ -82,15 +94,7 @@ def test_wav2vec2_with_a_layer_norm_feature_extractor_takes_every_length() -> No
     torch.manual_seed(0)
     model = transformers.Wav2Vec2Model(config).eval()
 
-    class Hidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, samples: torch.Tensor) -> torch.Tensor:
-            return self.model(samples).last_hidden_state
-
-    module = Hidden().eval()
+    module = _Output(model, lambda m, samples: m(samples).last_hidden_state).eval()
     exported = xq.export(module, (torch.randn(1, 800),), weights="fp32",
                          dynamic_shapes=({1: 10 * Dim("tenths", min=40, max=160)},), progress=False)
     assert not [p for p in exported.placement if p.op == "aten.view.default" and p.where == "portable kernels"]
@@ -144,15 +148,7 @@ def test_falcon_with_sdpa_and_one_key_value_head() -> None:
     torch.manual_seed(0)
     model = transformers.FalconForCausalLM(config).eval()
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.model(ids, use_cache=False).logits
-
-    module = Logits().eval()
+    module = _Output(model, lambda m, ids: m(ids, use_cache=False).logits).eval()
 
     def ids(n: int) -> torch.Tensor:
         return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
