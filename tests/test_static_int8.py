@@ -232,6 +232,16 @@ def test_an_equalization_applied_on_one_side_only_is_caught(monkeypatch: pytest.
         export(module)
 
 
+def test_an_equalization_through_relu6_above_1_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Factors above 1 through a ReLU6 let values the module clips at 6 pass (applied on both
+    sides, so the filters alone look right): the self-check refuses them."""
+    monkeypatch.setattr(rewriting.Rewrite, "_within_bound",
+                        staticmethod(lambda stats, factors, bound: np.full_like(factors, 2.0)))
+    module = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU6(), nn.Conv2d(8, 4, 3, padding=1))
+    with pytest.raises(SelfCheckError, match=r"equalized through .* clamp at 6.0 with a factor of 2.0"):
+        export(module)
+
+
 def test_a_wrong_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """An int8 convolution emitted with an output bound the module does not have (a ReLU at 0.1
     out of nowhere) differs from torch by many steps."""

@@ -43,6 +43,7 @@ is the float bias (equalized) plus the bias correction recomputed from the store
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +174,13 @@ def check_layers(result: Int8Graph, sources: list[tuple[str, str, str]]) -> None
     """``SelfCheckError`` unless every int8 layer's stored filter and bias are the module's
     (module docstring)."""
     assert result.source is not None
+    for eq in result.equalized:  # through a clamp, a factor above 1 lets values the module clips pass
+        clamped = [i for i in eq.producers if math.isfinite(float(result.source.nodes[i].output_max or math.inf))]
+        if clamped and float(np.max(eq.factors)) > 1 + 1e-6:
+            node = result.source.nodes[clamped[0]]
+            raise SelfCheckError(f"self-check failed: value {eq.value} is equalized through {node.kind}'s clamp at "
+                                 f"{node.output_max} with a factor of {float(np.max(eq.factors))} (above 1, the "
+                                 "program would let through values the module clips); please report it")
     for layer in result.layers:
         node = result.graph.nodes[layer.node]
         handle = node.debug_handle
