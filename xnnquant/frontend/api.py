@@ -36,7 +36,6 @@ torch is imported here, on first use; ``import xnnquant`` does not import it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 import os
@@ -45,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import XnnquantError, missing_extra
-from .caller import mutated_inputs, refuse_parameter_writes
+from .caller import buffers_kept, mutated_inputs, refuse_parameter_writes
 from .exported import Exported
 from .options import ExportOptions, StaticInt8
 from .prequantized import dequantized_for_export
@@ -445,7 +444,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         program.name_dims(options.dynamic_shapes, eager)
         run_passes(program, _PassOptions(None, options.strict, rotation=options.rotation,
                                          rotation_group=options.policy.weights.group_size), BEFORE_CALIBRATION)
-    with buffers_kept(list(program.live.values())):
+    with buffers_kept(tensors=program.live.values()):
         statistics = _statistics(eager, program, decompositions, options, timings, traced)
     with stage("passes", timings):
         pass_options = _PassOptions(statistics, options.strict, options.embeddings, options.method)
@@ -516,27 +515,11 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         from .evaluation import single_threaded
         from .selfcheck import self_check
 
-        with stage("check", timings), single_threaded(), buffers_kept(list(program.live.values())):
+        with stage("check", timings), single_threaded(), buffers_kept(tensors=program.live.values()):
             exported.self_check = self_check(eager, example_inputs, traced, program, delegates,
                                              exported if members is not None else None, int8, mutated, computed)
     exported.state = {program.origins[name]: tuple(program.state[name].shape) for name in program.state}
     return exported
-
-
-@contextlib.contextmanager
-def buffers_kept(tensors: Iterable[Any]) -> Iterator[None]:
-    """Run the body (which calls the module: calibration, the self-check) and put back the
-    values of ``tensors``, the module's own tensors that its forward updates: export never
-    leaves the caller's module changed."""
-    kept = [(t, t.detach().clone()) for t in tensors if t.device.type != "meta"]
-    try:
-        yield
-    finally:
-        if kept:
-            torch = _torch()
-            with torch.no_grad():
-                for tensor, value in kept:
-                    tensor.copy_(value)
 
 
 def _check_state(program: AtenProgram, options: ExportOptions) -> None:

@@ -18,7 +18,7 @@ on ExecuTorch 1.4.1's own flow: ``forward(x)`` with ``x.mul_(2)`` returns ``(2x,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,20 +34,25 @@ def copies(inputs: Any) -> tuple[Any, ...]:
 
 
 @contextmanager
-def buffers_kept(module: Any) -> Iterator[None]:
+def buffers_kept(module: Any = None, tensors: Iterable[Any] = ()) -> Iterator[None]:
     """Run a forward of ``module``; afterwards every buffer is the object it was, holding the
-    values it held (only the buffers whose tensor was written into are copied back)."""
+    values it held, and so is each of ``tensors`` (tensors its forward updates that are no
+    buffers of it: a cache object's tensors, which torch.export lifts as constants).  Only
+    the tensors written into are copied back."""
     import torch
 
-    saved = [(owner, name, tensor, tensor._version, tensor.detach().clone())
-             for owner in module.modules() for name, tensor in owner._buffers.items()
+    owned = [] if module is None else [(owner, name, tensor) for owner in module.modules()
+                                       for name, tensor in owner._buffers.items()]
+    owned += [(None, "", tensor) for tensor in tensors]
+    saved = [(owner, name, tensor, tensor._version, tensor.detach().clone()) for owner, name, tensor in owned
              if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta"]
     try:
         yield
     finally:
         with torch.no_grad():
             for owner, name, tensor, version, values in saved:
-                owner._buffers[name] = tensor
+                if owner is not None:
+                    owner._buffers[name] = tensor
                 if tensor._version != version:
                     tensor.copy_(values)
 

@@ -230,7 +230,7 @@ def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
     import torch
 
     from ..errors import SelfCheckError
-    from ..frontend.api import buffers_kept
+    from ..frontend.caller import buffers_kept
     from ..frontend.selfcheck import relative_error
 
     steps = [(n, pos) for n, pos in CHECK_STEPS if pos + n <= decoder.max_context]
@@ -239,7 +239,7 @@ def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
     session = exported.session()
     quantized = str(exported.weights) != "fp32" or exported.embeddings is not None
     caches = [buffer for name, buffer in decoder.named_buffers() if name.startswith("cache_")]
-    with buffers_kept(caches), torch.no_grad():
+    with buffers_kept(tensors=caches), torch.no_grad():
         for buffer in caches:
             buffer.zero_()
         for n, pos in steps:
