@@ -161,3 +161,24 @@ def test_torchao_codes_xnnpack_has_no_scheme_for_are_refused_by_layer(config: An
         xq.export(model, (torch.randn(3, 64),), weights="fp32", progress=False)
     assert str(refused.value) == ("the module holds weights torchao quantized, and their codes and scales cannot be "
                                   f"exported:\n  - layer '0': {reason}\n  - layer '2': {reason}")
+
+
+def test_codes_and_scales_read_in_another_layout_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading is checked against torchao's own ``dequantize()``: scales read in another
+    layout than torchao's (here: each row's scales swapped with the next row's) are refused."""
+    from xnnquant.frontend import prequantized
+    from xnnquant.tensor import QuantizedTensor
+
+    read = prequantized._stored_as
+
+    def misread(weight: Any) -> Any:
+        stored, why = read(weight)
+        q = stored.quantized
+        wrong = QuantizedTensor(q.datatype, q.codes, np.roll(q.scale, 1, axis=0), channel_dim=0,
+                                group_size=q.group_size)
+        return prequantized.Stored(wrong, stored.dynamic), why
+
+    monkeypatch.setattr(prequantized, "_stored_as", misread)
+    model = _quantized(CONFIGS["8da4w-g32-bf16-scales"][0](), unwrapped=False)
+    with pytest.raises(xq.UnsupportedConfigError, match="do not give torchao's own dequantized weight"):
+        xq.export(model, (torch.randn(3, 64),), weights="fp32", progress=False)

@@ -103,9 +103,31 @@ def torchao_layers(module: Any) -> list[Found]:
                                                 f"{tuple(weight.shape)}) outside an nn.Linear: xnnquant reads "
                                                 "torchao's codes of linear layers only"))
             continue
-        stored, refusal = _stored_as(weight)
+        stored, refusal = _read(weight)
         found.append(Found(path, sub, stored, refusal))
     return found
+
+
+def _read(weight: Any) -> tuple[Stored | None, str]:
+    """``_stored_as``, checked against torchao's own ``dequantize()`` of the weight: codes and
+    scales read in another layout than torchao's (a block size this reading does not know)
+    would give other values, and are refused rather than exported."""
+    import torch
+
+    stored, why = _stored_as(weight)
+    if stored is None:
+        return stored, why
+    try:
+        theirs = weight.dequantize().detach().to(torch.float32).cpu().numpy()
+    except Exception as exc:  # a torchao tensor that cannot dequantize itself: nothing to compare with
+        return None, f"torchao's dequantize() of it fails ({type(exc).__name__}: {exc})"
+    ours = stored.quantized.dequantize()
+    # torchao may multiply in its scales' dtype (bf16: a product rounded to 8 bits, 2^-9 off at
+    # most); a misread layout puts other scales on whole groups
+    if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=2.0**-8, atol=0):
+        return None, ("its codes and scales, as read here, do not give torchao's own dequantized weight (a layout "
+                      "this reader does not know, such as another block size); please report it")
+    return stored, ""
 
 
 def _stored_as(weight: Any) -> tuple[Stored | None, str]:
