@@ -317,6 +317,9 @@ def test_static_int8_options_are_checked() -> None:
     with pytest.raises(XnnquantError, match=r"^unknown activation range method: got 'median', expected one of "
                                             r"'sensitivity', 'minmax', 'percentile', 'mse', 'output_mse'$"):
         xq.StaticInt8(ranges="median")
+    with pytest.raises(XnnquantError, match=r"^budget=0.5 chooses the nodes to keep in fp32 .* got ranges='mse'"):
+        xq.StaticInt8(budget=0.5, ranges="mse")  # it was silently ignored
+    assert xq.StaticInt8(rounding=" Learned ").rounding == "learned"  # case and spaces ignored, as ranges
 
 
 def test_the_cli_exports_static_int8(tmp_path: Any) -> None:

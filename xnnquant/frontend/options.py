@@ -91,12 +91,18 @@ class StaticInt8:
         for name in ("equalize", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise XnnquantError(f"{name} must be True or False: got {getattr(self, name)!r}")
+        if arguments.spelling(self.rounding) in ROUNDINGS:  # case and spaces ignored, as ranges
+            object.__setattr__(self, "rounding", arguments.spelling(self.rounding))
         if self.rounding not in ROUNDINGS:
             raise XnnquantError(f"unknown rounding: got {self.rounding!r}, expected one of "
                                 f"{', '.join(map(repr, ROUNDINGS))}")
         if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not 0 <= self.budget < 10:
             raise XnnquantError(f"budget is the extra time mixed precision may spend, as a fraction of the int8 "
                                 f"program's (0.3: up to 1.3 times): got {self.budget!r}, expected a number in [0, 10)")
+        if self.budget and self.ranges != "sensitivity":  # it prices each grid by the sensitivity measurement
+            raise XnnquantError(f"budget={self.budget!r} chooses the nodes to keep in fp32 by their measured cost to "
+                                f"the outputs, which only ranges='sensitivity' measures: got ranges={self.ranges!r}; "
+                                "use ranges='sensitivity' (the default) with a budget")
 
     def __str__(self) -> str:
         if self == StaticInt8():
