@@ -154,10 +154,10 @@ def test_minilm_statistics_equal_the_programs_run() -> None:
     exported = torch.export.export(module, example, strict=False)
     program = AtenProgram.of(exported)
     run_passes(program, _PassOptions(None, False), BEFORE_CALIBRATION)
-    ours = eager.statistics(module, program, options.calibration, options.policy, "gptq")
+    ours = eager.statistics(module, program, options.calibration, options.policy, "gptq", keep_grams=True)
     assert ours is not None
     theirs = statistics(options.calibration.programs_for(module, program, (), exported), options.calibration,
-                        options.policy, "gptq")
+                        options.policy, "gptq", keep_grams=True)
     assert len(ours.quantized) == 36 and sorted(ours.quantized) == sorted(theirs.quantized)
     for path, qt in theirs.quantized.items():
         assert np.array_equal(ours.grams[path].gram, theirs.grams[path].gram), path

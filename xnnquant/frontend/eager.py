@@ -80,11 +80,11 @@ class _Refused(BaseException):
 
 
 def statistics(module: Any, program: AtenProgram, data: CalibrationData, policy: WeightPolicy | None,
-               method: str) -> LayerStatistics | None:
+               method: str, keep_grams: bool = False) -> LayerStatistics | None:
     """``calibration.statistics``' result for ``program`` (after the passes before
     calibration) with ``data``'s batches run through ``module`` (module docstring), or None
     when the module cannot stand in for the program."""
-    state = Calibrating(program, data, policy, method)
+    state = Calibrating(program, data, policy, method, keep_grams)
     plain = state.aware and 1 <= len(data) <= MAX_BATCHES and not _caller_modes()
     steps = _plan(module, program, state) if plain else None
     if not steps:

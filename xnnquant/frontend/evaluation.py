@@ -143,12 +143,15 @@ class BatchRun:
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
-def last_uses(program: AtenProgram) -> dict[Any, list[Any]]:
+def last_uses(program: AtenProgram, outputs: bool = True) -> dict[Any, list[Any]]:
     """node -> the nodes whose values may be dropped once ``node`` is computed (those it
-    is the last reader of; constants are never dropped)."""
+    is the last reader of; constants are never dropped).  ``outputs=False``: the output
+    node reads nothing (a value only the outputs read is dropped when computed)."""
     order = {node: i for i, node in enumerate(program.graph.nodes)}
     last: dict[Any, Any] = {}
     for node in program.graph.nodes:
+        if node.op == "output" and not outputs:
+            continue
         for source in node.all_input_nodes:
             if not program.is_constant(source) and (source not in last or order[node] > order[last[source]]):
                 last[source] = node
@@ -159,9 +162,12 @@ def last_uses(program: AtenProgram) -> dict[Any, list[Any]]:
 
 
 def evaluate(program: AtenProgram, batches: Sequence[tuple[Any, ...]], *, before: Before | None = None,
-             after: After | None = None, programs: Sequence[AtenProgram] | None = None) -> list[Any]:
+             after: After | None = None, programs: Sequence[AtenProgram] | None = None,
+             outputs: bool = True) -> list[Any]:
     """Run ``program`` on every batch (each a tuple of its user inputs), node by node; the
-    output node's value for each batch (module docstring).
+    output node's value for each batch (module docstring), or ``[]`` with ``outputs=False``
+    (for the hooks alone: no value is kept for the end, an LLM's updated KV caches among them).
+    A state's values (``program.state``) are copied for each batch where a node first reads them.
 
     ``programs``: per batch, the program to compute it with when the batches need programs
     traced at their own shapes (``batches.CalibrationData.programs_for``): each has the
@@ -172,28 +178,32 @@ def evaluate(program: AtenProgram, batches: Sequence[tuple[Any, ...]], *, before
     import torch
 
     run = BatchRun(program, batches, programs)
-    dropped = last_uses(program)
+    dropped = last_uses(program, outputs)
     position = {name: i for i, name in enumerate(program.inputs)}
-    outputs: list[Any] = []
+    results: list[Any] = []
     with torch.no_grad(), torch_threads(1 if run.parallel else torch.get_num_threads()):
         for node in program.graph.nodes:
             if node.op == "placeholder":
-                if program.is_state(node):  # each batch from the state's values when exported
-                    run._values[node] = [program.state[node.name].clone() for _ in batches]
-                elif not program.is_constant(node):
+                if not program.is_constant(node) and not program.is_state(node):
                     run._values[node] = [batch[position[node.name]] for batch in batches]
-            elif node.op == "call_function":
+                continue
+            if node.op == "output" and not outputs:
+                break
+            for source in node.all_input_nodes:  # each batch from the state's values when exported
+                if source.op == "placeholder" and program.is_state(source) and source not in run._values:
+                    run._values[source] = [program.state[source.name].clone() for _ in batches]
+            if node.op == "call_function":
                 swap = before(node, run) if before is not None else None
                 run._values[node] = run._compute(node, swap or {})
                 if all(hasattr(v, "shape") for v in run._values[node]):
                     run._shapes[node] = [tuple(v.shape) for v in run._values[node]]
                 if after is not None:
                     after(node, run)
-            elif node.op == "output":
-                outputs = [torch.fx.node.map_arg(node.args[0], lambda n, b=b: run.values(n)[b])
+            elif node.op == "output" and outputs:
+                results = [torch.fx.node.map_arg(node.args[0], lambda n, b=b: run.values(n)[b])
                            for b in range(len(batches))]
             for source in dropped.get(node, ()):
                 run._values.pop(source, None)
             if not node.users:  # nothing reads it (the output node reads the outputs)
                 run._values.pop(node, None)
-    return outputs
+    return results

@@ -206,7 +206,7 @@ def gptq(w: np.ndarray, gram: np.ndarray, group_size: int, qmin: int, qmax: int,
 
         for_ranges(pieces, c, step)
         if settings.refit:
-            out = refit_scales(np.asarray(w, np.float64), codes, out, dampened(gram, damp), group_size, bf16)
+            out = refit_scales(w, codes, out, dampened(gram, damp), group_size, bf16)
     return codes, out
 
 
@@ -320,7 +320,8 @@ def refit_scales(w: np.ndarray, codes: np.ndarray, scales: np.ndarray, h: np.nda
     def pieces(first: int, last: int) -> None:
         for lo in range(first, last, step):
             hi = min(last, lo + step)
-            out[lo:hi] = _refit_rows(w[lo:hi], codes[lo:hi], scales[lo:hi], h, group_size, bf16)
+            out[lo:hi] = _refit_rows(np.asarray(w[lo:hi], np.float64), codes[lo:hi], scales[lo:hi], h,
+                                     group_size, bf16)
 
     with one_blas_thread():
         for_ranges(pieces, len(w), step)

@@ -41,7 +41,7 @@ def _module(program: AtenProgram, weight: Any) -> str:
 @rewrite("equalization")
 def plan_equalization(program: AtenProgram, options: Any) -> None:
     stats = getattr(options, "statistics", None)
-    if stats is None or stats.grams or not stats.absmax:
+    if stats is None or stats.quantized or not stats.absmax:
         return
     groups: dict[Any, list[Any]] = {}
     for node in program.graph.nodes:
