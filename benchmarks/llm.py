@@ -259,8 +259,8 @@ def measure(name: str, made: Export, tokenizer: Path, held_out: np.ndarray, prom
 
 def float_reference(held_out: np.ndarray, windows: int) -> Row:
     """transformers' eager float32 model: the perplexity every quantized program is judged by."""
-    model = smollm2.load_model()
-    return Row("float32 (transformers eager)", perplexity=evaluate.transformers_perplexity(model, held_out, windows=windows))
+    value = evaluate.transformers_perplexity(smollm2.load_model(), held_out, windows=windows)
+    return Row("float32 (transformers eager)", perplexity=value)
 
 
 def _cell(value: float | None, form: str) -> str:
