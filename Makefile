@@ -52,10 +52,16 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # the tests on both cores (pytest-xdist), each file on one worker (its module fixtures made once);
-# the notebooks first, the longest units, so that the short test files fill in around them
+# the notebooks first, the longest first, so that the short test files fill in around them: xdist
+# hands files out in the order given only with --no-loadscope-reorder (by default it sorts them by
+# their number of tests, which put every one-test notebook last and left one core idle meanwhile)
 TEST_WORKERS ?= 2
+SLOW_NOTEBOOKS := notebooks/llm_schemes.ipynb notebooks/executorch_flow.ipynb notebooks/static_int8.ipynb \
+                  notebooks/activation_aware.ipynb
+NOTEBOOKS := $(SLOW_NOTEBOOKS) $(filter-out $(SLOW_NOTEBOOKS),$(wildcard notebooks/*.ipynb))
 test: lint docs-build
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 --nbmake notebooks tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 \
+	    --nbmake $(NOTEBOOKS) tests
 
 # the performance figures of docs/benchmarks.md's "Performance" section, in one run
 bench: $(STAMP)
