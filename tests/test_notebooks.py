@@ -1,7 +1,8 @@
 """The notebooks are committed executed, with their question, plots and conclusion.
 
-``make test`` re-executes them with nbmake (``pytest tests --nbmake notebooks``); this
-file checks the committed copies, so a notebook saved without outputs, with a failed
+``make test`` re-executes them with nbmake (the heaviest three on fewer configurations,
+``XNNQUANT_QUICK_NOTEBOOKS=1``; ``make notebooks`` runs them whole); this file checks the
+committed copies (whole runs), so a notebook saved without outputs, with a failed
 cell, or without its conclusion is caught even where nbmake is not run.
 """
 
@@ -14,7 +15,7 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 EXPECTED = ("scheme_accuracy", "bf16_scales", "activations", "outliers", "activation_aware", "executorch_flow",
-            "static_int8")
+            "static_int8", "llm_schemes")
 
 
 def _cells(name: str) -> list[dict]:
