@@ -232,14 +232,17 @@ def test_an_equalization_applied_on_one_side_only_is_caught(monkeypatch: pytest.
         export(module)
 
 
-def test_an_equalization_through_relu6_above_1_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Factors above 1 through a ReLU6 let values the module clips at 6 pass (applied on both
-    sides, so the filters alone look right): the self-check refuses them."""
-    monkeypatch.setattr(rewriting.Rewrite, "_within_bound",
-                        staticmethod(lambda stats, factors, bound: np.full_like(factors, 2.0)))
+def test_an_equalization_through_relu6_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Factors through a ReLU6 move where the clamp cuts each channel (applied on both sides,
+    so the filters alone look right): the rewrite leaves such groups alone, and the self-check
+    refuses them if it did not."""
     module = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU6(), nn.Conv2d(8, 4, 3, padding=1))
-    with pytest.raises(SelfCheckError, match=r"equalized through .* clamp at 6.0 with a factor of 2.0"):
+    assert not export(module).static_int8.int8.equalized
+    monkeypatch.setattr(rewriting, "_scale_invariant", lambda n: True)
+    with pytest.raises(SelfCheckError, match=r"equalized through .*'s clamp at 6.0 with factors from"):
         export(module)
+    relu = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+    assert export(relu).static_int8.int8.equalized  # a ReLU commutes with them: equalized
 
 
 def test_a_wrong_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
