@@ -40,6 +40,13 @@ U16 = 2.0**-11
 EPS = 2.0**-23
 
 
+def relative_error(got: object, ref: object) -> float:
+    """``max |got - ref| / max |ref|`` (numpy arrays or torch tensors): the measure the export
+    tests bound a program's output by."""
+    g, r = (np.asarray(v.detach().numpy() if hasattr(v, "detach") else v, np.float64) for v in (got, ref))
+    return float(np.abs(g - r).max() / np.abs(r).max())
+
+
 def gamma(n: int | np.ndarray, unit: float = U) -> np.ndarray:
     """``n u / (1 - n u)``: relative bound of a float32 sum (or dot product) of ``n`` terms
     (``unit=U16`` for float16 arithmetic)."""

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from export_models import TransformerBlock
+from float_bounds import relative_error
 
 import xnnquant as xq
 
@@ -25,10 +26,6 @@ pytestmark = pytest.mark.xnnpack
 Dim = torch.export.Dim
 
 BOUND = 1e-5  # relative to the largest output magnitude (see the module docstring)
-
-
-def _relative(got: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +51,9 @@ def test_one_program_runs_at_every_length(block: torch.nn.Module, weights: str) 
         assert got.shape == (1, length, 64)
         if weights == "fp32":
             with torch.no_grad():
-                assert _relative(got, block(x).numpy()) < BOUND
+                assert relative_error(got, block(x).numpy()) < BOUND
         fixed = xq.export(block, (x,), weights=weights, progress=False, check=False)
-        assert _relative(got, fixed.run(x)[0]) < BOUND
+        assert relative_error(got, fixed.run(x)[0]) < BOUND
 
 
 def test_the_program_takes_other_lengths_on_executorch(block: torch.nn.Module) -> None:
@@ -70,7 +67,7 @@ def test_the_program_takes_other_lengths_on_executorch(block: torch.nn.Module) -
         x = _x(length)
         (got,) = method.execute([x])
         with torch.no_grad():
-            assert _relative(got.numpy(), block(x).numpy()) < BOUND
+            assert relative_error(got.numpy(), block(x).numpy()) < BOUND
 
 
 def test_outside_the_bounds_is_refused_by_name(block: torch.nn.Module) -> None:
@@ -280,7 +277,7 @@ def test_a_view_whose_inferred_dim_is_the_dynamic_one_is_inferred_on_every_call(
         x = _x(length)
         (got,) = exported.run(x)
         with torch.no_grad():
-            assert _relative(got, module(x).numpy()) < BOUND
+            assert relative_error(got, module(x).numpy()) < BOUND
 
 
 class VarArgs(torch.nn.Module):
@@ -304,4 +301,4 @@ def test_a_spec_per_input_fits_a_forward_that_takes_varargs(block: torch.nn.Modu
     for length in (3, 48):
         x = _x(length)
         with torch.no_grad():
-            assert _relative(exported.run(x)[0], module(x).numpy()) < BOUND
+            assert relative_error(exported.run(x)[0], module(x).numpy()) < BOUND

@@ -18,8 +18,8 @@ well under ``1e-5`` of the output's largest magnitude, while a fault is off by i
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from float_bounds import relative_error
 
 import xnnquant as xq
 
@@ -81,20 +81,15 @@ def _on_executorch(pte: bytes, inputs: list[torch.Tensor]) -> list[torch.Tensor]
     return [t.clone() for t in method.execute(inputs)]
 
 
-def _relative_error(got: torch.Tensor | np.ndarray, ref: torch.Tensor) -> float:
-    got = torch.as_tensor(np.asarray(got))
-    return float((got - ref).abs().max() / ref.abs().max())
-
-
 def _check(module: torch.nn.Module, x: torch.Tensor) -> xq.Exported:
     module = module.eval()
     with torch.no_grad():
         ref = module(x)
     exported = xq.export(module, (x,), weights="fp32", progress=False)
     (got,) = _on_executorch(exported.to_pte(), [x])
-    assert _relative_error(got, ref) < BOUND
+    assert relative_error(got, ref) < BOUND
     (run,) = exported.run(x)
-    assert _relative_error(run, ref) < BOUND
+    assert relative_error(run, ref) < BOUND
     return exported
 
 
@@ -120,7 +115,7 @@ def test_channels_last_input_is_declared_and_read_in_its_dim_order(conv: bool) -
     with torch.no_grad():
         ref = module(x)
     (run,) = exported.run(x.contiguous())
-    assert _relative_error(run, ref) < BOUND
+    assert relative_error(run, ref) < BOUND
 
 
 def test_contiguous_example_gives_a_contiguous_program() -> None:
@@ -137,4 +132,4 @@ def test_saved_channels_last_program_declares_its_dim_order(tmp_path: object) ->
     path = xq.export(module, (x,), weights="fp32", progress=False).save(Path(str(tmp_path)) / "m.pte")
     (got,) = _on_executorch(path.read_bytes(), [x])
     with torch.no_grad():
-        assert _relative_error(got, module(x)) < BOUND
+        assert relative_error(got, module(x)) < BOUND

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from float_bounds import relative_error
 
 import xnnquant as xq
 
@@ -23,11 +24,6 @@ nn = torch.nn
 pytestmark = pytest.mark.xnnpack
 
 BOUND = 1e-5  # relative to the largest output magnitude (see the module docstring)
-
-
-def _relative(got: np.ndarray, ref: torch.Tensor) -> float:
-    ref_arr = ref.detach().numpy()
-    return float(np.abs(got - ref_arr).max() / np.abs(ref_arr).max())
 
 
 class Tokens(nn.Module):
@@ -76,7 +72,7 @@ def test_token_ids_in_one_program(weights: str) -> None:
     (got,) = exported.run(ids)
     with torch.no_grad():
         ref = module(ids)
-    assert _relative(got, ref) < (BOUND if weights == "fp32" else 0.05)  # qc8w: int8 weights and activations
+    assert relative_error(got, ref) < (BOUND if weights == "fp32" else 0.05)  # qc8w: int8 weights and activations
 
 
 def test_the_delegation_report_says_what_ran_where_and_why() -> None:
@@ -102,7 +98,7 @@ def test_as_few_delegates_as_the_graph_allows() -> None:
         "XNNPACK delegate 0", "XNNPACK delegate 1"]
     (got,) = exported.run(x)
     with torch.no_grad():
-        assert _relative(got, module(x)) < BOUND
+        assert relative_error(got, module(x)) < BOUND
 
 
 def test_dynamic_lengths_are_computed_when_the_program_runs() -> None:
@@ -114,7 +110,7 @@ def test_dynamic_lengths_are_computed_when_the_program_runs() -> None:
         (got,) = exported.run(ids)
         assert got.shape == (1, length, 16)
         with torch.no_grad():
-            assert _relative(got, module(ids)) < BOUND
+            assert relative_error(got, module(ids)) < BOUND
 
 
 def test_the_saved_program_runs_on_executorch(tmp_path: Path) -> None:
@@ -127,7 +123,7 @@ def test_the_saved_program_runs_on_executorch(tmp_path: Path) -> None:
     ids = _ids(7)
     (got,) = program.load_method("forward").execute([ids])
     with torch.no_grad():
-        assert _relative(got.numpy(), module(ids)) < BOUND
+        assert relative_error(got.numpy(), module(ids)) < BOUND
     with pytest.raises(xq.XnnquantError, match=r"a mixed program \(XNNPACK delegates and portable kernels\) is an "
                                                r"ExecuTorch program: save it as .pte"):
         exported.save(tmp_path / "tokens.xnn")
@@ -258,7 +254,7 @@ def test_a_portable_result_traced_channels_last_is_laid_out_as_its_kernel_and_it
     exported = xq.export(module, (x, mask), weights="fp32", progress=False)
     (got,) = exported.run(x, mask)
     with torch.no_grad():
-        assert _relative(got, module(x, mask)) < BOUND
+        assert relative_error(got, module(x, mask)) < BOUND
 
 
 #: Views of a channels-last int tensor, on the portable kernels: its kernels refused the first

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from float_bounds import relative_error
 
 import xnnquant as xq
 
@@ -23,10 +24,6 @@ Dim = torch.export.Dim
 BOUND = 1e-5  # see the module docstring
 
 
-def _relative(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 def _runs_like_the_module(exported: xq.Exported, module: torch.nn.Module, inputs: list[tuple[torch.Tensor, ...]],
                           bound: float = BOUND) -> None:
     for args in inputs:
@@ -34,7 +31,7 @@ def _runs_like_the_module(exported: xq.Exported, module: torch.nn.Module, inputs
         with torch.no_grad():
             want = module(*args).numpy()
         assert got.shape == want.shape
-        assert _relative(got, want) < bound, args[0].shape
+        assert relative_error(got, want) < bound, args[0].shape
 
 
 # ---------------------------------------------------------------- the size of a delegate's value
@@ -54,7 +51,6 @@ class LengthOfAConvOutput(torch.nn.Module):
         h = self.conv(x).transpose(1, 2)
         pos = torch.arange(h.shape[1], dtype=torch.float32)
         return self.lin(h + pos[:, None])
-
 
 
 class _Output(torch.nn.Module):

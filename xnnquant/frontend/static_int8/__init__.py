@@ -33,13 +33,13 @@ import numpy as np
 
 from ...errors import XnnquantError
 from ...graph import Graph
-from ...graph.rules import DATA_MOVEMENT
+from ...graph.rules import DATA_MOVEMENT, WEIGHTED
 from ..evaluation import torch_threads
 from ..exported import TensorIO
 from .bias_correction import correct_biases, tap_means
 from .observe import Exposed
 from .ranges import ValueStats
-from .rewrite import WEIGHTED, Boundary, Int8Graph, Rewrite
+from .rewrite import Boundary, Int8Graph, Rewrite
 
 __all__ = ["Boundary", "Calibration", "Int8Graph", "calibrate", "describe", "graph_batches", "quantize"]
 

@@ -37,7 +37,6 @@ INT8_MAC = {"XNNConv2d": 0.3, "XNNFullyConnected": 0.35, "XNNDepthwiseConv2d": 0
 F32_ELEMENT = 4.0
 INT8_ELEMENT = 1.0
 CONVERT_ELEMENT = 4.0
-WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
 
 
 @dataclass(frozen=True)

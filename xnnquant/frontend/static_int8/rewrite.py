@@ -75,7 +75,7 @@ from ...datatypes import Datatype
 from ...errors import XnnquantError
 from ...graph import Graph
 from ...graph.model import Node, PerTensorQuant, Value
-from ...graph.rules import DATA_MOVEMENT, INT8_RATIO_RANGES, INT8_REFUSED
+from ...graph.rules import DATA_MOVEMENT, INT8_RATIO_RANGES, INT8_REFUSED, WEIGHTED
 from ...schemes import quantize_bias, quantize_per_channel
 from ...schemes.checks import check_method
 from ...tensor import QuantizedTensor
@@ -87,7 +87,6 @@ from .rounding import layer_grams, learned_filter
 from .sensitivity import Sensitivity, output_sensitivity
 
 F32 = np.float32
-WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
 BINARY = ("XNNAdd", "XNNSubtract", "XNNMultiply")
 UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeakyReLU", "XNNGlobalAvgPooling2d")
 #: Node kinds computed in int8 (besides the data-movement kinds, which move codes).

@@ -34,7 +34,6 @@ from .sensitivity import IMAGES, spread
 
 DAMP = 0.01
 QMIN, QMAX = -127, 127
-WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
 
 
 def _rows(node: Node, x: Any, dims: tuple[int, ...]) -> Any:
