@@ -119,12 +119,23 @@ def test_a_cache_updated_in_place_answers_as_the_module_step_by_step() -> None:
 
 
 def test_a_reset_session_and_a_fresh_load_start_from_the_exported_values() -> None:
+    """The cache starts from values no runtime would make up (not zeros), written into the file:
+    every new session, a reset one and ``run`` answer as the eager module on those values."""
     torch.manual_seed(0)
     module = Cache().eval()
+    with torch.no_grad():
+        module.k.copy_(torch.linspace(-3, 5, CTX * 4).reshape(1, CTX, 4))
     exported = _export(module)
     session = exported.session()
     x, p = _inputs(0, 3, 0)
+    with torch.no_grad():
+        want = copy.deepcopy(module)(x, p).numpy()
     (first,) = session.run(x, p)
+    np.testing.assert_allclose(first, want, rtol=0, atol=RTOL * float(np.abs(want).max()))
+    zeros = copy.deepcopy(module)
+    with torch.no_grad():
+        zeros.k.zero_()
+        assert np.abs(zeros(x, p).numpy() - want).max() > 100 * RTOL * float(np.abs(want).max())  # it shows
     session.run(*_inputs(0, 2, 3))  # the cache now holds more than the first call wrote
     session.reset()
     (again,) = session.run(x, p)

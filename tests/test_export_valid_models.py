@@ -64,6 +64,7 @@ class _Output(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pick(self.model, x)
 
+
 def test_a_portable_node_reads_the_size_of_a_value_inside_a_delegate() -> None:
     """The length is computed from the input's (``(T - 1) // 2`` of ``T = 2L + 1``), before the
     delegate runs, so the program stays one delegate (the old code: 'no value for convolution')."""

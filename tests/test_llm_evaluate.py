@@ -122,6 +122,13 @@ def test_transformers_step_gives_the_models_logits_token_by_token() -> None:
                         result.window_nll[0], rel_tol=1e-5)
     with pytest.raises(XnnquantError, match=r"^start_pos 3 does not continue the sequence: the cache holds 10 token"):
         step(ids[None, :1], 3)
+    # bad input: an id past the vocabulary (torch's IndexError before), a window past the positions
+    with pytest.raises(XnnquantError, match=r"^token id 50 is outside the model's vocabulary of 50$"):
+        evaluate.transformers_perplexity(model, [1, 2, 50, 3], window=4)
+    with pytest.raises(XnnquantError, match=r"^window of 64 tokens is longer than the model's 32 positions"):
+        evaluate.transformers_perplexity(model, np.zeros(64, np.int64), window=64)
+    with pytest.raises(XnnquantError, match=r"^model must be a transformers causal LM"):
+        evaluate.transformers_perplexity(object(), ids, window=10)
 
 
 @pytest.mark.xnnpack

@@ -199,7 +199,7 @@ def evaluate(program: AtenProgram, batches: Sequence[tuple[Any, ...]], *, before
                     run._shapes[node] = [tuple(v.shape) for v in run._values[node]]
                 if after is not None:
                     after(node, run)
-            elif node.op == "output" and outputs:
+            elif node.op == "output":
                 results = [torch.fx.node.map_arg(node.args[0], lambda n, b=b: run.values(n)[b])
                            for b in range(len(batches))]
             for source in dropped.get(node, ()):

@@ -74,9 +74,9 @@ DEPTHWISE_TYPES = {
     (D.qint8, D.qint8, D.qint32, D.qint8), (D.qint8, D.qcint8, D.qcint32, D.qint8),
     (D.quint8, D.quint8, D.qint32, D.quint8),
 }
-# nodes that move data without arithmetic: quantized input and output must share scale and zero point
 #: the node kinds that read a filter (input 1) and a bias (input 2): fully connected and convolutions
 WEIGHTED = ("XNNFullyConnected", "XNNConv2d", "XNNDepthwiseConv2d")
+# nodes that move data without arithmetic: quantized input and output must share scale and zero point
 DATA_MOVEMENT = {"XNNMaxPooling2d", "XNNStaticReshape", "XNNStaticConstantPad", "XNNStaticTranspose",
                  "XNNStaticSlice", "XNNStaticResizeBilinear2D", "XNNCopy", "XNNConcatenate2", "XNNConcatenate3",
                  "XNNConcatenate4", "XNNConcatenate5"}

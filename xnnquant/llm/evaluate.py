@@ -199,7 +199,19 @@ def transformers_perplexity(model: Any, token_ids: Any, window: int = 128, windo
         import torch
     except ImportError:
         raise missing_extra("llm", "torch", "evaluating a transformers model") from None
+    config = getattr(model, "config", None)
+    vocab, positions = (getattr(config, name, None) for name in ("vocab_size", "max_position_embeddings"))
+    if not callable(model) or not isinstance(vocab, int):
+        raise XnnquantError(f"model must be a transformers causal LM (its config giving vocab_size): got "
+                            f"{type(model).__name__}")
     ids, window, count = _windows(token_ids, window, windows)
+    used = ids[:count * window]
+    if used.min() < 0 or used.max() >= vocab:
+        bad = int(used[(used < 0) | (used >= vocab)][0])
+        raise XnnquantError(f"token id {bad} is outside the model's vocabulary of {vocab}")
+    if isinstance(positions, int) and window > positions:
+        raise XnnquantError(f"window of {window} tokens is longer than the model's {positions} positions: expected "
+                            f"window <= {positions}")
     window_nll = []
     for w in range(count):
         chunk = ids[w * window:(w + 1) * window]

@@ -216,9 +216,10 @@ BLIND_SHARE = 0.5
 
 
 def _relative_rms(got: Any, want: Any) -> float:
-    import numpy as np
+    """RMS of ``got - want`` relative to ``want``'s RMS (the SQNR's amplitude ratio)."""
+    from ..metrics import sqnr_db
 
-    return float(np.sqrt(np.mean((got - want) ** 2) / max(float(np.mean(want ** 2)), 1e-30)))
+    return float(10.0 ** (-sqnr_db(want, got) / 20.0))
 
 
 def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
