@@ -209,6 +209,31 @@ def test_a_batch_of_stacked_examples_calibrates_as_the_examples_one_by_one(examp
         export_with([(images[:3],)]) if example_batch == 2 else export_with([(images[:3, :, :7],)])
 
 
+@pytest.mark.parametrize("case", ["fully connected, 4 rows", "fully connected, 3 x 5 rows", "convolution, 2 images"])
+def test_bias_correction_reads_the_input_means_of_every_row_and_tap(case: str) -> None:
+    """The means bias correction reads (``layer.means``) are the mean over every calibration
+    row (fully connected) or over every image and output position per tap (torch's ``unfold``,
+    padding read as zeros), whatever the program's batch dims: a program of 4 rows once
+    divided them by 4 (its images counted from dim 0 of the program's input)."""
+    g = torch.Generator().manual_seed(3)
+    if case.startswith("fully"):
+        shape = (4, 16) if "4 rows" in case else (3, 5, 16)
+        module: nn.Module = nn.Linear(16, 8)
+        cal = [(torch.randn(shape, generator=g) + 2,) for _ in range(6)]
+        rows = torch.cat([x.reshape(-1, 16) for (x,) in cal]).double()
+        want = rows.mean(0).numpy()
+    else:
+        module = nn.Conv2d(3, 8, 3, stride=2, padding=1, dilation=2)
+        cal = [(torch.randn((2, 3, 9, 9), generator=g) + 2,) for _ in range(6)]
+        taps = torch.cat([nn.functional.unfold(x.double(), 3, dilation=2, padding=1, stride=2) for (x,) in cal])
+        want = taps.mean((0, 2)).reshape(3, 3, 3).permute(1, 2, 0).numpy()  # (C, KH, KW) -> (KH, KW, C)
+    exported = xq.export(module.eval(), cal[0], weights="qc8w", activations=xq.StaticInt8(equalize=False),
+                         calibration=cal, progress=False)
+    (layer,) = exported.static_int8.int8.layers
+    assert layer.means.shape == want.shape
+    np.testing.assert_allclose(layer.means, want, rtol=1e-6)  # float32 inputs summed in float64
+
+
 # ------------------------------------------------------------------ the self-check
 
 

@@ -98,7 +98,7 @@ def needs_decomposition(program: Any) -> bool:
     """
     import operator
 
-    from .functional import buffer_updates, is_grad_wrapper
+    from .functional import buffer_updates, fresh, is_grad_wrapper, out_of_place
     from .lowering import load_lowerings
     from .passes import HANDLED, load_passes
     from .passes.masks import rescued
@@ -109,16 +109,21 @@ def needs_decomposition(program: Any) -> bool:
     updates = set(buffer_updates(program) or ())
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem or node.target in HANDLED \
-                or is_size(node) or node in updates or is_grad_wrapper(node) or rescued(node):
+                or is_size(node) or is_grad_wrapper(node) or rescued(node):
             continue
-        lowering = lowerings.get(node.target)
+        op = node.target
+        if node in updates:
+            if not fresh(node.args[0]):
+                continue  # a buffer update, which AtenProgram.of makes functional
+            op = out_of_place(op)  # an in-place op on an intermediate: lowered as its out-of-place op
+        lowering = lowerings.get(op)
         if lowering is not None and (lowering.check is None or lowering.check(node) is None or
                                      portable_refusal(node) is None):
             continue  # lowered, or refused and left to the portable kernels (a training-mode batch norm is not)
         values = [node, *node.all_input_nodes]
         if any(_dtype(v) not in ("float32", "") for v in values) and portable_refusal(node) is None:
             continue
-        if node.target not in _decomposition_table() and portable_refusal(node) is None:
+        if op not in _decomposition_table() and portable_refusal(node) is None:
             continue  # no decomposition would change it (ExecuTorch's llama:: kernels), and it runs as it is
         return True
     return False

@@ -1,4 +1,4 @@
-"""Buffer updates made functional without torch's decompositions.
+"""In-place updates made functional without torch's decompositions.
 
 ``torch.export`` gives a graph in which a module's in-place update of its own buffer is an
 in-place node (``b_cache.index_copy_(1, positions, k)``), and ``run_decompositions``
@@ -18,8 +18,17 @@ here instead, node by node, as the retrace would make it::
 
 A buffer here is a registered buffer, or a tensor torch.export lifts as a constant (one the
 module reaches through a plain Python object: transformers' static cache), and an update
-may go through an alias of it (``b.to(b.dtype)`` is ``b``).  A node that updates a buffer
-through a view (a slice assignment), or any other in-place node, leaves the program to
+may go through an alias of it (``b.to(b.dtype)`` is ``b``).
+
+An in-place op on a *fresh* intermediate (``nn.ReLU6(inplace=True)``: ``hardtanh_(x)``
+where ``x`` is a convolution's output) is made functional the same way, by its out-of-place
+op (``hardtanh``), when nothing can see ``x`` but its readers: ``x`` comes from an op whose
+result aliases none of its arguments, nothing takes a view of ``x`` or of an update of it,
+and the op writes its first argument only.  Such updates are not outputs: nothing outside
+the graph holds ``x``.
+
+A node that updates a buffer through a view (a slice assignment), an in-place op on a
+view, a program input or a value some view aliases, leaves the program to
 ``run_decompositions``.  Blocks that only switch grad mode
 (``wrap_with_set_grad_enabled``, which ``torch.no_grad()`` sections of a forward become)
 are inlined: export runs without grad.
@@ -71,12 +80,50 @@ def alias_of(node: Any, roots: dict[Any, Any]) -> Any:
     return None
 
 
+def out_of_place(op: Any) -> Any:
+    """The out-of-place op of in-place ATen op ``op`` (``hardtanh_.default`` -> ``hardtanh.default``)
+    when ``op`` writes its first argument only and both take the same arguments, else None."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.name.endswith("_") or not schema.arguments:
+        return None
+    writes = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
+    if not writes[0] or any(writes[1:]):
+        return None
+    packet = getattr(torch.ops.aten, schema.name.removeprefix("aten::")[:-1], None)
+    functional = getattr(packet, op._overloadname, None) if packet is not None else None
+    theirs = getattr(functional, "_schema", None)
+    if theirs is None or theirs.is_mutable or [a.name for a in theirs.arguments] != [a.name for a in schema.arguments]:
+        return None
+    return functional
+
+
+def fresh(node: Any) -> bool:
+    """True when ``node`` is the result of an ATen op that writes nothing and whose results
+    alias none of its arguments (a convolution's output; not a view, a placeholder or an
+    in-place result)."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+
+
+def _unaliased(node: Any, updates: set[Any]) -> bool:
+    """True when no reader of ``node`` takes a view of it or writes it, but for ``updates``
+    (in-place nodes on it as their first argument), whose own readers are held to the same."""
+    for user in node.users:
+        if user in updates:
+            if user.args[0] is not node or any(a is node for a in user.args[1:]) or not _unaliased(user, updates):
+                return False
+        elif user.op == "call_function" and not fresh(user):
+            return False
+    return True
+
+
 def buffer_updates(program: Any) -> list[Any] | None:
-    """The in-place nodes of a ``torch.export.ExportedProgram`` that update a buffer (module
-    docstring), or None when some other node mutates its arguments (it needs torch's
-    functionalization)."""
+    """The in-place nodes of a ``torch.export.ExportedProgram`` that update a buffer or a
+    fresh intermediate (module docstring), or None when some other node mutates its
+    arguments (it needs torch's functionalization)."""
     buffers = _buffers(program)
     roots: dict[Any, Any] = {n: n for n in program.graph.nodes if n.op == "placeholder" and n.name in buffers}
+    intermediates: dict[Any, Any] = {}  # fresh values updated in place
     found = []
     for node in program.graph.nodes:
         if node.op == "call_function" and is_grad_wrapper(node):
@@ -93,15 +140,22 @@ def buffer_updates(program: Any) -> list[Any] | None:
         if schema is None or not schema.is_mutable:
             continue
         root = alias_of(node.args[0], roots) if node.args else None
-        if node.target not in INPLACE or root is None:
+        if root is None and node.args and getattr(node.args[0], "op", None) == "call_function" \
+                and fresh(node.args[0]) and out_of_place(node.target) is not None:
+            root = intermediates[node.args[0]] = node.args[0]
+        elif node.target not in INPLACE or root is None:
             return None
         roots[node] = root
         found.append(node)
+    chosen = set(found)
+    if any(not _unaliased(x, chosen) for x in intermediates):
+        return None
     return found
 
 
 def _functional(graph: Any, node: Any, current: Any) -> Any:
-    """The functional node standing for the in-place ``node`` on the buffer value ``current``."""
+    """The functional node standing for the in-place ``node`` on the current value ``current``
+    of what it updates."""
     target, args = node.target, node.args
     if target is aten.index_copy_.default:
         dim = args[1] % len(current.meta["val"].shape)
@@ -119,10 +173,7 @@ def _functional(graph: Any, node: Any, current: Any) -> Any:
         if tuple(have.shape) == tuple(want.shape):  # a node of its own, the buffer's (the cleanup pass drops it)
             return graph.call_function(aten.clone.default, (src,))
         return graph.call_function(aten.expand_copy.default, (src, list(want.shape)))
-    functional = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Scalar,
-                  aten.mul_.Tensor: aten.mul.Tensor, aten.mul_.Scalar: aten.mul.Scalar,
-                  aten.sub_.Tensor: aten.sub.Tensor, aten.sub_.Scalar: aten.sub.Scalar}[target]
-    return graph.call_function(functional, (current, *args[1:]), dict(node.kwargs))
+    return graph.call_function(out_of_place(target), (current, *args[1:]), dict(node.kwargs))
 
 
 def inline_grad_wrappers(graph: Any, owner: Any) -> None:
@@ -147,9 +198,10 @@ def inline_grad_wrappers(graph: Any, owner: Any) -> None:
 
 
 def functionalize(graph: Any, updates: list[Any], buffer_of: dict[Any, str]) -> list[tuple[str, Any]]:
-    """Replace the in-place ``updates`` of ``graph`` (nodes of it) by functional nodes (module
-    docstring); ``buffer_of``: buffer placeholder node -> its name.  Returns (buffer
-    placeholder name, its last value) per updated buffer, in the order first updated."""
+    """Replace the in-place ``updates`` of ``graph`` (nodes of it, of buffers or fresh
+    intermediates: ``buffer_updates``) by functional nodes (module docstring);
+    ``buffer_of``: buffer placeholder node -> its name.  Returns (buffer placeholder name,
+    its last value) per updated buffer, in the order first updated."""
     latest: dict[Any, Any] = {}  # buffer placeholder -> its current value (nodes are visited in order)
     roots: dict[Any, Any] = {n: n for n in buffer_of}  # a buffer, an alias of it or an update of it -> the buffer
     pending = set(updates)
@@ -164,6 +216,8 @@ def functionalize(graph: Any, updates: list[Any], buffer_of: dict[Any, str]) -> 
             continue
         if node in pending:
             buffer = alias_of(node.args[0], roots)
+            if buffer is None:  # a fresh intermediate (module docstring): its own root
+                buffer = roots[node.args[0]] = node.args[0]
             with graph.inserting_before(node):
                 value = _functional(graph, node, latest.get(buffer, buffer))
             value.meta.update({k: v for k, v in node.meta.items() if k not in value.meta})
@@ -186,4 +240,4 @@ def functionalize(graph: Any, updates: list[Any], buffer_of: dict[Any, str]) -> 
     for node in reversed(list(graph.nodes)):  # the updates, and aliases of buffers nothing reads now
         if node in pending or (node.op == "call_function" and node in roots and not node.users and node not in last):
             graph.erase_node(node)
-    return [(buffer_of[b], v) for b, v in latest.items()]
+    return [(buffer_of[b], v) for b, v in latest.items() if b in buffer_of]

@@ -36,7 +36,7 @@ from ...graph import Graph
 from ...graph.rules import DATA_MOVEMENT, WEIGHTED
 from ..evaluation import torch_threads
 from ..exported import TensorIO
-from .bias_correction import correct_biases, tap_means
+from .bias_correction import InputMeans, correct_biases
 from .observe import Exposed
 from .ranges import ValueStats
 from .rewrite import Boundary, Int8Graph, Rewrite
@@ -111,7 +111,7 @@ def _stacked(shapes: Sequence[tuple[int, ...]], inputs: Sequence[TensorIO]) -> i
 @dataclass
 class Calibration:
     """What calibration saw: ``stats`` by float value id, ``means``: per filtered node (by
-    index) the per-tap means of its input over the batches (``bias_correction.tap_means``),
+    index) the per-tap means of its input over the batches (``bias_correction.InputMeans``),
     and the ``batches`` themselves (as the graph takes them: ranges by sensitivity run on some)."""
 
     stats: dict[int, ValueStats]
@@ -135,8 +135,7 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
                                                                               *graph.outputs]}
     exposed = Exposed(graph, watched)
     rng = np.random.default_rng(seed)
-    means: dict[int, np.ndarray] = {}
-    images = 0
+    means = InputMeans(dict(filtered))
     with torch_threads(1):
         for b, batch in enumerate(batches):
             values = exposed.run(batch)
@@ -144,11 +143,8 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
             for vid, s in stats.items():
                 if vid in values and values[vid].dtype == np.float32:
                     s.add(values[vid], rng, label)
-            for i, n in filtered:
-                m = tap_means(n, values[n.inputs[0]])
-                means[i] = m if i not in means else means[i] + m
-            images += int(np.asarray(batch[0]).shape[0]) if batch and np.asarray(batch[0]).ndim > 0 else 1
-    return Calibration(stats, {i: m / images for i, m in means.items()}, batches)
+            means.add(values)
+    return Calibration(stats, means.means(), batches)
 
 
 @dataclass

@@ -23,6 +23,8 @@ second-order change of ``delta``; the float ones cost no second pass over the ba
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
@@ -32,25 +34,62 @@ from ...schemes import quantize_bias
 from .rewrite import Int8Graph, QuantizedLayer
 
 
-def tap_means(node: Node, x: np.ndarray) -> np.ndarray:
-    """float64 ``[KH, KW, C]`` (convolutions) or ``[K]`` (fully connected): the sum over the images
-    of ``x`` (float, NHWC or ``[..., K]``) of the per-tap input means of filtered node ``node``
-    (module docstring)."""
-    x = np.asarray(x, np.float64)
+class InputMeans:
+    """The per-tap input means (module docstring) of filtered nodes ``nodes`` (float-graph
+    node index -> node), accumulated batch by batch.
+
+    Each input value is summed over its dim 0 (the images) into one float64 array per image
+    shape, so a batch costs one addition per distinct input; the taps are cut from those
+    sums once, by ``means``: the means are linear in the images.  The counts are the
+    positions each mean is taken over (images times output positions, or rows of a fully
+    connected input), whatever the program's batch dims are."""
+
+    def __init__(self, nodes: dict[int, Node]) -> None:
+        self.nodes = nodes
+        #: input value id -> {shape of one image: [float64 sum over the images, images]}
+        self._sums: dict[int, dict[tuple[int, ...], list[Any]]] = {n.inputs[0]: {} for n in nodes.values()}
+
+    def add(self, values: dict[int, np.ndarray]) -> None:
+        """Take one calibration batch's values (float value id -> float32 array, NHWC or ``[..., K]``)."""
+        for vid, by_shape in self._sums.items():
+            x = np.asarray(values[vid])
+            x = x.reshape(1, *x.shape) if x.ndim < 2 else x
+            entry = by_shape.setdefault(x.shape[1:], [np.zeros(x.shape[1:]), 0])
+            entry[0] += x[0] if x.shape[0] == 1 else x.sum(axis=0, dtype=np.float64)
+            entry[1] += x.shape[0]
+
+    def means(self) -> dict[int, np.ndarray]:
+        """Node index -> float64 ``[KH, KW, C]`` (convolutions) or ``[K]`` (fully connected)."""
+        out = {}
+        for i, node in self.nodes.items():
+            total, count = None, 0
+            for summed, images in self._sums[node.inputs[0]].values():
+                sums, positions = _tap_sums(node, summed)
+                total = sums if total is None else total + sums
+                count += images * positions
+            if total is not None and count:
+                out[i] = total / count
+        return out
+
+
+def _tap_sums(node: Node, summed: np.ndarray) -> tuple[np.ndarray, int]:
+    """(per-tap sums, output positions per image) of node ``node`` over one image ``summed``
+    (the float64 sum of the images: ``[H, W, C]``, or ``[..., K]`` for a fully connected layer)."""
     if node.kind == "XNNFullyConnected":
-        rows = x.reshape(-1, x.shape[-1])
-        return rows.mean(axis=0) * (x.shape[0] if x.ndim > 2 else 1)
-    window = Window.of_conv(node.params).with_padding_for(node.flags, x.shape)
+        rows = summed.reshape(-1, summed.shape[-1])
+        return rows.sum(axis=0), rows.shape[0]
+    shape = (1, *summed.shape)
+    window = Window.of_conv(node.params).with_padding_for(node.flags, shape)
     top, right, bottom, left = window.padding
-    oh, ow = window.output_hw(node.kind, x.shape)
-    padded = np.pad(x.sum(axis=0), ((top, bottom), (left, right), (0, 0)))  # images summed: the means are linear
+    oh, ow = window.output_hw(node.kind, shape)
+    padded = np.pad(summed, ((top, bottom), (left, right), (0, 0)))  # XNNPACK reads the zero point there: 0
     (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
-    means = np.empty((kh, kw, x.shape[3]))
+    sums = np.empty((kh, kw, summed.shape[2]))
     for i in range(kh):
         for j in range(kw):  # tap (i, j) reads padded rows i*dh + oy*sh, columns j*dw + ox*sw
             tap = padded[i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
-            means[i, j] = tap.sum(axis=(0, 1)) / (oh * ow)
-    return means
+            sums[i, j] = tap.sum(axis=(0, 1))
+    return sums, oh * ow
 
 
 def _delta(layer: QuantizedLayer, kind: str, flags: int, means: np.ndarray, groups: int) -> np.ndarray:
@@ -68,8 +107,8 @@ def _delta(layer: QuantizedLayer, kind: str, flags: int, means: np.ndarray, grou
 
 def correct_biases(graph: Int8Graph, means: dict[int, np.ndarray]) -> None:
     """Re-quantize every int8 layer's bias of ``graph`` from ``b + delta`` (module docstring);
-    ``means``: float-graph node index -> the float input's per-tap means (``tap_means``, averaged
-    over the calibration batches), before equalization."""
+    ``means``: float-graph node index -> the float input's per-tap means over the calibration
+    batches (``InputMeans``), before equalization."""
     g = graph.graph
     factors = {e.value: e.factors for e in graph.equalized}
     for layer in graph.layers:

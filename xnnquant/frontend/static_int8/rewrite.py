@@ -129,7 +129,7 @@ class QuantizedLayer:
     float_bias: np.ndarray
     source: int = -1  # the float graph's node index
     input_source: int = -1  # the float graph's input value id
-    #: the bias correction's input means (``bias_correction.tap_means``, equalized), None without it
+    #: the bias correction's input means (``bias_correction.InputMeans``, equalized), None without it
     means: np.ndarray | None = None
 
 
