@@ -211,6 +211,8 @@ SHAPE_CASES: dict[str, tuple[Callable[..., Any], tuple[int, ...]]] = {
     "cat2": (lambda t: torch.cat([t, t * 2], dim=1), (2, 3, 4)),
     "cat6": (lambda t: torch.cat([t * k for k in range(1, 7)], dim=-1), (2, 3)),
     "pad": (lambda t: F.pad(t, (1, 2, 0, 3), value=0.5), (2, 3, 4)),
+    "pad_zeros": (lambda t: F.pad(t, (0, 1, 1, 0)) * 2, (1, 3, 4, 5)),  # TF-style "same" padding: value None
+    "pad_reflect": (lambda t: F.pad(t, (1, 1, 2, 1), mode="reflect") * 2, (1, 3, 4, 5)),  # decomposed by torch
     "expand": (lambda t: t.expand(3, 4, 5) * 1, (4, 1)),
     "mean_last": (lambda t: t.mean(-1, keepdim=True), (3, 4, 10)),
     "mean_dims": (lambda t: t.mean((0, 2)), (3, 4, 10)),

@@ -75,8 +75,15 @@ def _decomposition_table() -> dict[Any, Any]:
     table = dict(torch.export.default_decompositions())
     load_passes()
     for op in (*load_lowerings(), *HANDLED):
-        table.pop(op, None)
+        if str(op) not in DECOMPOSED_WHEN_REFUSED:
+            table.pop(op, None)
     return table
+
+
+#: Lowered ops whose decomposition still makes the nodes their lowering refuses runnable
+#: (``F.pad`` with ``mode="reflect"`` becomes gathers): left in the table, so that such a
+#: node is decomposed, as is every node of the op whenever the program is decomposed.
+DECOMPOSED_WHEN_REFUSED = frozenset({"aten.pad.default"})
 
 
 @functools.cache

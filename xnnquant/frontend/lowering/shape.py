@@ -355,6 +355,19 @@ def constant_pad_nd(ctx: LoweringContext, x: Any, pad: Any, value: float = 0.0) 
     return ctx.tensor(ctx.graph.static_constant_pad(x.id, pre, post, float(value)), tuple(shape), x.perm)
 
 
+def _constant_mode(node: Any) -> str | None:
+    mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
+    return None if mode == "constant" else f"padding mode {mode!r}: XNNPACK pads with a constant only"
+
+
+@lowers(aten.pad.default, emits=("XNNStaticConstantPad", "XNNStaticSlice"), check=_constant_mode)
+def pad(ctx: LoweringContext, x: Any, pad: Any, mode: str = "constant", value: float | None = None) -> Activation:
+    """``F.pad(x, pad, mode="constant", value=...)`` as torch.export keeps it (TF-style "same"
+    padding, EfficientNet-Lite's): ``constant_pad_nd``, ``value`` None meaning 0; the other modes are
+    refused by the check (torch's decomposition makes them gathers)."""
+    return constant_pad_nd(ctx, x, pad, 0.0 if value is None else value)
+
+
 @lowers(aten.unbind.int, aten.unbind_copy.int, emits=("XNNStaticSlice", "XNNStaticReshape", "XNNStaticTranspose"))
 def unbind(ctx: LoweringContext, x: Any, dim: int = 0) -> tuple[Activation, ...]:
     """Each index along ``dim``, that dim removed (``select``)."""
