@@ -68,8 +68,10 @@ def test_array_and_calibration_give_the_same_weights() -> None:
 
 def test_few_tokens_warn_zero_tokens_refuse() -> None:
     needed = int(np.ceil(MIN_TOKENS_PER_FEATURE * 64))
-    with pytest.warns(xq.CalibrationWarning, match=rf"calibration has few tokens: got 8, expected at least {needed}"):
+    with pytest.warns(xq.CalibrationWarning,
+                      match=rf"calibration has few tokens: got 8, expected at least {needed}") as caught:
         qt = xq.quantize_blockwise(W, 32, "gptq", calibration=X[:8])
+    assert caught[0].filename == __file__  # the caller's line
     assert np.isfinite(qt.scale).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -393,6 +393,7 @@ def test_valid_options_that_do_nothing_here_warn() -> None:
         xq.export(nn.Linear(4, 3).eval(), (torch.randn(2, 4),), weights="fp32", method="MinMax", progress=False)
     assert str(caught[0].message) == ("method='minmax' does nothing: weights='fp32' and no embeddings= quantize "
                                       "nothing")
+    assert caught[0].filename == __file__  # the caller's line, not the library's wrapper around export
     ids = torch.tensor([[1, 2]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", xq.OptionWarning)

@@ -134,8 +134,9 @@ def test_report_and_fallback_text() -> None:
 def test_auto_fallback_gives_each_layer_the_most_compact_scheme_it_takes() -> None:
     module, inputs = MODELS["cnn"]()
     with pytest.warns(xq.FallbackWarning, match=r"^3 of 5 layers could not take weights='qb4w:32' \(1 took fp32, 2 "
-                                                r"took qc8w\); print\(exported\) gives each layer's reason$"):
+                                                r"took qc8w\); print\(exported\) gives each layer's reason$") as caught:
         rows = {row.path: row for row in xq.export(module, inputs, weights="qb4w:32", progress=False).report}
+    assert caught[0].filename == __file__  # the caller's line, not the library's wrapper around export
     assert [(p, r.scheme) for p, r in rows.items()] == [
         ("stem", "qc8w"), ("dw", "fp32"), ("pw", "qb4w:32"), ("conv", "qc8w"), ("head", "qb4w:32")]
     assert rows["stem"].fallback == ("qb4w:32: XNNPACK has no 4-bit convolution (its quantized convolutions take "

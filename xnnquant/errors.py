@@ -61,3 +61,17 @@ def missing_extra(extra: str, package: str, purpose: str) -> MissingExtraError:
         f"{purpose} needs the {package!r} package, which is not installed: "
         f"install the extra with  pip install 'xnnquant[{extra}]'"
     )
+
+
+def warn_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first frame outside this package: the caller's own
+    line, however many of the library's calls (wrappers, passes) lie between."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

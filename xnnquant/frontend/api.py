@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import XnnquantError, missing_extra
+from ..errors import XnnquantError, missing_extra, warn_caller
 from .caller import buffers_kept, mutated_inputs, refuse_parameter_writes
 from .exported import Exported
 from .options import ExportOptions, StaticInt8
@@ -789,9 +789,7 @@ class OptionWarning(UserWarning):
 
 
 def _warn_unused(message: str) -> None:
-    import warnings
-
-    warnings.warn(message, OptionWarning, stacklevel=3)
+    warn_caller(message, OptionWarning)
 
 
 def _warn_fallbacks(exported: Exported) -> None:
@@ -800,12 +798,10 @@ def _warn_fallbacks(exported: Exported) -> None:
 
     fell = Counter(row.scheme for row in exported.report if row.fallback)
     if fell:
-        import warnings
-
         took = ", ".join(f"{n} took {scheme}" for scheme, n in sorted(fell.items()))
-        warnings.warn(f"{sum(fell.values())} of {len(exported.report)} layers could not take "
-                      f"weights={str(exported.weights)!r} ({took}); print(exported) gives each layer's reason",
-                      FallbackWarning, stacklevel=3)
+        warn_caller(f"{sum(fell.values())} of {len(exported.report)} layers could not take "
+                    f"weights={str(exported.weights)!r} ({took}); print(exported) gives each layer's reason",
+                    FallbackWarning)
 
 
 class _PassOptions:

@@ -34,14 +34,12 @@ refused.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..arrays import ArrayInput, as_float32, check_finite, to_numpy
 from ..compute.blas import one_blas_thread
 from ..compute.parallel import for_ranges
-from ..errors import XnnquantError
+from ..errors import XnnquantError, warn_caller
 from .checks import check_int, float_input
 
 #: Rows per float32 product (see ``Calibration.add``).
@@ -198,10 +196,7 @@ def as_calibration(calibration: Calibration | ArrayInput, in_features: int) -> C
         raise XnnquantError("calibration has no tokens: got 0 rows, expected at least 1 (add inputs first)")
     needed = MIN_TOKENS_PER_FEATURE * in_features
     if cal.tokens < needed:
-        warnings.warn(
-            f"calibration has few tokens: got {cal.tokens}, expected at least {needed:.0f} for "
-            f"in_features={in_features}; the estimate is dampened but may be no better than method='mse'",
-            CalibrationWarning,
-            stacklevel=4,  # the caller of quantize_blockwise / quantize_per_channel
-        )
+        warn_caller(f"calibration has few tokens: got {cal.tokens}, expected at least {needed:.0f} for "
+                    f"in_features={in_features}; the estimate is dampened but may be no better than method='mse'",
+                    CalibrationWarning)
     return cal
