@@ -128,6 +128,20 @@ def test_odd_in_features_with_dynamic_int4_per_axis_is_stored_as_qc8w() -> None:
     np.testing.assert_array_equal(stored.codes, model.weight.qdata.numpy())
 
 
+def test_activations_are_read_in_every_spelling_export_takes() -> None:
+    """``activations="Dynamic"`` is ``"dynamic"`` to ``xq.export``, so torchao's codes are kept (it was
+    refused as static int8 once); static int8, however spelled, is refused: it would quantize the
+    layers again."""
+    model = _quantized(CONFIGS["8da4w-g32-bf16-scales"][0](), unwrapped=False)
+    example = (torch.randn(3, 64),)
+    want = xq.export(model, example, weights="fp32", progress=False).to_bytes()
+    for spelling in ("Dynamic", " DYNAMIC"):
+        assert xq.export(model, example, weights="fp32", activations=spelling, progress=False).to_bytes() == want
+    for static in ("QInt8", xq.StaticInt8()):
+        with pytest.raises(xq.UnsupportedConfigError, match=r"rewrites the program into static int8"):
+            xq.export(model, example, weights="qc8w", activations=static, calibration=[example], progress=False)
+
+
 def test_check_reports_the_torchao_layers() -> None:
     model = _quantized(CONFIGS["8da4w-g32-bf16-scales"][0](), unwrapped=False)
     report = xq.check(model, (torch.randn(3, 64),), weights="fp32")

@@ -189,10 +189,22 @@ def _stored_as(weight: Any) -> tuple[Stored | None, str]:
     return Stored(QuantizedTensor(Datatype.qbint4, codes, scales, group_size=group), dynamic), ""
 
 
+def _static(activations: Any) -> bool:
+    """True when ``activations=`` asks for static int8, in any spelling ``xq.export`` takes (an
+    unknown one is left to its own error)."""
+    from ..errors import XnnquantError
+    from .options import ActivationKind, parse_activations
+
+    try:
+        return parse_activations(activations)[0] is ActivationKind.QINT8
+    except XnnquantError:
+        return False
+
+
 def refusal(found: list[Found], kwargs: dict[str, Any]) -> str | None:
     """Why the export cannot keep torchao's codes (every layer listed), or None."""
     lines = [f"layer {f.path or '<top level>'!r}: {f.refusal}" for f in found if f.stored is None]
-    if str(kwargs.get("activations", "dynamic")) not in ("dynamic", "None"):
+    if _static(kwargs.get("activations", "dynamic")):
         lines.append("activations=" f"{kwargs['activations']!r} rewrites the program into static int8, which would "
                      "quantize torchao's layers again; expected activations='dynamic'")
     if kwargs.get("state_dict") is not None:
