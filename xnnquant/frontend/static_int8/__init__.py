@@ -5,7 +5,8 @@ int8 one, in stages:
 
 1. ``calibrate``: the float graph runs on the real XNNPACK over the calibration batches
    with every value a node computes exposed (``observe.Exposed``); ``ranges.ValueStats``
-   keeps, per value, its exact bounds, its zeros and a sample of it.
+   keeps, per value, its exact bounds, its zeros and a sample of it, and
+   ``bias_correction.InputMeans`` the sums of each filtered node's input.
 2. ``rewrite.rewrite``: cross-layer equalization of filtered pairs (optional), a grid
    (scale, zero point) per value, shared where XNNPACK requires it: by default the grid of
    least first-order error at the graph's outputs (``sensitivity.py``: the float graph in
@@ -15,8 +16,9 @@ int8 one, in stages:
    at the graph's edges and around each node that has no int8 form here or that mixed
    precision keeps fp32 (``mixed.py``: the nodes whose grids cost the outputs most, within a
    time budget), each a ``Boundary`` of the report.
-3. ``bias_correction.correct_biases``: one pass of the int8 graph over the calibration
-   batches re-quantizes each bias for the mean shift its quantized filter causes.
+3. ``bias_correction.correct_biases``: each bias re-quantized for the mean shift its
+   quantized filter causes on the layer's float input means, which ``calibrate`` gathered
+   (``bias_correction.InputMeans``).
 
 The self-check judges each int8 ATen node with its stored filter and bias, so it holds
 for equalized filters as for any other; ``check.py`` also verifies that the equalized

@@ -4,8 +4,8 @@ A layer computes ``y = W x + b``; stored, ``W`` becomes ``Wq`` and the layer com
 ``Wq x + b``, whose mean over the calibration inputs differs from the float layer's by
 ``(W - Wq) E[x]`` per output channel: small per weight, but summed over a channel's
 taps it is a systematic shift that every following layer inherits.  Here ``E[x]`` is
-taken where the int8 graph feeds the layer (the real XNNPACK's codes on the calibration
-batches, dequantized), per tap of the window::
+the float graph's input to the layer on the calibration batches (the real XNNPACK's
+fp32 values, divided by the input's equalization factors), per tap of the window::
 
     conv2d     W [OC, KH, KW, Cg], groups G:    delta[o] = sum_ijc (W - Wq)[o, i, j, c] m[i, j, g(o) * Cg + c]
     depthwise  W [1, KH, KW, OC], multiplier M: delta[o] = sum_ij (W - Wq)[0, i, j, o] m[i, j, o // M]
@@ -14,11 +14,16 @@ batches, dequantized), per tap of the window::
 
 ``m[i, j, c]`` is the mean over images and output positions of input channel ``c`` at tap
 ``(i, j)`` of the window (zero where the window reads padding, as XNNPACK reads the zero
-point there), ``m[k]`` the mean of input feature ``k`` over rows.  The bias is then
+point there), ``m[k]`` the mean of input feature ``k`` over every row.  The bias is then
 quantized again from ``b + delta`` (float64 sums).  The correction leaves every other
-value of the graph (scales, zero points, filters) as it is.  The int8 graph's own input
-means would differ from the float ones only by what upstream quantization shifts, a
-second-order change of ``delta``; the float ones cost no second pass over the batches.
+value of the graph (scales, zero points, filters) as it is.
+
+Only the filter's own shift is corrected, not the mean shift upstream activation grids
+cause: the sensitivity ranges clip on purpose values a later clamp saturates anyway, which
+moves a channel's mean without moving what follows.  Measured on MobileNetV2 (the int8
+graph's own means on the calibration batches, by the real runtime), matching either the
+layers' pre-activation means (``W E[x] - Wq E[x_q]``) or half their output means' shift
+took the logits from 20.0 dB to 4.2 dB and 11.8 dB.
 """
 
 from __future__ import annotations

@@ -60,14 +60,16 @@ class WeightedHistogram:
 
     def add(self, x: np.ndarray, g2: np.ndarray) -> None:
         """Take float32 elements ``x`` with their ``g^2`` (one shape); exact zeros are skipped
-        (binned apart, then dropped).  The sums per bin are float64."""
+        (dropped first).  The sums per bin are float64."""
         x, g2 = x.reshape(-1), g2.reshape(-1)
+        nonzero = x != 0
+        x, g2 = x[nonzero], g2[nonzero]  # half of a ReLU's output: dropped before the four passes below
         index = np.clip((x - np.float32(self.lo)) * np.float32(BINS / (self.hi - self.lo)), 0, BINS - 1)
-        index = np.where(x == 0, BINS, index.astype(np.int64))
-        self.count += np.bincount(index, None, BINS + 1)[:BINS]
+        index = index.astype(np.intp)
+        self.count += np.bincount(index, None, BINS)
         weighted = g2 * x
         for total, weights in ((self.weight, g2), (self.first, weighted), (self.second, weighted * x)):
-            total += np.bincount(index, weights, BINS + 1)[:BINS]
+            total += np.bincount(index, weights, BINS)
 
     def _costs(self, los: np.ndarray, his: np.ndarray) -> np.ndarray:
         """``cost(lo, hi)`` for every pair of ``los`` x ``his`` (bins at their centers)."""
