@@ -7,6 +7,8 @@ Every error the library raises because of what a caller passed is an
 
 from __future__ import annotations
 
+from types import FrameType
+
 
 class XnnquantError(ValueError):
     """Base of every error raised for bad input."""
@@ -71,7 +73,8 @@ def warn_caller(message: str, category: type[Warning]) -> None:
     import warnings
 
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    level, frame = 2, sys._getframe(1)
+    level = 2
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
