@@ -118,6 +118,20 @@ def test_only_unaliased_fresh_values_are_updated_without_a_retrace() -> None:
                      "on a view": None, "view taken before": None, "on the input": None}
 
 
+def test_an_update_that_would_promote_out_of_place_is_left_to_the_retrace() -> None:
+    """``y16.add_(y)`` keeps float16; ``add(y16, y)`` would be float32."""
+
+    class Mixed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x * 2
+            y16 = y.half() * 1
+            y16.add_(y)
+            return y16 + 0  # not .float(): an aliasing reader, refused for that alone
+
+    program = torch.export.export(Mixed(), (torch.randn(2, 3),), strict=False)
+    assert buffer_updates(program) is None
+
+
 def test_out_of_place_ops_are_the_same_ops_writing_nothing() -> None:
     aten = torch.ops.aten
     assert out_of_place(aten.hardtanh_.default) is aten.hardtanh.default

@@ -24,7 +24,8 @@ An in-place op on a *fresh* intermediate (``nn.ReLU6(inplace=True)``: ``hardtanh
 where ``x`` is a convolution's output) is made functional the same way, by its out-of-place
 op (``hardtanh``), when nothing can see ``x`` but its readers: ``x`` comes from an op whose
 result aliases none of its arguments, nothing takes a view of ``x`` or of an update of it,
-and the op writes its first argument only.  Such updates are not outputs: nothing outside
+the op writes its first argument only, and every tensor it reads has ``x``'s dtype (the
+out-of-place op would promote where the in-place one keeps ``x``'s).  Such updates are not outputs: nothing outside
 the graph holds ``x``.
 
 A node that updates a buffer through a view (a slice assignment), an in-place op on a
@@ -105,6 +106,14 @@ def fresh(node: Any) -> bool:
     return schema is not None and not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
 
 
+def _one_dtype(node: Any) -> bool:
+    """True when every tensor ``node`` reads has the dtype of the value it writes: its
+    out-of-place op then computes in that dtype too (``x16.add_(y32)`` stays float16, while
+    ``add(x16, y32)`` is float32)."""
+    want = getattr(node.args[0].meta.get("val"), "dtype", None)
+    return want is not None and all(getattr(a.meta.get("val"), "dtype", want) == want for a in node.all_input_nodes)
+
+
 def _unaliased(node: Any, updates: set[Any]) -> bool:
     """True when no reader of ``node`` takes a view of it or writes it, but for ``updates``
     (in-place nodes on it as their first argument), whose own readers are held to the same."""
@@ -141,7 +150,7 @@ def buffer_updates(program: Any) -> list[Any] | None:
             continue
         root = alias_of(node.args[0], roots) if node.args else None
         if root is None and node.args and getattr(node.args[0], "op", None) == "call_function" \
-                and fresh(node.args[0]) and out_of_place(node.target) is not None:
+                and fresh(node.args[0]) and out_of_place(node.target) is not None and _one_dtype(node):
             root = intermediates[node.args[0]] = node.args[0]
         elif node.target not in INPLACE or root is None:
             return None

@@ -355,16 +355,27 @@ def constant_pad_nd(ctx: LoweringContext, x: Any, pad: Any, value: float = 0.0) 
     return ctx.tensor(ctx.graph.static_constant_pad(x.id, pre, post, float(value)), tuple(shape), x.perm)
 
 
-def _constant_mode(node: Any) -> str | None:
+def _plain_constant_pad(node: Any) -> str | None:
+    """``aten.pad`` is lowered only in its plain form: constant mode, static amounts, on a float32
+    value of static shape.  Any other node is refused here, and so decomposed by torch into ``constant_pad_nd``
+    (or gathers), whose own lowering and portable kernel take what XNNPACK does not: the
+    portable kernels have no ``aten.pad``."""
     mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
-    return None if mode == "constant" else f"padding mode {mode!r}: XNNPACK pads with a constant only"
+    if mode != "constant":
+        return f"padding mode {mode!r}: XNNPACK pads with a constant only"
+    val = getattr(node.args[0], "meta", {}).get("val")
+    pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ())
+    if val is None or str(val.dtype) != "torch.float32" or not all(isinstance(d, int) for d in val.shape) \
+            or not all(isinstance(p, int) for p in pad):
+        return "a padding of other than a float32 value of static shape by static amounts: decomposed"
+    return None
 
 
-@lowers(aten.pad.default, emits=("XNNStaticConstantPad", "XNNStaticSlice"), check=_constant_mode)
+@lowers(aten.pad.default, emits=("XNNStaticConstantPad", "XNNStaticSlice"), check=_plain_constant_pad)
 def pad(ctx: LoweringContext, x: Any, pad: Any, mode: str = "constant", value: float | None = None) -> Activation:
     """``F.pad(x, pad, mode="constant", value=...)`` as torch.export keeps it (TF-style "same"
-    padding, EfficientNet-Lite's): ``constant_pad_nd``, ``value`` None meaning 0; the other modes are
-    refused by the check (torch's decomposition makes them gathers)."""
+    padding, EfficientNet-Lite's): ``constant_pad_nd``, ``value`` None meaning 0; every other form is
+    refused by the check, and decomposed (``_plain_constant_pad``)."""
     return constant_pad_nd(ctx, x, pad, 0.0 if value is None else value)
 
 
