@@ -40,11 +40,12 @@ def test_rotations_are_orthogonal_and_seeded() -> None:
     assert not np.array_equal(rotation(64, seed=0), rotation(64, seed=1))
 
 
-def _decoder(family: str) -> torch.nn.Module:
+def _decoder(family: str, **sizes: int) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = {"llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)),
-             "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**COMMON, head_dim=32)),
-             "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=32))}[family]().eval()
+    common = {**COMMON, **sizes}
+    model = {"llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common)),
+             "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**common, head_dim=32)),
+             "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32))}[family]().eval()
     with torch.no_grad():  # norm scales that are not all ones, so folding them is tested
         for p in model.parameters():
             if p.dim() == 1:
@@ -52,12 +53,18 @@ def _decoder(family: str) -> torch.nn.Module:
     return model
 
 
+#: widths that are not powers of 2: SmolLM2-135M's are 576 and 1536 (Hadamard matrices of 12 * 2^k),
+#: and 18 has no Hadamard matrix here (a random orthogonal rotation of the stream)
+WIDTHS = {"llama": {}, "gemma": {}, "qwen3": {}, "llama 48/96": dict(hidden_size=48, intermediate_size=96),
+          "llama 18/40": dict(hidden_size=18, intermediate_size=40, num_attention_heads=3, num_key_value_heads=1)}
+
+
 @pytest.mark.xnnpack
-@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3"])
-def test_a_rotated_float_program_computes_the_model(family: str) -> None:
-    """Tied and scaled tables (gemma), q/k norms (qwen3): the rotated program, stepped, gives
-    transformers' logits."""
-    model = _decoder(family)
+@pytest.mark.parametrize("case", list(WIDTHS))
+def test_a_rotated_float_program_computes_the_model(case: str) -> None:
+    """Tied and scaled tables (gemma), q/k norms (qwen3), widths that are not powers of 2: the
+    rotated program, stepped, gives transformers' logits."""
+    model = _decoder(case.split()[0], **WIDTHS[case])
     exported = xq.export_llm(model, max_context=16, weights="fp32", embeddings=None, rotation="hadamard",
                              progress=False)
     ids = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(1))
