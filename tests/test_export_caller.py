@@ -251,6 +251,27 @@ def test_an_integer_input_to_a_float_linear_is_refused_whatever_check(check: boo
     assert not report.ok and report.refused[0] == str(info.value)
 
 
+def test_a_node_that_reads_no_input_does_not_blame_the_inputs() -> None:
+    """A lookup of the module's own out-of-range ids fails whatever the inputs: the error says so
+    (it once asked for other example inputs)."""
+
+    class Lookup(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(3, 4))
+            self.register_buffer("ids", torch.tensor([1, 5]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + nn.functional.embedding(self.ids, self.table).sum(0)
+
+    with pytest.raises(XnnquantError) as info:
+        xq.export(Lookup().eval(), (torch.randn(2, 4),), weights="fp32", progress=False)
+    assert str(info.value) == (
+        "the module's program cannot run: node embedding (aten.embedding.default, module <top level>) raises "
+        "IndexError: index out of range in self; it reads no example input, only the module's own tensors: "
+        "expected a module whose forward runs in torch (it does not with these parameters and buffers)")
+
+
 def test_token_ids_outside_the_table_are_refused() -> None:
     """Before: torch's IndexError from the self-check."""
     with pytest.raises(XnnquantError, match=r"node embedding \(aten.embedding.default, module <top level>\) raises "

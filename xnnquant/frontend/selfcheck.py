@@ -162,12 +162,16 @@ def _cannot_run(program: AtenProgram, node: Any, exc: Exception, inputs: tuple[A
     given = ", ".join(f"{program.input_names.get(program.inputs[k], program.inputs[k])!r} "
                       f"({str(inputs[k].dtype).removeprefix('torch.')} {tuple(inputs[k].shape)})" for k in sorted(read))
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    where = (f"node {node.name} ({op_name(node.target)}, module {AtenProgram.module_path(node) or '<top level>'}) "
+             f"raises {type(exc).__name__}: {first}")
+    if not given:  # the inputs cannot be at fault
+        return XnnquantError(f"the module's program cannot run: {where}; it reads no example input, only the "
+                             "module's own tensors: expected a module whose forward runs in torch (it does not "
+                             "with these parameters and buffers)")
     return XnnquantError(
-        f"the module's program cannot run on its example inputs: node {node.name} ({op_name(node.target)}, module "
-        f"{AtenProgram.module_path(node) or '<top level>'}) raises {type(exc).__name__}: {first}"
-        + (f"; it reads example input(s) {given}" if given else "")
-        + "; expected inputs of the dtypes and values the module computes on (a float layer takes float32, token "
-          "ids lie below the table's size)")
+        f"the module's program cannot run on its example inputs: {where}; it reads example input(s) {given}; "
+        "expected inputs of the dtypes and values the module computes on (a float layer takes float32, token ids "
+        "lie below the table's size)")
 
 
 def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], program: AtenProgram,
