@@ -144,6 +144,8 @@ def test_refusals_name_what_executorch_cannot_say(tmp_path: Path) -> None:
         (tiny_config(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
          "ExecuTorch's llama recipe has no 'linear' rotary scaling: expected 'default' or 'llama3'"),
         (tiny_config(mlp_bias=True), "ExecuTorch's llama Transformer has no MLP biases: got mlp_bias=True"),
+        (tiny_config(attention_bias=True), "ExecuTorch's llama Transformer has no output-projection bias: got "
+                                           "attention_bias=True (biases on q, k, v and o)"),
         (tiny_config(transformers.Qwen2Config, use_sliding_window=True, sliding_window=8),
          "ExecuTorch's llama recipe has no sliding-window attention: got sliding_window=8"),
     ]

@@ -113,6 +113,9 @@ def meta_params(config: Any) -> dict[str, Any]:
         raise XnnquantError(f"ExecuTorch's llama recipe has no sliding-window attention: got sliding_window={window}")
     if getattr(config, "mlp_bias", False):
         raise XnnquantError("ExecuTorch's llama Transformer has no MLP biases: got mlp_bias=True")
+    if getattr(config, "attention_bias", False):  # q, k, v and o: o has no place in Meta's names
+        raise XnnquantError("ExecuTorch's llama Transformer has no output-projection bias: got attention_bias=True "
+                            "(biases on q, k, v and o)")
     n_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     rope = _rope(config)
@@ -178,8 +181,6 @@ def meta_state_dict(model: Any) -> dict[str, Any]:
             f"Transformer: {', '.join(unknown[:6])}{' ...' if len(unknown) > 6 else ''} "
             f"(expected Llama-family names: {', '.join(sorted(_NAMES))})"
         )
-    if any(k.endswith(".wo.bias") for k in state):
-        raise XnnquantError("ExecuTorch's llama Transformer has no output-projection bias")
     if tied:
         state["output.weight"] = state["tok_embeddings.weight"]
     elif "output.weight" not in state:
