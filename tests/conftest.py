@@ -46,6 +46,23 @@ def _shared_candidates() -> list[Path]:
     return candidates
 
 
+@pytest.fixture
+def decompositions(monkeypatch: pytest.MonkeyPatch) -> list[list[str] | None]:
+    """Every ``ExportedProgram.run_decompositions`` call the test makes (torch's retrace of the
+    whole program), each as the sorted names of its table (None: torch's default table)."""
+    import torch
+
+    calls: list[list[str] | None] = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def spy(self: object, decomp_table: object = None, **kwargs: object) -> object:
+        calls.append(None if decomp_table is None else sorted(map(str, decomp_table)))
+        return original(self, decomp_table, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    return calls
+
+
 @pytest.fixture(scope="session")
 def shared_reference() -> Path | None:
     """``shared/reference`` of the project when it is there (optional: a clean clone in CI

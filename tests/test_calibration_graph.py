@@ -350,7 +350,8 @@ def test_batches_of_other_shapes_than_the_example(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize(("norm", "lengths"), [("vector_norm", [5, 6, 7, 9]), ("normalize", [10, 7]),
                                                ("normalize", [5, 6, 7, 9])])
 def test_calibration_traces_are_decomposed_as_the_export(monkeypatch: pytest.MonkeyPatch, norm: str,
-                                                         lengths: list[int]) -> None:
+                                                         lengths: list[int],
+                                                         decompositions: list[list[str] | None]) -> None:
     """A module traced again for the batches' shapes applies the decompositions the export's
     own program got, and no others.  ``vector_norm``: the export decomposes nothing, but
     with the batch and length dynamic (one trace for four shapes) the norm looks in need of
@@ -366,14 +367,7 @@ def test_calibration_traces_are_decomposed_as_the_export(monkeypatch: pytest.Mon
                 return torch.nn.functional.normalize(out, dim=-1)
             return out / torch.linalg.vector_norm(out, dim=-1, keepdim=True)
 
-    calls: list[Any] = []
-    original = torch.export.ExportedProgram.run_decompositions
-
-    def spy(self: Any, decomp_table: Any = None, **kwargs: Any) -> Any:
-        calls.append(None if decomp_table is None else sorted(map(str, decomp_table)))
-        return original(self, decomp_table, **kwargs)
-
-    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    calls = decompositions
     monkeypatch.setattr(eager, "statistics", lambda *args: None)  # traced, not run through the module
     torch.manual_seed(0)
     module = Normalized().eval()
