@@ -260,14 +260,32 @@ def test_an_equalization_applied_on_one_side_only_is_caught(monkeypatch: pytest.
 def test_an_equalization_through_relu6_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Factors through a ReLU6 move where the clamp cuts each channel (applied on both sides,
     so the filters alone look right): the rewrite leaves such groups alone, and the self-check
-    refuses them if it did not."""
+    refuses them if it did not, whether the clamp is fused into a convolution or into the add
+    of a residual group (the check used to look at filtered nodes only, and passed the latter)."""
     module = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU6(), nn.Conv2d(8, 4, 3, padding=1))
     assert not export(module).static_int8.int8.equalized
+    residual = AddReLU6()
+    assert not export(residual).static_int8.int8.equalized
     monkeypatch.setattr(rewriting, "_scale_invariant", lambda n: True)
-    with pytest.raises(SelfCheckError, match=r"equalized through .*'s clamp at 6.0 with factors from"):
+    with pytest.raises(SelfCheckError, match=r"equalized through XNNConv2d's clamp to \[0, 6\] with factors from"):
         export(module)
+    with pytest.raises(SelfCheckError, match=r"equalized through XNNAdd's clamp to \[0, 6\] with factors from"):
+        export(residual)
     relu = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
     assert export(relu).static_int8.int8.equalized  # a ReLU commutes with them: equalized
+
+
+class AddReLU6(nn.Module):
+    """Two convolutions added, the sum through ReLU6 (fused into the add), then read by a third:
+    the clamp sits on the add, not on a filtered node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(4, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(nn.functional.relu6(self.a(x) + self.b(x)))
 
 
 def test_a_wrong_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -174,14 +174,15 @@ def check_layers(result: Int8Graph, sources: list[tuple[str, str, str]]) -> None
     """``SelfCheckError`` unless every int8 layer's stored filter and bias are the module's
     (module docstring)."""
     assert result.source is not None
-    for eq in result.equalized:  # a clamp's upper bound does not commute with per-channel factors
-        clamped = [i for i in eq.producers if math.isfinite(float(result.source.nodes[i].output_max or math.inf))]
-        if clamped and not np.all(eq.factors == 1):
-            node = result.source.nodes[clamped[0]]
-            raise SelfCheckError(f"self-check failed: value {eq.value} is equalized through {node.kind}'s clamp at "
-                                 f"{node.output_max} with factors from {float(np.min(eq.factors)):.3g} to "
-                                 f"{float(np.max(eq.factors)):.3g} (the clamp would cut each channel at another "
-                                 "bound than the module's); please report it")
+    producer = {v: n for n in result.source.nodes for v in n.outputs}
+    for eq in result.equalized:  # a clamp's bounds other than 0 do not commute with per-channel factors
+        node = producer[eq.value]
+        lo, hi = float(node.output_min or 0.0), float(node.output_max or math.inf)
+        if (math.isfinite(hi) or lo not in (0.0, -math.inf)) and not np.all(eq.factors == 1):
+            raise SelfCheckError(f"self-check failed: value {eq.value} is equalized through {node.kind}'s clamp to "
+                                 f"[{lo:g}, {hi:g}] with factors from {float(np.min(eq.factors)):.3g} to "
+                                 f"{float(np.max(eq.factors)):.3g} (the clamp would cut each channel at other "
+                                 "bounds than the module's); please report it")
     for layer in result.layers:
         node = result.graph.nodes[layer.node]
         handle = node.debug_handle
