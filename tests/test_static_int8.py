@@ -26,6 +26,7 @@ from xnnquant.frontend.static_int8 import rewrite as rewriting
 from xnnquant.graph import interpret, run
 from xnnquant.graph.divergence import first_divergence
 from xnnquant.models import cnn
+from xnnquant.graph.rules import DATA_MOVEMENT
 
 pytestmark = pytest.mark.xnnpack
 
@@ -406,6 +407,7 @@ class _Zoo(nn.Module):
 
 @pytest.fixture(scope="module")
 def zoo() -> tuple[nn.Module, xq.Exported]:
+    torch.manual_seed(0)  # its figures (the mixed-precision test's margin) are of these weights
     module = _Zoo().eval()
     return module, export(module)
 
@@ -487,26 +489,29 @@ def test_sensitivity_ranges_clip_what_a_later_relu6_saturates() -> None:
 
 
 def test_mixed_precision_keeps_the_costliest_nodes_fp32_within_its_budget(zoo: tuple[nn.Module, xq.Exported]) -> None:
-    """``budget=1.0`` on the zoo network: some ATen nodes stay fp32 between converts, each listed
-    with its measured cost and reported as a boundary; the int8 nodes' codes on the real runtime
-    are the interpreter's, bit for bit; the program is closer to torch's float model than the
-    all-int8 one; ``budget=0`` keeps nothing; a bad budget is refused."""
+    """``budget=0.3`` on the zoo network: some ATen nodes stay fp32 between converts, each listed
+    with its measured cost and reported as a boundary, and others stay int8; the int8 nodes'
+    codes on the real runtime are the interpreter's, bit for bit; the program is closer to
+    torch's float model than the all-int8 one; ``budget=0`` keeps nothing; a bad budget is
+    refused."""
     module, plain = zoo
-    kept = export(module, activations=xq.StaticInt8(budget=1.0))
+    kept = export(module, activations=xq.StaticInt8(budget=0.3))  # 1.0 would keep every computing node
     assert plain.static_int8.int8.kept == [] and len(plain.boundaries) == 3  # its average pooling is fp32
     lines = kept.static_int8.int8.kept
     assert lines and all(" dB alone, " in line and line.endswith("% time") for line in lines), lines
-    assert sum("kept in fp32 by budget=1" in b for b in kept.boundaries) >= 1, kept.boundaries
-    fp32_nodes = [n for n in kept.graph.nodes if n.kind == "XNNConv2d"
-                  and kept.graph.value(n.outputs[0]).datatype is xq.Datatype.fp32]
-    assert fp32_nodes
+    assert sum("kept in fp32 by budget=0.3" in b for b in kept.boundaries) >= 1, kept.boundaries
+    computing = [(n.kind, kept.graph.value(n.outputs[0]).datatype) for n in kept.graph.nodes
+                 if n.kind not in DATA_MOVEMENT and n.kind != "XNNConvert"]
+    assert ("XNNAdd", xq.Datatype.fp32) in computing and ("XNNConv2d", xq.Datatype.qint8) in computing, computing
     evaluation = [x for (x,) in batches(3, seed=7)]
     assert_runtime_is_interpreter(kept, evaluation[:1], exact=False)
     with torch.no_grad():
         reference = np.concatenate([module(x).numpy() for x in evaluation])
     errors = {name: sqnr(reference, np.concatenate([e.run(x)[0] for x in evaluation]))
               for name, e in (("plain", plain), ("kept", kept))}
-    assert errors["kept"] > errors["plain"], errors
+    # measured 50.1 against 44.2 dB; int8 codes are exact and fp32 nodes move by float rounding on
+    # other CPUs, so half of the gain is a margin that only a worse choice or program can cross
+    assert errors["kept"] > errors["plain"] + 3, errors
     assert str(xq.StaticInt8(budget=0.3)) == "qint8(budget=0.3)"
     with pytest.raises(XnnquantError, match=r"^budget is the extra time mixed precision may spend.*got -1"):
         xq.StaticInt8(budget=-1)
