@@ -163,9 +163,13 @@ def test_ops_without_an_int8_form_stay_fp32_between_converts_and_are_reported() 
                             "AvgPooling2d") for b in lines), lines
     assert any(b.startswith("aten.softmax.int (node softmax, module 3): XNNPACK 1adaa7c7 has no qint8 Softmax")
                for b in lines), lines
+    # the 1x1 convolution between them reads and feeds fp32 nodes only: fp32 too (the converts
+    # around its 6 x 6 filter would cost more than int8 saves)
+    assert any(b.startswith("aten.conv2d.default (node conv2d_1, module 2): it reads and feeds only fp32 values")
+               for b in lines), lines
     kinds = {n.kind: exported.graph.value(n.outputs[0]).datatype.name for n in exported.graph.nodes}
     assert kinds["XNNAvgPooling2d"] == "fp32" and kinds["XNNSoftmax"] == "fp32" and kinds["XNNConv2d"] == "qint8"
-    assert "boundaries (3)" in str(exported)
+    assert "boundaries (4)" in str(exported)
     assert_runtime_is_interpreter(exported, [batches(1, seed=4)[0][0]], exact=False)  # ends with a float softmax
 
 
@@ -428,6 +432,51 @@ def test_the_torch_graph_computes_the_float_graph_as_the_module(zoo: tuple[nn.Mo
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+class _Kinds(nn.Module):
+    """Node kinds that CNN heads, U-Nets and transformers bring, with no int8 form or an fp32
+    one only: a grouped transposed convolution with output padding, PReLU, bilinear resizes
+    (half-pixel and aligned corners), a layer norm (reciprocal square root), square root, exp,
+    log, sin, cos, a constant concatenated, a batch matrix product and softmax.  (Floor and ceiling are left out: a value
+    within float rounding of an integer would make the comparison a coin toss.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.prelu = nn.PReLU(6)
+        self.norm = nn.LayerNorm(6)
+        self.q = nn.Linear(6, 6)
+        self.token = nn.Parameter(torch.randn(1, 1, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.prelu(self.up(x))
+        y = (nn.functional.interpolate(y, size=(20, 12), mode="bilinear", align_corners=False)
+             + nn.functional.interpolate(y, size=(20, 12), mode="bilinear", align_corners=True))
+        y = self.norm(y.permute(0, 2, 3, 1))
+        y = torch.sqrt(y.abs() + 1) + torch.exp(-y * y) + torch.log(y * y + 1) + torch.sin(y) * torch.cos(y)
+        t = torch.cat([self.token, y.reshape(1, 240, 6)], 1)  # a class token, as ViT's
+        return torch.softmax(self.q(t) @ t.transpose(1, 2), -1) @ t
+
+
+def test_the_torch_graph_computes_every_kind_a_float_graph_has() -> None:
+    """The torch forms of the kinds ``_Kinds`` lowers to, on three inputs in one batch, against the
+    module itself (torch's float model), as the test above: within 1e-5 of the output scale
+    (measured 1.4e-6).  Graphs with them used to fall back to percentile ranges and could not take
+    a budget."""
+    from xnnquant.frontend.static_int8 import torch_graph
+
+    module = _Kinds().eval()
+    inputs = torch.randn(3, 1, 4, 8, 8, generator=torch.Generator().manual_seed(4))
+    graph = xq.export(module, (inputs[0],), weights="fp32", progress=False).graph
+    kinds = {n.kind for n in graph.nodes}
+    assert {"XNNConvTranspose2d", "XNNPReLU", "XNNStaticResizeBilinear2D", "XNNReciprocalSquareRoot",
+            "XNNBatchMatrixMultiply", "XNNExp", "XNNLog", "XNNSin", "XNNCos", "XNNSquareRoot"} <= kinds, kinds
+    assert torch_graph.unsupported(graph) is None
+    got = torch_graph.forward(graph, [inputs], torch_graph.constants(graph))[graph.outputs[0]]
+    with torch.no_grad():
+        want = np.stack([module(x).numpy() for x in inputs])
+    assert np.abs(got.detach().numpy().reshape(want.shape) - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_a_weighted_histogram_prices_a_grid_as_the_sum_over_its_elements() -> None:
     """``WeightedHistogram.cost`` against the sum over the elements themselves (clipped ones their
     distance to the bound squared, the others step^2 / 12, zeros nothing), each weighted by its
@@ -515,6 +564,116 @@ def test_mixed_precision_keeps_the_costliest_nodes_fp32_within_its_budget(zoo: t
     assert str(xq.StaticInt8(budget=0.3)) == "qint8(budget=0.3)"
     with pytest.raises(XnnquantError, match=r"^budget is the extra time mixed precision may spend.*got -1"):
         xq.StaticInt8(budget=-1)
+
+
+def test_options_that_cannot_be_followed_are_reported_and_warned(zoo: tuple[nn.Module, xq.Exported],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph with a node kind torch cannot compute here gets percentile ranges and keeps nothing
+    in fp32 whatever the budget: both are said (the budget's note used to be dropped with the
+    planning rewrite, and neither was shown), in the report and as one ``OptionWarning`` at the
+    caller's line.  Layers a budget keeps in fp32 are asked for: no ``FallbackWarning``."""
+    import warnings
+
+    from xnnquant.frontend.api import FallbackWarning, OptionWarning
+    from xnnquant.frontend.static_int8 import torch_graph
+
+    module, _ = zoo
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = export(module, activations=xq.StaticInt8(budget=0.3))
+    assert kept.static_int8.int8.kept and not [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert "not as asked" not in str(kept)
+    monkeypatch.setattr(torch_graph, "unsupported", lambda graph: "XNNSomething")
+    with pytest.warns(OptionWarning) as record:
+        exported = export(module, activations=xq.StaticInt8(budget=0.3))
+    assert exported.static_int8.int8.kept == []
+    (warning,) = [w for w in record if issubclass(w.category, OptionWarning)]
+    assert warning.filename == __file__
+    text = str(warning.message)
+    assert text.startswith("activations='qint8(budget=0.3)' was not followed in full: ranges: percentile instead "
+                           "of sensitivity (XNNSomething has no torch form here); budget: nothing kept in fp32"), text
+    assert "\nnot as asked: ranges: percentile instead of sensitivity (XNNSomething" in str(exported)
+    assert "\nnot as asked: budget: nothing kept in fp32" in str(exported)
+
+
+class _MaskedAttention(nn.Module):
+    """One attention head with a padding mask added to its scores, as BERT's: the scores come from
+    an fp32 batch matrix product and go to an fp32 softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ self.k(x).transpose(1, 2) / 4.0 + ((1.0 - mask) * -100.0)[:, None, :]
+        return self.o(torch.softmax(scores, -1) @ self.v(x))
+
+
+def _masked_batches(count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        mask = torch.ones(1, 8)
+        mask[0, 7 - i % 4:] = 0  # the last 1 to 4 of 8 tokens are padding
+        out.append((torch.randn(1, 8, 16, generator=g), mask))
+    return out
+
+
+@pytest.mark.parametrize("islands", [True, False], ids=["kept fp32", "int8 (as before)"])
+def test_int8_nodes_between_fp32_nodes_stay_fp32(islands: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scores + mask`` reads the fp32 scores and feeds the fp32 softmax: in int8 its one grid held
+    the mask's -100 and the scores, which it rounded in steps of 0.4; it is kept fp32 with the
+    nodes computing the mask (cheaper by the time estimate: no converts), each a boundary with
+    its reason, and the program is much closer to torch's float model.  The measured figure of
+    the report is the outputs' SQNR on 4 calibration inputs, as computed here from torch's."""
+    if not islands:
+        monkeypatch.setattr(rewriting.Rewrite, "_keep_islands_fp32", lambda self: None)
+    module = _MaskedAttention().eval()
+    cal, held_out = _masked_batches(16, 1), _masked_batches(16, 2)
+    exported = xq.export(module, cal[0], weights="qc8w", calibration=cal, progress=False,
+                         activations=xq.StaticInt8(ranges="percentile"))
+    with torch.no_grad():
+        reference = np.concatenate([module(*b).numpy() for b in held_out])
+        measured = [cal[i] for i in (0, 5, 10, 15)]  # sensitivity.spread(4, 16)
+        in_sample = np.concatenate([module(*b).numpy() for b in measured])
+    db = sqnr(reference, np.concatenate([exported.run(*b)[0] for b in held_out]))
+    kept = [b for b in exported.boundaries if "it reads and feeds only fp32 values and nodes" in b]
+    if not islands:  # measured 23.3 dB
+        assert not kept and db < 29
+        return
+    assert len(kept) == 3 and all(b.startswith(("aten.rsub", "aten.mul", "aten.add")) for b in kept), kept
+    assert db > 29, db  # measured 35.1 dB: half the 11.8 dB gain is the margin
+    got, inputs = exported.static_int8.int8.measured
+    assert inputs == 4
+    # the float graph and torch differ by float rounding only: far below the int8 error
+    assert got == pytest.approx(sqnr(in_sample, np.concatenate([exported.run(*b)[0] for b in measured])), abs=0.01)
+    assert f"outputs against the float graph: {got:.1f} dB SQNR on 4 of the calibration inputs" in str(exported)
+
+
+def test_a_program_that_keeps_little_accuracy_is_warned_of() -> None:
+    """One output channel of a linear layer 1000 times the others (a transformer's outlier
+    channel) shares the layer's int8 grid, whose steps round the other channels away; the layer
+    norm after it leaves only them in the outputs (its scale is 0 on the outlier).  The export
+    measures the outputs (report line) and raises ``AccuracyWarning`` at the caller's line."""
+    import warnings
+
+    from xnnquant.frontend.api import AccuracyWarning
+
+    linear, norm = nn.Linear(16, 16), nn.LayerNorm(16)
+    with torch.no_grad():
+        linear.weight[0] *= 1000
+        linear.bias[0] = 0
+        norm.weight[0] = 0
+    module = nn.Sequential(nn.Linear(16, 16), linear, norm, nn.Linear(16, 4))
+    with pytest.warns(AccuracyWarning, match=r"keeps little of the module's accuracy: its outputs measure -?\d+\.\d dB "
+                                             r"SQNR against the float graph's on 4 of its own calibration inputs") as rec:
+        exported = export(module, (1, 8, 16))
+    assert [w.filename for w in rec if issubclass(w.category, AccuracyWarning)] == [__file__]
+    assert exported.static_int8.int8.measured[0] < 10  # measured 3.9 dB
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AccuracyWarning)
+        fine = export(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)), (1, 8, 16))
+    assert fine.static_int8.int8.measured[0] > 30  # measured 40.1 dB
 
 
 def test_efficientnet_lite0_loads_its_weights_and_classifies_a_photo() -> None:

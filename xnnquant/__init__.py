@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import Exported, FallbackWarning, OptionWarning, StaticInt8, check, export
+from .frontend import AccuracyWarning, Exported, FallbackWarning, OptionWarning, StaticInt8, check, export
 from .frontend.divergence import VerifyReport, verify
 from .llm import LLM, Generation, export_llm, generate
 from .schemes import (
@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "STORAGE",
+    "AccuracyWarning",
     "Calibration",
     "CalibrationWarning",
     "Datatype",

@@ -514,6 +514,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     exported.embeddings = options.embeddings
     _name_mutated_inputs(exported, mutated)
     _warn_fallbacks(exported)
+    if exported.static_int8 is not None:
+        _warn_static(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
             exported.to_pte() if members is not None else exported.to_bytes()
@@ -793,15 +795,42 @@ def _warn_unused(message: str) -> None:
 
 
 def _warn_fallbacks(exported: Exported) -> None:
-    """One warning for all the layers that fell back, by scheme (the report has each reason)."""
+    """One warning for all the layers that fell back, by scheme (the report has each reason); not
+    for the layers mixed precision chose to keep in fp32 (``StaticInt8.budget``: asked for)."""
     from collections import Counter
 
-    fell = Counter(row.scheme for row in exported.report if row.fallback)
+    fell = Counter(row.scheme for row in exported.report if row.fallback and "kept in fp32 by budget=" not in
+                   row.fallback)
     if fell:
         took = ", ".join(f"{n} took {scheme}" for scheme, n in sorted(fell.items()))
         warn_caller(f"{sum(fell.values())} of {len(exported.report)} layers could not take "
                     f"weights={str(exported.weights)!r} ({took}); print(exported) gives each layer's reason",
                     FallbackWarning)
+
+
+class AccuracyWarning(UserWarning):
+    """A static int8 program keeps little of the module's accuracy: its outputs measured below
+    ``ACCURACY_WARNING_DB`` against the float graph's on calibration inputs."""
+
+
+#: Outputs measured below this SQNR (noise a tenth of the signal's power) are warned of.
+ACCURACY_WARNING_DB = 10.0
+
+
+def _warn_static(exported: Exported) -> None:
+    """One ``OptionWarning`` for the static int8 choices not followed (``Int8Graph.notes``), one
+    ``AccuracyWarning`` when the measured outputs are mostly error (``Int8Graph.measured``)."""
+    int8 = exported.static_int8.int8
+    if int8.notes:
+        _warn_unused(f"activations={str(exported.activations)!r} was not followed in full: " + "; ".join(int8.notes))
+    if int8.measured is not None and int8.measured[0] < ACCURACY_WARNING_DB:
+        db, inputs = int8.measured
+        warn_caller(f"the static int8 program keeps little of the module's accuracy: its outputs measure {db:.1f} dB "
+                    f"SQNR against the float graph's on {inputs} of its own calibration inputs (expected "
+                    f">= {ACCURACY_WARNING_DB:g} dB). Per-tensor int8 grids cannot hold values of very different "
+                    "magnitudes in one tensor (a transformer's outlier channels); StaticInt8(budget=0.3) keeps the "
+                    "costliest nodes in fp32, activations='dynamic' quantizes each row at run time",
+                    AccuracyWarning)
 
 
 class _PassOptions:

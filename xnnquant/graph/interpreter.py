@@ -228,31 +228,34 @@ def _concatenate(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     return [np.concatenate(args, axis=node.params["axis"])]
 
 
-def _resize_bilinear(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
-    """Bilinear resize of NHWC ``[N, H, W, C]`` to ``[N, new_height, new_width, C]``.
+def bilinear_taps(size_in: int, size_out: int, align: bool, legacy: bool) -> tuple[np.ndarray, np.ndarray,
+                                                                                  np.ndarray]:
+    """Along one axis of a bilinear resize (``_resize_bilinear``): per output position its two
+    input neighbours (int64) and the weight of the second (float64).
 
     Source coordinate of output ``o`` along an axis of input size ``I``, output size ``O``:
     align corners: ``o * (I - 1) / (O - 1)``; TensorFlow legacy: ``o * I / O``; otherwise
-    half-pixel ``(o + 0.5) * I / O - 0.5`` clamped to ``[0, I - 1]``.  Neighbours are the
-    floor and the next pixel (clamped), weighted by the fraction.
+    half-pixel ``(o + 0.5) * I / O - 0.5`` clamped to ``[0, I - 1]``, in float32 as XNNPACK
+    computes it.  Neighbours are the floor and the next pixel (clamped), weighted by the fraction.
     """
+    adjust = 1 if align and size_out != 1 else 0
+    scale = np.float32((size_in - adjust) / (size_out - adjust))
+    o = np.arange(size_out, dtype=np.float32)
+    if align or legacy:
+        src = o * scale
+    else:
+        src = np.clip(o * scale + (np.float32(0.5) * scale - np.float32(0.5)), 0, size_in - 1)
+    low = src.astype(np.int64)
+    return low, np.minimum(low + 1, size_in - 1), (src - low).astype(np.float64)
+
+
+def _resize_bilinear(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Bilinear resize of NHWC ``[N, H, W, C]`` to ``[N, new_height, new_width, C]`` (``bilinear_taps``)."""
     x = args[0].astype(np.float64)
     align = bool(node.flags & XNN_FLAG_ALIGN_CORNERS)
     legacy = bool(node.flags & XNN_FLAG_TENSORFLOW_LEGACY_MODE)
-
-    def axis(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        adjust = 1 if align and size_out != 1 else 0
-        scale = np.float32((size_in - adjust) / (size_out - adjust))
-        o = np.arange(size_out, dtype=np.float32)
-        if align or legacy:
-            src = o * scale
-        else:
-            src = np.clip(o * scale + (np.float32(0.5) * scale - np.float32(0.5)), 0, size_in - 1)
-        low = src.astype(np.int64)
-        return low, np.minimum(low + 1, size_in - 1), (src - low).astype(np.float64)
-
-    top, bottom, fy = axis(x.shape[1], node.params["new_height"])
-    left, right, fx = axis(x.shape[2], node.params["new_width"])
+    top, bottom, fy = bilinear_taps(x.shape[1], node.params["new_height"], align, legacy)
+    left, right, fx = bilinear_taps(x.shape[2], node.params["new_width"], align, legacy)
     fy, fx = fy[None, :, None, None], fx[None, None, :, None]
     upper = x[:, top][:, :, left] * (1 - fx) + x[:, top][:, :, right] * fx
     lower = x[:, bottom][:, :, left] * (1 - fx) + x[:, bottom][:, :, right] * fx

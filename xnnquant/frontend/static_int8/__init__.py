@@ -27,6 +27,7 @@ float filters are the module's ones times their factors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -198,13 +199,43 @@ def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[A
 
     planner = rewrite()
     lines: list[str] = []
+    notes: list[str] = []
     if budget > 0:  # the choice reads the grids only: nearest codes while choosing
         planner.rounding = "nearest"
         planner.plan()
         keep, lines = planner.choose_float(budget)
+        notes = [n for n in planner.result.notes if n.startswith("budget:")]  # the others recur below
         planner = rewrite(keep)
     result = planner.run()
     result.kept = lines
+    result.notes.extend(notes)
     if bias_correction:
         correct_biases(result, calibration.means)
+    if calibration.batches:
+        result.measured = outputs_sqnr(graph, result.graph, calibration.batches)
     return StaticResult(result, graph, calibration.stats)
+
+
+#: How many calibration inputs (spread over them) the finished program is measured on.
+MEASURED_INPUTS = 4
+
+
+def outputs_sqnr(float_graph: Graph, int8_graph: Graph, batches: Sequence[Sequence[np.ndarray]]) -> tuple[float, int]:
+    """``(dB, inputs)``: the SQNR of ``int8_graph``'s float outputs against ``float_graph``'s, both
+    run on the real XNNPACK, over ``MEASURED_INPUTS`` of ``batches`` (as the graphs take them)."""
+    from .sensitivity import spread
+
+    chosen = [batches[i] for i in spread(MEASURED_INPUTS, len(batches))]
+    floats, ints = Exposed(float_graph, []), Exposed(int8_graph, [])
+    signal = noise = 0.0
+    with torch_threads(1):
+        for batch in chosen:
+            want = {v: np.array(x, np.float64) for v, x in floats.run(batch).items() if v in float_graph.outputs}
+            got = ints.run(batch)
+            for a, b in zip(float_graph.outputs, int8_graph.outputs):
+                if got[b].dtype != np.float32:  # an index output: not a signal
+                    continue
+                signal += float(np.sum(want[a] ** 2))
+                noise += float(np.sum((want[a] - got[b].reshape(want[a].shape)) ** 2))
+    db = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
+    return db, len(chosen)

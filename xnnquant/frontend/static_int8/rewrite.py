@@ -173,6 +173,9 @@ class Int8Graph:
     notes: list[str] = field(default_factory=list)
     #: mixed precision (``StaticInt8.budget``): one line per step of nodes kept in fp32, with its measured cost
     kept: list[str] = field(default_factory=list)
+    #: ``(dB, inputs)``: the finished graph's outputs against the float graph's on that many calibration
+    #: inputs, both on the real runtime (``static_int8.outputs_sqnr``)
+    measured: tuple[float, int] | None = None
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -291,6 +294,7 @@ class Rewrite:
                     self.refusal.setdefault(i, f"lowered as a composition of {len(nodes)} computing nodes ({kinds}); "
                                                "an int8 ATen node is one computing node; computed in fp32 between "
                                                "converts")
+        self._keep_islands_fp32()
         if self.equalize:
             self._equalize()
         self._grids()
@@ -302,6 +306,46 @@ class Rewrite:
                 reason = self._ratio_refusal(n)
                 if reason is not None:
                     self.refusal[i] = reason
+
+    def _keep_islands_fp32(self) -> None:
+        """Keep fp32 each island of int8 nodes (nodes that could compute in int8, linked by the
+        values they pass one another) that reads or feeds a node computing in fp32 and that the
+        time estimate (``mixed.estimate``) finds no faster in int8 than in fp32: its inputs come
+        from fp32 values and its readers are fp32 nodes or outputs, so int8 would add converts
+        and rounding for nothing.  A transformer's ``scores + mask`` between its fp32 batch
+        matrix product and softmax is one: in int8 its one grid had to hold the mask's -10000
+        with the scores, and rounded every score to 0.  An island that only the graph's inputs
+        and outputs bound (the whole program of int8 ops) stays int8, as asked."""
+        src = self.src
+        sets = _Sets()
+        producer = {v: i for i, n in enumerate(src.nodes) for v in n.outputs}
+        readers: dict[int, list[int]] = {}
+        for j, n in enumerate(src.nodes):
+            for v in n.inputs:
+                readers.setdefault(v, []).append(j)
+            if j not in self.refusal:
+                sets.find(j)
+                for v in n.inputs:
+                    if v in producer and producer[v] not in self.refusal:
+                        sets.union(producer[v], j)
+        islands: dict[int, list[int]] = {}
+        for j in range(len(src.nodes)):
+            if j not in self.refusal:
+                islands.setdefault(sets.find(j), []).append(j)
+        refused = set(self.refusal)
+        base = mixed.estimate(src, refused)
+        for nodes in islands.values():
+            touching = any(producer.get(v, -1) in refused for j in nodes for v in src.nodes[j].inputs) or any(
+                r in refused for j in nodes for v in src.nodes[j].outputs for r in readers.get(v, []))
+            computing = [j for j in nodes if src.nodes[j].kind not in DATA_MOVEMENT]
+            if not touching or not computing:
+                continue
+            floats = mixed.estimate(src, refused | set(computing))
+            if floats <= base:
+                why = (f"it reads and feeds only fp32 values and nodes: in int8 it would add converts and rounding "
+                       f"and save no time (estimated {floats / base - 1:+.1%} in fp32); computed in fp32")
+                for j in computing:
+                    self.refusal[j] = why
 
     def _grids(self) -> None:
         """Every activation's grid: data-movement nodes tie values into groups, each group's range
@@ -357,8 +401,8 @@ class Rewrite:
         sensitivity measurement."""
         measured = self.result.sensitivity
         if measured is None:
-            self.result.notes.append("budget: nothing kept in fp32 (it needs ranges='sensitivity' and its "
-                                     "measurement)")
+            self.result.notes.append("budget: nothing kept in fp32 (the choice prices each grid by the sensitivity "
+                                     "measurement, which did not run: see ranges)")
             return {}, []
         costs = {root: measured.histograms[root].cost(*grid_range(*self.grids[root])) for root in self.members
                  if root in measured.histograms}

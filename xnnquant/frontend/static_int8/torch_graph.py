@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
+from ...constants import (XNN_FLAG_ALIGN_CORNERS, XNN_FLAG_TENSORFLOW_LEGACY_MODE, XNN_FLAG_TRANSPOSE_B,
+                          XNN_FLAG_TRANSPOSE_WEIGHTS)
 from ...graph import Graph
-from ...graph.interpreter import CLAMPED_KINDS
+from ...graph.interpreter import CLAMPED_KINDS, bilinear_taps
 from ...graph.model import Node
+from ...graph.rules import DATA_MOVEMENT
 from ...graph.shapes import Window
 
 Op = Callable[[Node, list[Any], Graph], Any]
@@ -46,6 +48,52 @@ def _conv(node: Node, args: list[Any], graph: Graph) -> Any:
         filters, groups = w.permute(0, 3, 1, 2), node.params["groups"]
     y = F.conv2d(nchw, filters, bias[0] if bias else None, window.stride, 0, window.dilation, groups)
     return y.permute(0, 2, 3, 1).reshape(b, n, *y.shape[2:], y.shape[1])
+
+
+def _conv_transpose(node: Node, args: list[Any], graph: Graph) -> Any:
+    """Filter ``[OC, KH, KW, IC/g]``: torch's transposed convolution with no padding, ``adjustment``
+    rows and columns of zeros added at the bottom and right, then the padding cut off each side."""
+    import torch.nn.functional as F
+
+    x, w, *bias = args
+    dims = graph.value(node.inputs[0]).dims
+    p = node.params
+    window = Window.of_conv(p)
+    top, right, bottom, left = window.padding
+    groups = p["groups"]
+    oc, kh, kw, icg = w.shape
+    b, n = x.shape[:2]
+    nchw = x.reshape(b * n, *dims[1:]).permute(0, 3, 1, 2)
+    filters = w.reshape(groups, oc // groups, kh, kw, icg).permute(0, 4, 1, 2, 3).reshape(groups * icg, oc // groups,
+                                                                                         kh, kw)
+    y = F.conv_transpose2d(nchw, filters, None, window.stride, 0, 0, groups, window.dilation)
+    y = F.pad(y, (0, p.get("adjustment_width", 0), 0, p.get("adjustment_height", 0)))
+    y = y[:, :, top:y.shape[2] - bottom, left:y.shape[3] - right]
+    if bias:
+        y = y + bias[0][:, None, None]
+    return y.permute(0, 2, 3, 1).reshape(b, n, *y.shape[2:], y.shape[1])
+
+
+def _resize(node: Node, args: list[Any], graph: Graph) -> Any:
+    """Bilinear resize of ``[B, N, H, W, C]``, at the positions and weights XNNPACK computes
+    (``interpreter.bilinear_taps``)."""
+    import torch
+
+    x = args[0]
+    align, legacy = bool(node.flags & XNN_FLAG_ALIGN_CORNERS), bool(node.flags & XNN_FLAG_TENSORFLOW_LEGACY_MODE)
+    top, bottom, fy = bilinear_taps(x.shape[2], node.params["new_height"], align, legacy)
+    left, right, fx = bilinear_taps(x.shape[3], node.params["new_width"], align, legacy)
+    wy = torch.from_numpy(fy).to(x.dtype)[:, None, None]
+    wx = torch.from_numpy(fx).to(x.dtype)[:, None]
+    top, bottom, left, right = (torch.from_numpy(i) for i in (top, bottom, left, right))
+    rows = [x[:, :, i] for i in (top, bottom)]
+    upper, lower = (r[:, :, :, left] * (1 - wx) + r[:, :, :, right] * wx for r in rows)
+    return upper * (1 - wy) + lower * wy
+
+
+def _batch_matrix_multiply(node: Node, args: list[Any], graph: Graph) -> Any:
+    a, b = args
+    return a @ (b.transpose(-1, -2) if node.flags & XNN_FLAG_TRANSPOSE_B else b)
 
 
 def _pool(node: Node, args: list[Any], graph: Graph) -> Any:
@@ -102,6 +150,10 @@ def _ops() -> dict[str, Op]:
         "XNNFullyConnected": _fully_connected,
         "XNNConv2d": _conv,
         "XNNDepthwiseConv2d": _conv,
+        "XNNConvTranspose2d": _conv_transpose,
+        "XNNBatchMatrixMultiply": _batch_matrix_multiply,
+        "XNNStaticResizeBilinear2D": _resize,
+        "XNNPReLU": lambda n, a, g: torch.where(a[0] > 0, a[0], a[0] * a[1]),
         "XNNMaxPooling2d": _pool,
         "XNNAvgPooling2d": _pool,
         "XNNGlobalAvgPooling2d": lambda n, a, g: a[0].mean(dim=(2, 3), keepdim=True),
@@ -123,6 +175,14 @@ def _ops() -> dict[str, Op]:
         "XNNAbs": _unary(lambda x, n: x.abs()),
         "XNNNegate": _unary(lambda x, n: -x),
         "XNNSquare": _unary(lambda x, n: x * x),
+        "XNNSquareRoot": _unary(lambda x, n: torch.sqrt(x)),
+        "XNNReciprocalSquareRoot": _unary(lambda x, n: torch.rsqrt(x)),
+        "XNNExp": _unary(lambda x, n: torch.exp(x)),
+        "XNNLog": _unary(lambda x, n: torch.log(x)),
+        "XNNSin": _unary(lambda x, n: torch.sin(x)),
+        "XNNCos": _unary(lambda x, n: torch.cos(x)),
+        "XNNFloor": _unary(lambda x, n: torch.floor(x)),
+        "XNNCeiling": _unary(lambda x, n: torch.ceil(x)),
         "XNNStaticReshape": lambda n, a, g: a[0].reshape(a[0].shape[0], *g.value(n.outputs[0]).dims),
         "XNNStaticTranspose": lambda n, a, g: a[0].permute(0, *(p + 1 for p in n.params["perm"])),
         "XNNStaticSlice": _slice,
@@ -161,8 +221,12 @@ def forward(graph: Graph, inputs: Sequence[Any], consts: dict[int, Any],
     the graph's readers get (the same, or one that taps it)."""
     ops = _ops()
     env: dict[int, Any] = dict(zip(graph.inputs, inputs))
+    batch = inputs[0].shape[0] if len(inputs) else 1
     for node in graph.nodes:
-        args = [env[v] if v in env else consts[v] for v in node.inputs]
+        if node.kind in DATA_MOVEMENT:  # a constant moved (ViT's class token concatenated): one per input
+            args = [env[v] if v in env else consts[v].expand(batch, *consts[v].shape) for v in node.inputs]
+        else:  # filters, biases, and operands that broadcast over the leading axis as they are
+            args = [env[v] if v in env else consts[v] for v in node.inputs]
         y = ops[node.kind](node, args, graph)
         if node.kind in CLAMPED_KINDS and node.output_min is not None:
             y = y.clamp(node.output_min, node.output_max)
