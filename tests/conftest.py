@@ -31,6 +31,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs the xnnpack extra (executorch==1.4.1)"))
 
 
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """torch's global generator seeded before every test: a module built with random weights
+    (``nn.Linear(8, 8)``) is the same on every run and in any order or subset of tests, so a
+    measured figure in a test's comment stays the figure it asserts against."""
+    if "torch" in sys.modules:  # tests that never imported torch do not pay for its import
+        sys.modules["torch"].manual_seed(0)
+
+
 def _shared_candidates() -> list[Path]:
     """Where the project's ``shared`` folder may be: beside the repository, or beside
     the main checkout when this is a git worktree (its common git dir is the main

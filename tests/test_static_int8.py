@@ -25,8 +25,8 @@ from xnnquant.errors import SelfCheckError, XnnquantError
 from xnnquant.frontend.static_int8 import rewrite as rewriting
 from xnnquant.graph import interpret, run
 from xnnquant.graph.divergence import first_divergence
-from xnnquant.models import cnn
 from xnnquant.graph.rules import DATA_MOVEMENT
+from xnnquant.models import cnn
 
 pytestmark = pytest.mark.xnnpack
 

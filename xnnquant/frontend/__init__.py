@@ -22,5 +22,5 @@ from .options import StaticInt8
 from .report import ReportRow
 from .weights import SchemeKind, WeightScheme
 
-__all__ = ["AccuracyWarning", "CheckReport", "Exported", "FallbackWarning", "OptionWarning", "ReportRow", "SchemeKind", "StaticInt8",
-           "TensorIO", "WeightScheme", "check", "export"]
+__all__ = ["AccuracyWarning", "CheckReport", "Exported", "FallbackWarning", "OptionWarning", "ReportRow", "SchemeKind",
+           "StaticInt8", "TensorIO", "WeightScheme", "check", "export"]

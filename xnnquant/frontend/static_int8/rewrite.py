@@ -26,6 +26,8 @@ anything else (AvgPooling2d, Softmax,       never: fp32 between converts, one bo
 Div, BatchMatrixMultiply, ...)              in the report with the reason
 ==========================================  ==================================================
 
+Nodes that could compute in int8 but read and feed only nodes computing in fp32 stay fp32
+when the time estimate finds int8 no faster between its converts (``_keep_islands_fp32``).
 An ATen node lowered to more than one computing node (``silu`` = sigmoid, multiply;
 ``hardsigmoid``; an unfolded batch norm) stays fp32 as a whole: the self-check judges an
 int8 ATen node against torch within half an output step, which a chain of roundings

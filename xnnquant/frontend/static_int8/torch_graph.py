@@ -22,8 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ...constants import (XNN_FLAG_ALIGN_CORNERS, XNN_FLAG_TENSORFLOW_LEGACY_MODE, XNN_FLAG_TRANSPOSE_B,
-                          XNN_FLAG_TRANSPOSE_WEIGHTS)
+from ...constants import (
+    XNN_FLAG_ALIGN_CORNERS,
+    XNN_FLAG_TENSORFLOW_LEGACY_MODE,
+    XNN_FLAG_TRANSPOSE_B,
+    XNN_FLAG_TRANSPOSE_WEIGHTS,
+)
 from ...graph import Graph
 from ...graph.interpreter import CLAMPED_KINDS, bilinear_taps
 from ...graph.model import Node
