@@ -24,6 +24,9 @@ StaticResizeBilinear2D         0.13       11-bit weights: each off by at most 2^
                                           once per axis (2 * 255 / 4096 = 0.125)
 LeakyReLU                      0.5        8-bit multipliers ``lrintf(256 r)``: off by 1/512 of up to
                                           255 codes
+Multiply of silu               (below)    ``x * sigmoid(x)`` as two int8 nodes: the sigmoid's half
+                                          step ``s_s / 2``, times ``max |x|`` on x's grid, in steps
+                                          ``s_y`` of the output: ``max|x| s_s / (2 s_y)`` more
 data movement, clamps, max     0          codes moved or compared, never recomputed
 pooling
 =============================  =========  ==========================================================
@@ -107,6 +110,15 @@ class Int8Check:
             return 0.0
         if node.kind == "XNNConvert":
             return 0.0  # fp32 -> qint8: one rounding to nearest
+        if node.kind == "XNNMultiply":  # silu, x * sigmoid(x): the sigmoid's own rounding, times |x|
+            for x, s in (node.inputs, node.inputs[::-1]):
+                sigmoid = producers.get(s)
+                if sigmoid is not None and sigmoid.kind == "XNNSigmoid" and sigmoid.inputs[0] == x:
+                    s_x, zp_x = int8.quant(self.graph.value(x))
+                    s_s, _ = int8.quant(self.graph.value(s))
+                    s_y, _ = int8.quant(self.graph.value(node.outputs[0]))
+                    largest = max(128 + zp_x, 127 - zp_x) * float(s_x)
+                    return DEFAULT_SLACK + largest * float(s_s) * (0.5 + DEFAULT_SLACK) / float(s_y)
         return SLACK.get(node.kind, DEFAULT_SLACK)
 
     def grid_clip(self, vid: int, ref: np.ndarray, bounds: tuple[float | None, float | None]) -> np.ndarray:

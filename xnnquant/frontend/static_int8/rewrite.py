@@ -28,10 +28,12 @@ Div, BatchMatrixMultiply, ...)              in the report with the reason
 
 Nodes that could compute in int8 but read and feed only nodes computing in fp32 stay fp32
 when the time estimate finds int8 no faster between its converts (``_keep_islands_fp32``).
-An ATen node lowered to more than one computing node (``silu`` = sigmoid, multiply;
-``hardsigmoid``; an unfolded batch norm) stays fp32 as a whole: the self-check judges an
-int8 ATen node against torch within half an output step, which a chain of roundings
-inside one node does not keep.
+An ATen node lowered to more than one computing node (``hardsigmoid``; an unfolded batch
+norm) stays fp32 as a whole: the self-check judges an int8 ATen node against torch within
+half an output step, which a chain of roundings inside one node does not keep.  ``silu``
+(``x * sigmoid(x)``, ``_silu``) is the exception: its one more rounding, the sigmoid's, is
+bounded (``check.py``), and in fp32 it left an EfficientNet's int8 program barely faster than
+its fp32 one.
 
 Cross-layer equalization (``equalize``).  Where a filtered node's output feeds nothing but
 the next filtered node's input (with at most a clamp fused between, as ReLU and ReLU6
@@ -289,13 +291,15 @@ class Rewrite:
                 self.refusal[i] = self.keep[i]
             if n.kind not in DATA_MOVEMENT:  # fp32 ones too: an int8 node among them is rounded mid-node
                 computing.setdefault(n.debug_handle, []).append(i)
+        silus = [nodes for nodes in computing.values() if self._silu(nodes)]
         for nodes in computing.values():
-            if len(nodes) > 1:
+            if len(nodes) > 1 and nodes not in silus:
                 kinds = ", ".join(src.nodes[i].kind for i in nodes)
                 for i in nodes:
                     self.refusal.setdefault(i, f"lowered as a composition of {len(nodes)} computing nodes ({kinds}); "
                                                "an int8 ATen node is one computing node; computed in fp32 between "
                                                "converts")
+        self._whole(silus)
         self._keep_islands_fp32()
         if self.equalize:
             self._equalize()
@@ -308,6 +312,26 @@ class Rewrite:
                 reason = self._ratio_refusal(n)
                 if reason is not None:
                     self.refusal[i] = reason
+        self._whole(silus)
+
+    def _silu(self, nodes: list[int]) -> bool:
+        """Whether ``nodes`` (one ATen node's computing nodes) are ``x * sigmoid(x)``: a sigmoid of
+        ``x`` and a multiply of ``x`` by it, which compute in int8 with one more rounding than one
+        node (``check.py`` bounds it)."""
+        if len(nodes) != 2:
+            return False
+        first, second = (self.src.nodes[i] for i in nodes)
+        return (first.kind == "XNNSigmoid" and second.kind == "XNNMultiply"
+                and sorted(second.inputs) == sorted((first.inputs[0], first.outputs[0])))
+
+    def _whole(self, silus: list[list[int]]) -> None:
+        """A silu is computed in int8 or in fp32 as a whole (the self-check judges its ATen node in
+        one or the other): one node fp32 (a budget's choice, a ratio) makes both."""
+        for nodes in silus:
+            why = next((self.refusal[i] for i in nodes if i in self.refusal), None)
+            if why is not None:
+                for i in nodes:
+                    self.refusal.setdefault(i, why)
 
     def _keep_islands_fp32(self) -> None:
         """Keep fp32 each island of int8 nodes (nodes that could compute in int8, linked by the
