@@ -202,6 +202,7 @@ def test_add_subtract_multiply_with_broadcast() -> None:
 UNARY: dict[str, Callable[[Graph, int, Rng], dict[str, object]]] = {
     "sigmoid": lambda g, x, rng: {},
     "tanh": lambda g, x, rng: {},
+    "gelu": lambda g, x, rng: {},
     "hardswish": lambda g, x, rng: {},
     "elu": lambda g, x, rng: {"alpha": float(rng.uniform(0.2, 2))},
     "leaky_relu": lambda g, x, rng: {"negative_slope": float(rng.choice([0.01, 0.1, 0.5, 1.5, -0.3]))},
@@ -209,7 +210,7 @@ UNARY: dict[str, Callable[[Graph, int, Rng], dict[str, object]]] = {
 
 
 def test_unary_nodes() -> None:
-    """Table-driven (sigmoid, tanh, hardswish, ELU) and 8-bit fixed-point (leaky ReLU) nodes,
+    """Table-driven (sigmoid, tanh, GELU, hardswish, ELU) and 8-bit fixed-point (leaky ReLU) nodes,
     each over all 256 input codes."""
     rng = np.random.default_rng(30)
     c = Cases(target="1.4.1")
@@ -223,6 +224,24 @@ def test_unary_nodes() -> None:
             y = c.tensor(rng, (2, 128), s_y, -128 if s_y == 1 / 256 else None)
             c.g.output(getattr(c.g, name)(x, **params(c.g, x, rng), output=y))  # type: ignore[arg-type]
     c.check()
+
+
+@pytest.mark.parametrize(("s_x", "s_y", "z_y"), [(0.02, 0.004, -100), (0.05, 0.002, -120), (0.03, 0.02, -10)])
+def test_gelu_is_a_table_of_the_exact_gelu(s_x: float, s_y: float, z_y: int) -> None:
+    """qint8 GELU over all 256 codes, on output grids fine enough that the tanh approximation of
+    GELU (within 3e-4 of it) would give other codes: the runtime's are the exact GELU's table
+    (``int8._gelu``, erf in double as XNNPACK's reference), and the approximation's differ."""
+    g = Graph(target="1.4.1")
+    x = g.input((2, 128), D.qint8, PerTensorQuant(s_x, 0))
+    g.output(g.gelu(x, output=g.tensor((2, 128), D.qint8, PerTensorQuant(s_y, z_y))))
+    got = run(g.to_bytes(), [np.arange(-128, 128, dtype=np.int8).reshape(2, 128)])[0].reshape(-1)
+    assert np.array_equal(got, q.lookup_table(q._gelu, s_x, 0, s_y, z_y))
+
+    def tanh_approximation(v: np.ndarray) -> np.ndarray:
+        w = v.astype(np.float64)
+        return (w / 2 * (1 + np.tanh(np.sqrt(2 / np.pi) * (w + 0.044715 * w**3)))).astype(F32)
+
+    assert not np.array_equal(got, q.lookup_table(tanh_approximation, s_x, 0, s_y, z_y))
 
 
 def test_clamp_and_conversions() -> None:

@@ -107,6 +107,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], str]] = {
     "sigmoid": (lambda: _conv_then(torch.sigmoid), SHAPE, "XNNSigmoid"),
     "silu": (lambda: _conv_then(nn.functional.silu), SHAPE, "XNNMultiply"),
     "tanh": (lambda: _conv_then(torch.tanh), SHAPE, "XNNTanh"),
+    "gelu": (lambda: _conv_then(nn.functional.gelu), SHAPE, "XNNGelu"),
     "leaky relu": (lambda: _conv_then(lambda y: nn.functional.leaky_relu(y, 0.1)), SHAPE, "XNNLeakyReLU"),
     "clamp": (lambda: _conv_then(lambda y: torch.clamp(y, -0.3, 0.4) * 1.0), SHAPE, "XNNConv2d"),
     "resize bilinear": (lambda: _conv_then(lambda y: nn.functional.interpolate(y, scale_factor=2, mode="bilinear")),

@@ -27,6 +27,7 @@ LeakyReLU                        ``x > zp_x``, ``M- = lrintf(256 f32(f32(s_x / s
 Clamp, same scale and zp         ``clip(x, q(min), q(max))`` with ``q(v) = lrintf(clip(f32(v / s) + zp,
                                  -128, 127))`` (``quantize_bound``; also every output_min/max)
 Sigmoid, Tanh, Hardswish, ELU,   a 256-entry table made once from float32 reference math:
+Gelu,
 Clamp with other scale or zp     ``table[x] = sat(rne(f32(f32(op(f32((x - zp_x) s_x)) * f32(1 / s_y)) + zp_y)))``
 MaxPooling2d                     max of the codes (padding never wins), then ``clip(lo, hi)``
 GlobalAvgPooling2d (a mean)      ``S = sum x`` (raw codes, int32), ``m = f32(f32(s_x / s_y) * f32(1 / N))``,
@@ -198,6 +199,13 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
         e = np.exp(x.astype(np.float64))
         s = (e / (1.0 + e)).astype(F32)
     return np.where(x > 100, F32(1), np.where(x < -100, F32(0), s))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """``f32(f32(x / 2) * (1 + erf(x * sqrt(2) / 2)))``, the product and erf in double, as
+    XNNPACK's reference operator computes it for float (``sqrt(2)`` is a double there)."""
+    half = (x / F32(2)).astype(np.float64)
+    return np.array([h * (1 + math.erf(float(v) * math.sqrt(2) / 2)) for h, v in zip(half, x)]).astype(F32)
 
 
 def _tanh(x: np.ndarray) -> np.ndarray:
@@ -443,6 +451,7 @@ HANDLERS: dict[str, Int8Handler] = {
     "XNNClamp": clamp,
     "XNNSigmoid": _table_node(lambda node: _sigmoid),
     "XNNTanh": _table_node(lambda node: _tanh),
+    "XNNGelu": _table_node(lambda node: _gelu),
     "XNNHardswish": _table_node(lambda node: _hardswish),
     "XNNELU": _table_node(lambda node: _elu(node.params["alpha"])),
     "XNNMaxPooling2d": max_pooling,

@@ -18,7 +18,7 @@ Add, Subtract, Multiply                     each operand is an activation or a o
                                             constant (a qint8 constant of code +-127), and
                                             the scale ratios lie where XNNPACK asserts them
 Clamp, Sigmoid, Tanh, Hardswish, ELU,       always (LeakyReLU: its ratios as for Add)
-LeakyReLU, GlobalAvgPooling2d
+Gelu, LeakyReLU, GlobalAvgPooling2d
 MaxPooling2d, StaticReshape, -Transpose,    no operand is a constant, sharing one scale and
 -Slice, -ConstantPad, -ResizeBilinear2D,    zero point between inputs and output (XNNPACK
 Copy, Concatenate2..5                       refuses any other)
@@ -92,7 +92,8 @@ from .sensitivity import Sensitivity, output_sensitivity
 
 F32 = np.float32
 BINARY = ("XNNAdd", "XNNSubtract", "XNNMultiply")
-UNARY = ("XNNClamp", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeakyReLU", "XNNGlobalAvgPooling2d")
+UNARY = ("XNNClamp", "XNNGelu", "XNNSigmoid", "XNNTanh", "XNNHardswish", "XNNELU", "XNNLeakyReLU",
+         "XNNGlobalAvgPooling2d")
 #: Node kinds computed in int8 (besides the data-movement kinds, which move codes).
 COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
 #: The largest bias code a filter scale is chosen for: 2^31 less room for the bias correction's shift.
