@@ -671,11 +671,13 @@ def test_int8_nodes_between_fp32_nodes_stay_fp32(islands: bool, monkeypatch: pyt
         return
     assert len(kept) == 3 and all(b.startswith(("aten.rsub", "aten.mul", "aten.add")) for b in kept), kept
     assert db > 29, db  # measured 35.1 dB: half the 11.8 dB gain is the margin
-    got, inputs = exported.static_int8.int8.measured
+    found = exported.static_int8.int8.measured
+    got, inputs = found.db, found.inputs
     assert inputs == 4
     # the float graph and torch differ by float rounding only: far below the int8 error
     assert got == pytest.approx(sqnr(in_sample, np.concatenate([exported.run(*b)[0] for b in measured])), abs=0.01)
     assert f"outputs against the float graph: {got:.1f} dB SQNR on 4 of the calibration inputs" in str(exported)
+    assert found.int8_ms > 0 and found.float_ms > 0 and "ms against the float graph's" in str(exported)
 
 
 def test_a_program_that_keeps_little_accuracy_is_warned_of() -> None:
@@ -697,11 +699,11 @@ def test_a_program_that_keeps_little_accuracy_is_warned_of() -> None:
                                              r"SQNR against the float graph's on 4 of its own calibration inputs") as rec:
         exported = export(module, (1, 8, 16))
     assert [w.filename for w in rec if issubclass(w.category, AccuracyWarning)] == [__file__]
-    assert exported.static_int8.int8.measured[0] < 10  # measured 3.9 dB
+    assert exported.static_int8.int8.measured.db < 10  # measured 3.9 dB
     with warnings.catch_warnings():
         warnings.simplefilter("error", AccuracyWarning)
         fine = export(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)), (1, 8, 16))
-    assert fine.static_int8.int8.measured[0] > 30  # measured 40.1 dB
+    assert fine.static_int8.int8.measured.db > 30  # measured 40.1 dB
 
 
 def test_efficientnet_lite0_loads_its_weights_and_classifies_a_photo() -> None:

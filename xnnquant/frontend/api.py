@@ -823,8 +823,8 @@ def _warn_static(exported: Exported) -> None:
     int8 = exported.static_int8.int8
     if int8.notes:
         _warn_unused(f"activations={str(exported.activations)!r} was not followed in full: " + "; ".join(int8.notes))
-    if int8.measured is not None and int8.measured[0] < ACCURACY_WARNING_DB:
-        db, inputs = int8.measured
+    if int8.measured is not None and int8.measured.db < ACCURACY_WARNING_DB:
+        db, inputs = int8.measured.db, int8.measured.inputs
         warn_caller(f"the static int8 program keeps little of the module's accuracy: its outputs measure {db:.1f} dB "
                     f"SQNR against the float graph's on {inputs} of its own calibration inputs (expected "
                     f">= {ACCURACY_WARNING_DB:g} dB). Per-tensor int8 grids cannot hold values of very different "

@@ -294,9 +294,7 @@ class Exported:
                     f"\n  {b}" for b in self.boundaries)
                 int8 = self.static_int8.int8 if self.static_int8 is not None else None
                 if int8 is not None and int8.measured is not None:
-                    db, inputs = int8.measured
-                    text += (f"\noutputs against the float graph: {db:.1f} dB SQNR on {inputs} of the calibration "
-                             "inputs (held-out inputs measure lower)")
+                    text += f"\n{int8.measured}"
                 text += "".join(f"\nnot as asked: {note}" for note in (int8.notes if int8 is not None else []))
             return text + self._mutations
         head = "" if self.llm is None else f"{self.llm}\n"

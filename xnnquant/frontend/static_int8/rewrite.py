@@ -178,9 +178,8 @@ class Int8Graph:
     notes: list[str] = field(default_factory=list)
     #: mixed precision (``StaticInt8.budget``): one line per step of nodes kept in fp32, with its measured cost
     kept: list[str] = field(default_factory=list)
-    #: ``(dB, inputs)``: the finished graph's outputs against the float graph's on that many calibration
-    #: inputs, both on the real runtime (``static_int8.outputs_sqnr``)
-    measured: tuple[float, int] | None = None
+    #: the finished graph against the float graph on calibration inputs (``static_int8.Measured``)
+    measured: Any = None
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
