@@ -19,6 +19,9 @@ int8 one, in stages:
 3. ``bias_correction.correct_biases``: each bias re-quantized for the mean shift its
    quantized filter causes on the layer's float input means, which ``calibrate`` gathered
    (``bias_correction.InputMeans``).
+4. ``measure``: the finished graph and the float graph on the real runtime over a few
+   calibration inputs: the outputs' SQNR and each graph's run time (``Measured``, in the
+   report; the export warns below ``api.ACCURACY_WARNING_DB``).
 
 The self-check judges each int8 ATen node with its stored filter and bias, so it holds
 for equalized filters as for any other; ``check.py`` also verifies that the equalized
@@ -236,7 +239,7 @@ class Measured:
     def __str__(self) -> str:
         return (f"outputs against the float graph: {self.db:.1f} dB SQNR on {self.inputs} of the calibration inputs "
                 f"(inputs its grids were chosen on); run time on this machine {self.int8_ms:.3g} ms against the "
-                f"float graph's {self.float_ms:.3g} ms ({self.int8_ms / self.float_ms:.2f}x)")
+                f"float graph's {self.float_ms:.3g} ms ({self.int8_ms / max(self.float_ms, 1e-9):.2f}x)")
 
 
 def measure(float_graph: Graph, int8_graph: Graph, batches: Sequence[Sequence[np.ndarray]]) -> Measured:
