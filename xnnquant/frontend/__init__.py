@@ -16,11 +16,11 @@ what ``xq.export`` returns; ``divergence`` is ``xq.verify``.
 Importing this package does not import torch: ``export`` does, on first call.
 """
 
-from .api import AccuracyWarning, CheckReport, FallbackWarning, OptionWarning, check, export
+from .api import AccuracyWarning, CheckReport, FallbackWarning, OptionWarning, PerformanceWarning, check, export
 from .exported import Exported, TensorIO
 from .options import StaticInt8
 from .report import ReportRow
 from .weights import SchemeKind, WeightScheme
 
-__all__ = ["AccuracyWarning", "CheckReport", "Exported", "FallbackWarning", "OptionWarning", "ReportRow", "SchemeKind",
-           "StaticInt8", "TensorIO", "WeightScheme", "check", "export"]
+__all__ = ["AccuracyWarning", "CheckReport", "Exported", "FallbackWarning", "OptionWarning", "PerformanceWarning",
+           "ReportRow", "SchemeKind", "StaticInt8", "TensorIO", "WeightScheme", "check", "export"]

@@ -813,13 +813,23 @@ class AccuracyWarning(UserWarning):
     ``ACCURACY_WARNING_DB`` against the float graph's on calibration inputs."""
 
 
+class PerformanceWarning(UserWarning):
+    """A static int8 program ran slower than its float graph on the exporting machine (more than
+    ``SLOWER_WARNING`` times its time, the float graph taking at least ``TIMED_WARNING_MS``)."""
+
+
 #: Outputs measured below this SQNR (noise a tenth of the signal's power) are warned of.
 ACCURACY_WARNING_DB = 10.0
+#: An int8 program measured this many times its float graph's run time is warned of, when the float
+#: graph takes at least ``TIMED_WARNING_MS`` (shorter runs are mostly the runtime's fixed costs and noise).
+SLOWER_WARNING = 1.2
+TIMED_WARNING_MS = 0.5
 
 
 def _warn_static(exported: Exported) -> None:
     """One ``OptionWarning`` for the static int8 choices not followed (``Int8Graph.notes``), one
-    ``AccuracyWarning`` when the measured outputs are mostly error (``Int8Graph.measured``)."""
+    ``AccuracyWarning`` when the measured outputs are mostly error, one ``PerformanceWarning`` when
+    the program ran slower than its float graph (``Int8Graph.measured``)."""
     int8 = exported.static_int8.int8
     if int8.notes:
         _warn_unused(f"activations={str(exported.activations)!r} was not followed in full: " + "; ".join(int8.notes))
@@ -831,6 +841,13 @@ def _warn_static(exported: Exported) -> None:
                     "magnitudes in one tensor (a transformer's outlier channels); StaticInt8(budget=0.3) keeps the "
                     "costliest nodes in fp32, activations='dynamic' quantizes each row at run time",
                     AccuracyWarning)
+    timed = int8.measured
+    if timed is not None and timed.float_ms >= TIMED_WARNING_MS and timed.int8_ms > SLOWER_WARNING * timed.float_ms:
+        warn_caller(f"the static int8 program ran slower than its float graph on this machine: {timed.int8_ms:.3g} ms "
+                    f"against {timed.float_ms:.3g} ms (median of {timed.inputs} inputs x 3 runs); the converts around "
+                    f"its {len(exported.boundaries)} fp32 <-> qint8 boundaries (print(exported) lists them) cost more "
+                    "than its int8 nodes save. weights='qc8w' with activations='dynamic', or the fp32 program, may "
+                    "serve better; time them where the program will run", PerformanceWarning)
 
 
 class _PassOptions:
