@@ -717,7 +717,7 @@ def test_a_program_slower_than_its_float_graph_is_warned_of(int8_ms: float, floa
 
     from xnnquant.frontend import static_int8
 
-    measured = static_int8.Measured(40.0, 4, int8_ms, float_ms)
+    measured = static_int8.Measured(40.0, 4, 3, int8_ms, float_ms)
     monkeypatch.setattr(static_int8, "measure", lambda *args: measured)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import xnnquant as xq
+from xnnquant.metrics import sqnr_db
 
 pytestmark = pytest.mark.xnnpack
 
@@ -173,11 +174,6 @@ ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], float, float]] = {
 }
 
 
-def sqnr(reference: np.ndarray, got: np.ndarray) -> float:
-    r, g = reference.astype(np.float64), got.astype(np.float64)
-    return float(10 * np.log10(np.sum(r * r) / np.sum((r - g) ** 2)))
-
-
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_static_int8_keeps_unseen_architectures_close_to_float(name: str) -> None:
     make, least, least_budget = ARCHITECTURES[name]
@@ -194,6 +190,6 @@ def test_static_int8_keeps_unseen_architectures_close_to_float(name: str) -> Non
             warnings.simplefilter("error", xq.OptionWarning)  # sensitivity ranges and the budget followed
             exported = xq.export(module, calibration[0], weights="qc8w", calibration=calibration, progress=False,
                                  activations=xq.StaticInt8(budget=budget))
-        got[budget] = sqnr(reference, np.concatenate([exported.run(x)[0] for x in held_out]))
+        got[budget] = sqnr_db(reference, np.concatenate([exported.run(x)[0] for x in held_out]))
     assert got[0.0] >= least, got
     assert got[0.3] >= least_budget, got

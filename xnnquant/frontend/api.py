@@ -844,10 +844,10 @@ def _warn_static(exported: Exported) -> None:
     timed = int8.measured
     if timed is not None and timed.float_ms >= TIMED_WARNING_MS and timed.int8_ms > SLOWER_WARNING * timed.float_ms:
         warn_caller(f"the static int8 program ran slower than its float graph on this machine: {timed.int8_ms:.3g} ms "
-                    f"against {timed.float_ms:.3g} ms (median of {timed.inputs} inputs x 3 runs); the converts around "
-                    f"its {len(exported.boundaries)} fp32 <-> qint8 boundaries (print(exported) lists them) cost more "
-                    "than its int8 nodes save. weights='qc8w' with activations='dynamic', or the fp32 program, may "
-                    "serve better; time them where the program will run", PerformanceWarning)
+                    f"against {timed.float_ms:.3g} ms (median of {timed.inputs} inputs x {timed.runs} runs); the "
+                    f"converts around its {len(exported.boundaries)} fp32 <-> qint8 boundaries (print(exported) lists "
+                    "them) cost more than its int8 nodes save. weights='qc8w' with activations='dynamic', or the fp32 "
+                    "program, may serve better; time them where the program will run", PerformanceWarning)
 
 
 class _PassOptions:

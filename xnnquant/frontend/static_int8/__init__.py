@@ -30,7 +30,6 @@ float filters are the module's ones times their factors.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +42,12 @@ from ...graph.rules import DATA_MOVEMENT, WEIGHTED
 from ..evaluation import torch_threads
 from ..exported import TensorIO
 from .bias_correction import InputMeans, correct_biases
-from .observe import Exposed
+from .observe import Exposed, Measured, measure
 from .ranges import ValueStats
 from .rewrite import Boundary, Int8Graph, Rewrite
 
-__all__ = ["Boundary", "Calibration", "Int8Graph", "calibrate", "describe", "graph_batches", "quantize"]
+__all__ = ["Boundary", "Calibration", "Int8Graph", "Measured", "calibrate", "describe", "graph_batches", "measure",
+           "quantize"]
 
 
 def describe(graph: Graph, vid: int, sources: Sequence[tuple[str, str, str]], inputs: Sequence[TensorIO]) -> str:
@@ -217,57 +217,3 @@ def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[A
     if calibration.batches:
         result.measured = measure(graph, result.graph, calibration.batches)
     return StaticResult(result, graph, calibration.stats)
-
-
-#: How many calibration inputs (spread over them) the finished program is measured on, and how many
-#: times each is timed (after one untimed run of each graph).
-MEASURED_INPUTS = 4
-TIMED_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class Measured:
-    """The finished int8 graph against the float graph, both on the real runtime, on ``inputs``
-    calibration inputs: its outputs' SQNR (``db``) and the median wall time of one run of each
-    on this machine with the runtime's threads (``int8_ms``, ``float_ms``)."""
-
-    db: float
-    inputs: int
-    int8_ms: float
-    float_ms: float
-
-    def __str__(self) -> str:
-        return (f"outputs against the float graph: {self.db:.1f} dB SQNR on {self.inputs} of the calibration inputs "
-                f"(inputs its grids were chosen on); run time on this machine {self.int8_ms:.3g} ms against the "
-                f"float graph's {self.float_ms:.3g} ms ({self.int8_ms / max(self.float_ms, 1e-9):.2f}x)")
-
-
-def measure(float_graph: Graph, int8_graph: Graph, batches: Sequence[Sequence[np.ndarray]]) -> Measured:
-    """``Measured`` over ``MEASURED_INPUTS`` of ``batches`` (as the graphs take them)."""
-    import statistics
-    import time
-
-    from .sensitivity import spread
-
-    chosen = [batches[i] for i in spread(MEASURED_INPUTS, len(batches))]
-    floats, ints = Exposed(float_graph, []), Exposed(int8_graph, [])
-    signal = noise = 0.0
-    times: dict[str, list[float]] = {"float": [], "int8": []}
-    with torch_threads(1):
-        floats.run(chosen[0])
-        ints.run(chosen[0])
-        for batch in chosen:
-            for _ in range(TIMED_ROUNDS):
-                for name, exposed in (("float", floats), ("int8", ints)):
-                    start = time.perf_counter()
-                    exposed.run(batch)
-                    times[name].append(time.perf_counter() - start)
-            want = {v: np.array(x, np.float64) for v, x in floats.run(batch).items() if v in float_graph.outputs}
-            got = ints.run(batch)
-            for a, b in zip(float_graph.outputs, int8_graph.outputs):
-                if got[b].dtype != np.float32:  # an index output: not a signal
-                    continue
-                signal += float(np.sum(want[a] ** 2))
-                noise += float(np.sum((want[a] - got[b].reshape(want[a].shape)) ** 2))
-    db = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
-    return Measured(db, len(chosen), 1e3 * statistics.median(times["int8"]), 1e3 * statistics.median(times["float"]))

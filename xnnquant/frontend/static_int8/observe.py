@@ -5,7 +5,8 @@ extra external output (chunks of at most ``MAX_NUM_EXTERNS`` externals), wraps e
 ``.pte`` with static input and output shapes and loads it on the ExecuTorch runtime,
 once; ``run`` then executes them (one execution per chunk and batch) and returns every
 value by id: fp32 values as float32, qint8 ones as their int8 codes.  Calibration runs the
-float graph through it, bias correction the static int8 one.
+float graph through it; ``measure`` runs the finished int8 graph beside the float one (their
+outputs' SQNR and run times, ``Measured``).
 
 Static shapes, not ``graph.run``'s bounded dynamic ones: measured on MobileNetV2 with 66
 exposed values (28 MB of outputs a call), one execution takes 37 ms with static outputs
@@ -21,7 +22,10 @@ threads, 12 ms with one).
 from __future__ import annotations
 
 import copy
+import statistics
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,8 @@ from ...errors import UnsupportedConfigError
 from ...graph import Graph
 from ...graph.divergence import observable
 from ...graph.program import _captured_stderr
+from ...metrics import sqnr_db
+from ..evaluation import torch_threads
 
 
 class Exposed:
@@ -94,3 +100,55 @@ class Exposed:
         for vid, x in zip(self.graph.inputs, inputs):
             found[vid] = np.asarray(x)
         return found
+
+
+#: How many calibration inputs (spread over them) a finished program is measured on, and how many
+#: times each is timed (after one untimed run of each graph).
+MEASURED_INPUTS = 4
+TIMED_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A finished int8 graph against its float graph, both on the real runtime, on ``inputs``
+    calibration inputs: its float outputs' SQNR (``db``) and the median wall time of one run of
+    each (``int8_ms``, ``float_ms``; ``runs`` per input) on this machine with the runtime's threads."""
+
+    db: float
+    inputs: int
+    runs: int
+    int8_ms: float
+    float_ms: float
+
+    def __str__(self) -> str:
+        return (f"outputs against the float graph: {self.db:.1f} dB SQNR on {self.inputs} of the calibration inputs "
+                f"(inputs its grids were chosen on); run time on this machine {self.int8_ms:.3g} ms against the "
+                f"float graph's {self.float_ms:.3g} ms ({self.int8_ms / max(self.float_ms, 1e-9):.2f}x)")
+
+
+def measure(float_graph: Graph, int8_graph: Graph, batches: Sequence[Sequence[np.ndarray]]) -> Measured:
+    """``Measured`` over ``MEASURED_INPUTS`` of ``batches`` (as the graphs take them; at least one)."""
+    from .sensitivity import spread
+
+    chosen = [batches[i] for i in spread(MEASURED_INPUTS, len(batches))]
+    floats, ints = Exposed(float_graph, []), Exposed(int8_graph, [])
+    times: dict[str, list[float]] = {"float": [], "int8": []}
+    want: list[np.ndarray] = []
+    got: list[np.ndarray] = []
+    with torch_threads(1):
+        floats.run(chosen[0])
+        ints.run(chosen[0])
+        for batch in chosen:
+            for _ in range(TIMED_ROUNDS):
+                for name, exposed in (("float", floats), ("int8", ints)):
+                    start = time.perf_counter()
+                    exposed.run(batch)
+                    times[name].append(time.perf_counter() - start)
+            f, q = floats.run(batch), ints.run(batch)  # the runtime's buffers: copied before the next run
+            for a, b in zip(float_graph.outputs, int8_graph.outputs):
+                if q[b].dtype == np.float32:  # not an index output
+                    want.append(np.array(f[a], np.float64).reshape(-1))
+                    got.append(np.array(q[b], np.float64).reshape(-1))
+    db = sqnr_db(np.concatenate(want), np.concatenate(got)) if want else float("nan")
+    return Measured(db, len(chosen), TIMED_ROUNDS, 1e3 * statistics.median(times["int8"]),
+                    1e3 * statistics.median(times["float"]))

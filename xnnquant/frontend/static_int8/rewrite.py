@@ -86,6 +86,7 @@ from ...tensor import QuantizedTensor
 from ..report import ReportRow
 from ..weights import weight_sqnr
 from . import mixed, torch_graph
+from .observe import Measured
 from .ranges import ValueStats, choose_range, grid_range, qparams
 from .rounding import layer_grams, learned_filter
 from .sensitivity import Sensitivity, output_sensitivity
@@ -178,8 +179,8 @@ class Int8Graph:
     notes: list[str] = field(default_factory=list)
     #: mixed precision (``StaticInt8.budget``): one line per step of nodes kept in fp32, with its measured cost
     kept: list[str] = field(default_factory=list)
-    #: the finished graph against the float graph on calibration inputs (``static_int8.Measured``)
-    measured: Any = None
+    #: the finished graph against the float graph on calibration inputs (``observe.measure``)
+    measured: Measured | None = None
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -266,6 +267,10 @@ class Rewrite:
         self.rows, self.filters = list(rows), filters
         self.ranges, self.percentile, self.method = ranges, percentile, method
         self.producer = {vid: n for n in graph.nodes for vid in n.outputs}
+        self.readers: dict[int, list[int]] = {}  # value id -> the nodes (indices) reading it
+        for i, n in enumerate(graph.nodes):
+            for vid in n.inputs:
+                self.readers.setdefault(vid, []).append(i)
         self.refusal: dict[int, str] = {}  # node index -> why it stays fp32
         self.group: dict[int, int] = {}  # float value id -> its group (of values sharing a grid)
         self.grids: dict[int, tuple[float, int]] = {}  # group -> its grid (scale, zero point)
@@ -342,13 +347,10 @@ class Rewrite:
         matrix product and softmax is one: in int8 its one grid had to hold the mask's -10000
         with the scores, and rounded every score to 0.  An island that only the graph's inputs
         and outputs bound (the whole program of int8 ops) stays int8, as asked."""
-        src = self.src
+        src, readers = self.src, self.readers
         sets = _Sets()
         producer = {v: i for i, n in enumerate(src.nodes) for v in n.outputs}
-        readers: dict[int, list[int]] = {}
         for j, n in enumerate(src.nodes):
-            for v in n.inputs:
-                readers.setdefault(v, []).append(j)
             if j not in self.refusal:
                 sets.find(j)
                 for v in n.inputs:
@@ -530,11 +532,7 @@ class Rewrite:
 
     def _equalize(self) -> None:
         """Equalize every channel group the module docstring allows."""
-        src = self.src
-        readers: dict[int, list[int]] = {}
-        for i, n in enumerate(src.nodes):
-            for vid in n.inputs:
-                readers.setdefault(vid, []).append(i)
+        src, readers = self.src, self.readers
         sets = _Sets()
         for i, n in enumerate(src.nodes):
             if (n.kind in ("XNNAdd", "XNNSubtract") or self._channelwise(n)) and i not in self.refusal:
@@ -767,10 +765,7 @@ class Rewrite:
     def _int8_leaning(self) -> set[int]:
         """Data-movement nodes (by index) every reader of whose output computes in int8: they move
         int8 codes even when their input is fp32 (the convert then comes before them)."""
-        readers: dict[int, list[int]] = {}
-        for i, n in enumerate(self.src.nodes):
-            for vid in n.inputs:
-                readers.setdefault(vid, []).append(i)
+        readers = self.readers
         leaning: set[int] = set()
         for i in reversed(range(len(self.src.nodes))):
             n = self.src.nodes[i]
