@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xnnquant as xq
+from xnnquant.errors import UnsupportedConfigError
 from xnnquant.packing import kernel_configs, pack_gemm
 
 pytestmark = pytest.mark.xnnpack
@@ -58,8 +59,10 @@ def assert_same_bytes(ours: np.ndarray, theirs: np.ndarray) -> None:
 def check(weight, bias, operator: str) -> None:
     capture, selected = _capture()
     config = selected[operator]
-    if config is None:
-        pytest.skip(f"this CPU has no {operator} kernel")
+    if config is None:  # the model says XNNPACK has no kernel here: XNNPACK must refuse, not pack
+        with pytest.raises(UnsupportedConfigError, match=f"XNNPACK has no {operator} kernel for this CPU"):
+            capture(weight, bias, operator=operator)
+        return
     captured = capture(weight, bias, operator=operator)
     assert captured.config == config, f"deduced {captured.config}, gemm-config.c selects {config}"
     assert_same_bytes(pack_gemm(weight, bias, config=config), captured.data)
@@ -119,17 +122,20 @@ def test_unsigned_input_falls_back_to_signed_when_the_cpu_has_no_kernel() -> Non
 
 
 def test_qdu8_and_qd8_corrections_differ_for_4bit() -> None:
-    """Signed nibbles with a x16 row-sum term (qd8, SSE2) versus unsigned nibbles with a x1
-    row-sum term (qdu8, madd kernels): same weights, different bytes, both XNNPACK's."""
+    """Signed nibbles carry a x16 row-sum term (qd8 on SSE2, and the qdu8 VNNI kernels),
+    unsigned nibbles a x1 term (the qdu8 "madd" kernels of AVX2 and AVX-512 without VNNI):
+    same weights, bytes as the layout the model gives each kernel on this CPU."""
     capture, selected = _capture()
-    if selected["qdu8_f32_qc4w"] is None or selected["qdu8_f32_qc4w"].weights != "qc4uw":
-        pytest.skip("this CPU's qdu8 qc4w kernel reads signed nibbles")
     weight = qc4(4, 16)
-    signed = capture(weight, operator="qd8_f32_qc4w").data
-    unsigned = capture(weight, operator="qdu8_f32_qc4w").data
     row_sum = int(weight.codes[0].astype(int).sum())
+    signed = capture(weight, operator="qd8_f32_qc4w").data
     assert signed[:4].view(np.int32)[0] == -16 * row_sum
-    assert unsigned[:4].view(np.int32)[0] == -row_sum
+    unsigned_config = selected["qdu8_f32_qc4w"]
+    if unsigned_config is None:  # SSE2-only CPUs: no unsigned kernel (checked by the shape tests)
+        return
+    unsigned = capture(weight, operator="qdu8_f32_qc4w").data
+    expected = -row_sum if unsigned_config.weights == "qc4uw" else -16 * row_sum
+    assert unsigned[:4].view(np.int32)[0] == expected
 
 
 def test_every_selected_config_is_in_the_table() -> None:
@@ -191,29 +197,19 @@ def _runtime_weights():
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("kind,weight", list(_runtime_weights()))
 def test_runtime_packs_what_pack_gemm_packs(kind: str, weight, with_bias: bool) -> None:
-    from xnnquant.xnnpack.capture import capture_runtime_packed_weights, selected_configs
+    """The runtime's operator is the one ``runtime_config`` predicts (XNNPACK ranks the
+    unsigned- and signed-input kernels by their ISA bit), and its bytes are pack_gemm's."""
+    from xnnquant.xnnpack.capture import capture_runtime_packed_weights, runtime_configs, selected_configs
 
     bias = bias_or_none(weight.shape[0], with_bias)
     captured = capture_runtime_packed_weights(weight, bias)
-    selected = selected_configs()
     if kind == "f32":
+        selected = selected_configs()
         assert captured.operator == "f32"
         assert captured.config in (selected["f32"], selected["f32 nr2"])
-    else:  # the runtime prefers the unsigned-input kernel when the CPU has one
-        unsigned = f"qdu8_f32_{kind}"
-        expected = unsigned if selected[unsigned] is not None else f"qd8_f32_{kind}"
-        assert captured.operator == expected
-        assert captured.config == selected[expected]
+    else:
+        expected = runtime_configs()[kind]
+        assert expected is not None
+        assert captured.operator == expected.operator
+        assert captured.config == expected
     assert_same_bytes(pack_gemm(weight, bias, config=captured.config), captured.data)
-
-
-def test_an_operator_the_cpu_lacks_is_refused_not_replaced() -> None:
-    from xnnquant.errors import UnsupportedConfigError
-    from xnnquant.xnnpack.capture import capture_packed_weights, selected_configs
-
-    missing = [op for op, config in selected_configs().items() if config is None and op != "f32 nr2"]
-    if not missing:
-        pytest.skip("this CPU has a kernel for every operator")
-    weight = {"qc8w": qc8(4, 32), "qc4w": qc4(4, 32), "qb4w": qb4(4, 32, 32)}[missing[0][-4:]]
-    with pytest.raises(UnsupportedConfigError, match=f"XNNPACK has no {missing[0]} kernel for this CPU"):
-        capture_packed_weights(weight, operator=missing[0])

@@ -203,35 +203,6 @@ def test_qb4w_unsigned_input_vnni_tile() -> None:
     assert got.tobytes() == expected and len(expected) == 448
 
 
-#: /proc/cpuinfo flags of the machines the suite has run on that decide XNNPACK's x86 GEMM
-#: kernels (other flags left out): AMD Zen 2 and Zen 3 (AVX2), AMD Zen 4 (AVX-512 VNNI).
-AVX2 = {"sse2", "ssse3", "sse4_1", "avx", "fma", "avx2"}
-AVX512 = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "gfni"}
-EXPECTED_KERNELS = {  # operator -> ISA branch per machine; None: no kernel (capture tests skip)
-    # Zen 2 (family 0x17, model 0x31) and Zen 3 are not XNNPACK's uarch "zen" (Zen 1 only)
-    "zen2, zen3": {"f32": "fma3 (other uarch)", "qd8_f32_qc8w": "avx2", "qdu8_f32_qc8w": None,
-                   "qd8_f32_qc4w": "sse2", "qdu8_f32_qc4w": "avx2", "qd8_f32_qb4w": "avx2",
-                   "qdu8_f32_qb4w": None},
-    "zen4": {"f32": "avx512f", "qd8_f32_qc8w": "avx512skx", "qdu8_f32_qc8w": "avx512vnni (x86-64 asm)",
-             "qd8_f32_qc4w": "sse2", "qdu8_f32_qc4w": "avx512vnni", "qd8_f32_qb4w": "avx2",
-             "qdu8_f32_qb4w": "avx512vnni"},
-}
-
-
-@pytest.mark.parametrize("machine", sorted(EXPECTED_KERNELS))
-def test_kernel_selection_per_machine(machine: str) -> None:
-    """Which capture tests run where: on AVX-512 VNNI every operator has a kernel, so the
-    qdu8 captures that AVX2 machines skip run there (and their tiles have golden bytes here)."""
-    from xnnquant.packing.gemm_configs import select_config
-
-    flags, uarch = {"zen2, zen3": (AVX2, ""), "zen4": (AVX512, "zen4")}[machine]
-    got = {}
-    for operator in EXPECTED_KERNELS[machine]:
-        selected = select_config(operator, flags, uarch)
-        got[operator] = None if selected is None else selected.isa
-    assert got == EXPECTED_KERNELS[machine]
-
-
 # --- f32 --------------------------------------------------------------------------------
 
 

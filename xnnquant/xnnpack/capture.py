@@ -40,7 +40,7 @@ from ..constants import (
 from ..datatypes import Datatype
 from ..errors import UnsupportedConfigError, XnnquantError
 from ..packing.gemm import pack_gemm
-from ..packing.gemm_configs import KernelConfig, kernel_configs, select_config
+from ..packing.gemm_configs import DYNAMIC_OPERATORS, KernelConfig, kernel_configs, runtime_config, select_config
 from ..packing.int4 import pack_int4
 from ..rounding import check_bf16_exact
 from ..tensor import QuantizedTensor
@@ -246,20 +246,22 @@ def deduce_config(captured: CapturedWeights, weight: WeightInput,
     return None
 
 
-def cpu_features() -> tuple[frozenset[str], str]:
-    """This CPU's /proc/cpuinfo flags and its micro-architecture as XNNPACK's configs see it.
+def cpu_features(cpuinfo: str | None = None) -> tuple[frozenset[str], str]:
+    """A CPU's /proc/cpuinfo flags and its micro-architecture as XNNPACK's configs see it.
 
-    The uarch is "zen" for AMD family 0x17 models below 0x30 and Hygon family 0x18 (what
-    cpuinfo calls zen / dhyana), "zen4" / "zen5" for those cores, "" otherwise.  Empty
-    flags when /proc/cpuinfo is unreadable (not Linux).
+    ``cpuinfo``: the text of /proc/cpuinfo (None: this machine's).  The uarch is "zen" for
+    AMD family 0x17 models below 0x30 and Hygon family 0x18 (what cpuinfo calls zen /
+    dhyana), "zen4" / "zen5" for those cores, "" otherwise.  Empty flags when
+    /proc/cpuinfo is unreadable (not Linux).
     """
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return frozenset(), ""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return frozenset(), ""
     fields: dict[str, str] = {}
-    for line in text.split("\n\n")[0].splitlines():
+    for line in cpuinfo.split("\n\n")[0].splitlines():
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
     flags = frozenset(fields.get("flags", "").split())
@@ -286,6 +288,13 @@ def selected_configs() -> dict[str, KernelConfig | None]:
     out = {op: select_config(op, flags, uarch) for op in _OPERATORS}
     out["f32 nr2"] = select_config("f32", flags, uarch, nr2=True)
     return out
+
+
+def runtime_configs() -> dict[str, KernelConfig | None]:
+    """Per dynamically quantized weight layout ("qc8w", "qc4w", "qb4w"), the kernel a
+    subgraph runs on this CPU (``gemm_configs.runtime_config``)."""
+    flags, uarch = cpu_features()
+    return {weights: runtime_config(weights, flags, uarch) for weights in DYNAMIC_OPERATORS}
 
 
 class _Unsupported(Exception):
@@ -414,5 +423,6 @@ __all__ = [
     "cpu_features",
     "creation_seconds",
     "deduce_config",
+    "runtime_configs",
     "selected_configs",
 ]
