@@ -200,6 +200,26 @@ def declare(name: str, restype: Any, *argtypes: Any) -> Any:
     return _declare_on(load_library(), name, restype, argtypes)
 
 
+def executorch_threadpool(threads: int) -> c_void_p:
+    """ExecuTorch's process-wide ``pthreadpool_t`` with ``threads`` threads (what a program's
+    delegates run on: ``executorch::extension::threadpool::get_pthreadpool``).
+
+    Resizing replaces the pool: a runtime made on the pool of another size must be
+    deleted before this is called with a new size.
+    """
+    lib = load_library()
+    prefix = "_ZN10executorch9extension10threadpool"
+    get_pool = _declare_on(lib, f"{prefix}14get_threadpoolEv", c_void_p, ())
+    count = _declare_on(lib, "_ZNK10executorch9extension10threadpool10ThreadPool16get_thread_countEv",
+                        ctypes.c_size_t, (c_void_p,))
+    reset = _declare_on(lib, f"{prefix}10ThreadPool24_unsafe_reset_threadpoolEj", c_bool, (c_void_p, ctypes.c_uint32))
+    get_pthreadpool = _declare_on(lib, f"{prefix}15get_pthreadpoolEv", c_void_p, ())
+    pool = get_pool()
+    if not pool or (count(pool) != threads and not reset(pool, threads)):
+        raise XnnquantError(f"could not set ExecuTorch's thread pool to {threads} threads")
+    return c_void_p(get_pthreadpool())
+
+
 def check(status: int, call: str) -> None:
     """Raise ``XnnquantError`` naming ``call`` and the status when ``status`` is not success."""
     if status != 0:
@@ -244,6 +264,7 @@ __all__ = [
     "check",
     "declare",
     "dims_array",
+    "executorch_threadpool",
     "library_path",
     "load_library",
     "padded",

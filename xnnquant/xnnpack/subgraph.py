@@ -123,7 +123,10 @@ class Subgraph:
 
 
 class Runtime:
-    """An ``xnn_runtime_t`` created from a ``Subgraph`` (one thread, no workspace sharing).
+    """An ``xnn_runtime_t`` created from a ``Subgraph`` (no workspace sharing).
+
+    ``threads``: 1 runs on the calling thread; more runs on ExecuTorch's thread pool,
+    resized to that many threads (the pool programs run on).
 
     ``weights_cache``: None, a ``_capi.WeightsCacheProvider`` (passed by reference) or any
     ``void*``-compatible ctypes object.  It is kept alive with the subgraph's buffers.
@@ -131,15 +134,16 @@ class Runtime:
     """
 
     def __init__(self, subgraph: Subgraph, *, weights_cache: Any = None, profiling: bool = True,
-                 flags: int = 0) -> None:
+                 flags: int = 0, threads: int = 1) -> None:
         self.lib = subgraph.lib
         self.handle = ctypes.c_void_p()
         self.keepalive: list[Any] = [*subgraph.keepalive, weights_cache]
         cache_arg = ctypes.byref(weights_cache) if isinstance(weights_cache, ctypes.Structure) else weights_cache
         if profiling:
             flags |= XNN_FLAG_BASIC_PROFILING
+        pool = _capi.executorch_threadpool(threads) if threads > 1 else None
         _capi.check(
-            self.lib.xnn_create_runtime_v4(subgraph.handle, cache_arg, None, None, flags, ctypes.byref(self.handle)),
+            self.lib.xnn_create_runtime_v4(subgraph.handle, cache_arg, None, pool, flags, ctypes.byref(self.handle)),
             "xnn_create_runtime_v4",
         )
 
