@@ -44,6 +44,8 @@ from ..errors import XnnquantError, missing_extra
 
 #: The name our attention function is registered under in transformers' ``AttentionInterface``.
 ATTENTION = "xnnquant"
+#: The KV cache layouts (``Decoder(kv_cache=)``).
+KV_CACHES = ("fp32",)
 
 
 @dataclass(frozen=True)
@@ -255,11 +257,16 @@ class Decoder(torch.nn.Module):
     """``forward(tokens, input_pos) -> logits`` over a KV cache of ``max_context`` positions
     (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, family: Family, max_context: int) -> None:
+    def __init__(self, model: torch.nn.Module, family: Family, max_context: int, *, max_seq_len: int | None = None,
+                 kv_cache: str = "fp32") -> None:
         super().__init__()
         self.model = model
         self.family = family
         self.max_context = max_context
+        self.max_seq_len = max_context if max_seq_len is None else max_seq_len
+        if kv_cache not in KV_CACHES:
+            raise XnnquantError(f"kv_cache must be one of {', '.join(map(repr, KV_CACHES))}: got {kv_cache!r}")
+        self.kv_cache = kv_cache
         shapes = family.cache_shapes(model)
         self.layers = len(shapes)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))  # meta: streamed, zeros
@@ -275,6 +282,7 @@ class Decoder(torch.nn.Module):
         start = input_pos[0].item()
         torch._check_is_size(start)
         torch._check(start + n <= self.max_context)
+        torch._check(n <= self.max_seq_len)
         positions = torch.arange(n, dtype=torch.int64, device=input_pos.device) + input_pos
         token = _STEP.set(Step(start, positions, self))
         try:
