@@ -195,9 +195,10 @@ class Transformers(Family):
 
     def logits(self, decoder: Decoder, tokens: torch.Tensor, positions: torch.Tensor,
                input_pos: torch.Tensor) -> torch.Tensor:
+        every = decoder.full_logits  # logits_to_keep=0: every position's
         out = decoder.model(input_ids=tokens, position_ids=positions.unsqueeze(0), past_key_values=_cache(decoder),
-                            use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :]
+                            use_cache=True, logits_to_keep=0 if every else 1)
+        return out.logits if every else out.logits[:, -1, :]
 
     @contextlib.contextmanager
     def using(self, model: Any) -> Iterator[None]:
@@ -258,8 +259,9 @@ class Decoder(torch.nn.Module):
     (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, family: Family, max_context: int, *, max_seq_len: int | None = None,
-                 kv_cache: str = "fp32") -> None:
+                 kv_cache: str = "fp32", full_logits: bool = False) -> None:
         super().__init__()
+        self.full_logits = full_logits  # forward returns [1, n, vocab], every position's (Transformers only)
         self.model = model
         self.family = family
         self.max_context = max_context
