@@ -1,30 +1,58 @@
 """The module an LLM's program is exported from: ExecuTorch's LLM interface over one cache layout.
 
-``Decoder(model, max_context)`` wraps a causal LM and holds its KV cache as buffers, which
-``xq.export`` makes method state (``frontend/program.py``)::
+``Decoder(model, family, max_context, max_seq_len=, kv_cache=)`` wraps a causal LM and holds
+its KV cache as buffers, which ``xq.export`` makes method state (``frontend/program.py``)::
 
     forward(tokens int64 [1, n], input_pos int64 [1]) -> logits float32 [1, vocab]
-        n in [1, max_context]: a prompt (prefill) or one token (decode), at positions
-        input_pos .. input_pos + n - 1; the logits of the last one
+        n in [1, max_seq_len]: a prompt chunk (prefill) or one token (decode), at positions
+        input_pos .. input_pos + n - 1 (below max_context); the logits of the last one
 
-    cache       per attention layer l: cache_k{l}, cache_v{l} float32 [1, max_context, Hkv, D]
-                (position-major, as ExecuTorch's llama:: kernels read them)
-    per call    positions = arange(n) + input_pos
-                k, v [1, Hkv, n, D] of layer l -> cache_k{l}[0, positions] = k (index_copy_:
-                written in place in the program, ``aten::index_put_``, which fails the call
-                for a position outside [0, max_context))
-                attention: llama::custom_sdpa(q [1, n, Hq, D], cache_k{l}, cache_v{l},
-                input_pos, causal, scale): query i attends to positions 0 .. input_pos + i,
-                grouped-query heads read their shared key/value head
+Each attention layer l has a ``LayerCache`` plan: S positions, and the window W it attends
+to (None: every earlier position)::
+
+    full layer       S = max_context; position p in slot p
+    windowed layer   S = min(max_context, W + max_seq_len - 1), a ring: position p in slot
+                     p % S.  A call's n queries need the W - 1 positions before the first and
+                     the n it writes: W + n - 1 <= S slots, so no write evicts a key that a
+                     query of the same call reads
+
+    kv_cache="fp32"  cache_k{l}, cache_v{l} float32 [1, S, Hkv, D] (position-major, as
+                     ExecuTorch's llama:: kernels read them)
+    kv_cache="int8"  cache_k{l}, cache_v{l} int8 [1, S, Hkv, D], and cache_k_scale{l},
+                     cache_v_scale{l} float32 [1, S, Hkv, 1]: per position and head,
+                     scale = max|x| / 127 over the head's D values (1 for an all-zero
+                     vector), code = round_half_even(x / scale), |code| <= 127; read back
+                     as code * scale (ExecuTorch's quantized_decomposed::dequantize_per_token)
+
+    per call         positions = arange(n) + input_pos; slots = positions (full) or
+                     positions % S (ring); k, v [1, Hkv, n, D] -> cache[0, slots] = k
+                     (index_copy_: written in place, ``aten::index_put_``)
+
+Attention, query i at position q_i = input_pos + i::
+
+    full layer       llama::custom_sdpa(q [1, n, Hq, D], K, V, input_pos, causal): keys
+                     0 .. q_i (K, V: the cache; int8: its first input_pos + n positions
+                     read back)
+    windowed layer   llama::custom_sdpa(q, K, V, mask [n, S]) over the whole ring; slot s holds
+                     position P(s) = last - ((last - s) mod S), last = input_pos + n - 1, and
+                     mask[i, s] = 0 where P(s) >= 0 and 0 <= q_i - P(s) < W, else -inf
+    soft-capped      (Gemma 2) the same keys and masks, computed with plain operators:
+                     softmax(cap * tanh(q k^T * scale / cap) + mask) v
+
+grouped-query heads read their shared key/value head.
 
 Adapters (one ``Family`` each) put a model's own computation around that cache:
 
 * ``Transformers``: any ``transformers`` causal LM whose attention goes through
-  transformers' attention interface (Llama, SmolLM, Qwen2/3, Mistral, Phi-3, Gemma, ...).
-  While the model runs, its attention implementation is ``"xnnquant"`` (registered with
-  ``AttentionInterface``; no mask function, so transformers builds no mask) and its cache
-  a ``transformers.Cache`` whose layers write into the Decoder's buffers; ``Decoder.using``
-  switches the implementation for the time of the export and puts the model's back.
+  transformers' attention interface (Llama, SmolLM, Qwen2/3, Mistral, Phi-3, Gemma 1-3,
+  StableLM, ...).  While the model runs, its attention implementation is ``"xnnquant"``
+  (registered with ``AttentionInterface``; no mask function, so transformers builds no
+  mask) and its cache a ``transformers.Cache`` whose layers write into the Decoder's
+  buffers; ``Decoder.using`` switches the implementation for the time of the export and
+  puts the model's back.
+* ``Falcon``: transformers' Falcon, whose attention is its own code: its attention modules'
+  ``forward`` is replaced for the time of the export by one that projects, rotates and
+  calls the attention above (rotary Falcons; ALiBi ones are refused).
 * ``ExecuTorchLlama``: ExecuTorch's own llama ``Transformer`` built with ``use_kv_cache``:
   its cache is its own buffers, its attention its own (``forward(tokens, {"input_pos": ...})``).
 """
@@ -34,8 +62,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,19 +73,48 @@ from ..errors import XnnquantError, missing_extra
 
 #: The name our attention function is registered under in transformers' ``AttentionInterface``.
 ATTENTION = "xnnquant"
-#: The KV cache layouts (``Decoder(kv_cache=)``).
-KV_CACHES = ("fp32",)
+#: The KV cache layouts (``Decoder(kv_cache=)``, module docstring).
+KV_CACHES = ("fp32", "int8")
+#: Largest magnitude of an int8 cache code (symmetric: -127 .. 127).
+INT8_CODE_MAX = 127
 
 
 @dataclass(frozen=True)
+class LayerCache:
+    """The cache plan of one attention layer (module docstring): key/value heads, head dim,
+    the positions it holds and the window it attends to (None: every earlier position)."""
+
+    heads: int
+    dim: int
+    size: int
+    window: int | None = None
+
+
+def plan_layers(shapes: list[tuple[int, int]], windows: list[int | None], max_context: int,
+                max_seq_len: int) -> list[LayerCache]:
+    """One ``LayerCache`` per layer: full, or a ring of ``window + max_seq_len - 1`` positions
+    for a layer whose window is shorter than the context."""
+    plans = []
+    for (heads, dim), window in zip(shapes, windows):
+        if window is None or window >= max_context:
+            plans.append(LayerCache(heads, dim, max_context))
+        else:
+            plans.append(LayerCache(heads, dim, min(max_context, window + max_seq_len - 1), window))
+    return plans
+
+
+@dataclass
 class Step:
     """What the cache and attention of one forward call need: the first position (a size the
-    program reads from ``input_pos``), the positions written (int64 ``[n]``) and the Decoder
-    whose buffers are the cache."""
+    program reads from ``input_pos``), the positions written (int64 ``[n]``), the Decoder
+    whose buffers are the cache, and the keys and values the last cache update gave
+    (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``)."""
 
     start: Any
     positions: torch.Tensor
     decoder: Decoder
+    read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    last_layer: int = -1
 
 
 #: The step being run (set by ``Decoder.forward`` in the thread that runs it).
@@ -69,24 +127,133 @@ def _load_llama_kernels() -> None:
     load_llama_kernels()  # torch's llama:: operators, and the runtime's kernels for them
 
 
+def _load_quantized_kernels() -> None:
+    from ..pte.quantized import load_quantized_kernels
+
+    load_quantized_kernels()  # torch's quantized_decomposed operators with their out variants, and the kernels
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x float32 ``[..., D]`` -> (codes int8 ``[..., D]``, scales float32 ``[..., 1]``), one
+    scale per vector of D (module docstring)."""
+    peak = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(peak > 0, peak / INT8_CODE_MAX, torch.ones_like(peak))
+    codes = torch.clamp(torch.round(x / scale), -INT8_CODE_MAX, INT8_CODE_MAX).to(torch.int8)
+    return codes, scale
+
+
+def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """codes int8 ``[..., D]`` x scales float32 ``[..., 1]`` -> float32, with ExecuTorch's kernel."""
+    zero = torch.zeros(scale.shape, dtype=torch.int64)
+    return torch.ops.quantized_decomposed.dequantize_per_token(
+        codes, scale, zero, -INT8_CODE_MAX - 1, INT8_CODE_MAX, torch.int8, torch.float32)
+
+
+def ring_mask(step: Step, size: int, window: int, n: int) -> torch.Tensor:
+    """float32 ``[n, size]``: 0 where query i may read slot s of a ring of ``size`` slots with a
+    window of ``window`` positions, -inf elsewhere (module docstring)."""
+    last = step.start + n - 1
+    slots = torch.arange(size, dtype=torch.int64)
+    held = last - torch.remainder(last - slots, size)  # the position in each slot
+    queries = step.positions.unsqueeze(1)
+    age = queries - held.unsqueeze(0)
+    allowed = (held.unsqueeze(0) >= 0) & (age >= 0) & (age < window)
+    return torch.where(allowed, 0.0, float("-inf")).to(torch.float32)
+
+
+def causal_mask(step: Step, length: int) -> torch.Tensor:
+    """float32 ``[n, length]``: 0 where query i (at position start + i) may read position j."""
+    keys = torch.arange(length, dtype=torch.int64)
+    return torch.where(keys.unsqueeze(0) <= step.positions.unsqueeze(1), 0.0, float("-inf")).to(torch.float32)
+
+
+def plain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                    scaling: float, softcap: float | None) -> torch.Tensor:
+    """softmax(cap * tanh(q k^T * scaling / cap) + mask) v with plain operators.
+
+    query ``[1, n, Hq, D]``, keys / values ``[1, L, Hkv, D]``, mask ``[n, L]``; returns
+    ``[1, n, Hq, D]``.  Grouped heads: query head h reads key/value head h // (Hq / Hkv).
+    """
+    _, n, heads, dim = query.shape
+    kv_heads = keys.shape[2]
+    rep = heads // kv_heads
+    q = query[0].reshape(n, kv_heads, rep, dim).permute(1, 2, 0, 3).reshape(kv_heads, rep * n, dim)
+    k = keys[0].permute(1, 2, 0)  # [Hkv, D, L]
+    v = values[0].permute(1, 0, 2)  # [Hkv, L, D]
+    scores = torch.matmul(q, k) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores + mask.repeat(rep, 1).unsqueeze(0)
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [Hkv, rep * n, D]
+    return out.reshape(kv_heads, rep, n, dim).permute(2, 0, 1, 3).reshape(1, n, heads, dim)
+
+
+def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
+    """Attention of ``layer``'s query ``[1, n, Hq, D]`` over its cache, after the call's update
+    (module docstring); returns ``[1, n, Hq, D]``."""
+    step = _STEP.get()
+    plan = step.decoder.plans[layer]
+    keys, values = step.read[layer]
+    n = query.shape[1]
+    if plan.window is not None:
+        mask = ring_mask(step, plan.size, plan.window, n)
+        if softcap is not None:
+            return plain_attention(query, keys, values, mask, scaling, softcap)
+        return torch.ops.llama.custom_sdpa(query, keys, values, 0, mask, 0.0, False, scaling)
+    if softcap is not None:
+        length = step.start + n
+        return plain_attention(query, keys[:, :length], values[:, :length], causal_mask(step, length), scaling,
+                               softcap)
+    return torch.ops.llama.custom_sdpa(query, keys, values, step.start, None, 0.0, True, scaling)
+
+
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
               dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface over the Decoder's cache: ``key`` / ``value`` are the
-    layer's cache buffers (``_Layer.update``), the query ``[1, Hq, n, D]``; returns
-    ``[1, n, Hq, D]`` as transformers' own implementations do."""
+    """transformers' attention interface over the Decoder's cache: the query ``[1, Hq, n, D]``
+    (``key`` / ``value`` are what the cache update returned: the Decoder reads its own);
+    returns ``[1, n, Hq, D]`` as transformers' own implementations do."""
     step = _STEP.get()
-    for name in ("softcap", "s_aux", "sinks", "position_bias"):
+    for name in ("s_aux", "sinks", "position_bias"):
         if kwargs.get(name) is not None:
-            raise XnnquantError(f"{type(module).__name__} computes attention with {name}=: ExecuTorch's attention "
-                                "kernel (llama::custom_sdpa) has no such term; expected plain causal attention")
-    window = kwargs.get("sliding_window")
-    if window is not None and window < step.decoder.max_context:
-        raise XnnquantError(f"{type(module).__name__} attends to a sliding window of {window} positions, shorter "
-                            f"than max_context={step.decoder.max_context}: expected max_context <= {window}")
+            raise XnnquantError(f"{type(module).__name__} computes attention with {name}=: the program's attention "
+                                "has no such term; expected causal attention, windowed or soft-capped")
     if dropout:
         raise XnnquantError(f"attention dropout {dropout} in {type(module).__name__}: export the model in eval mode")
-    out = torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, step.start, None, 0.0, True, scaling)
-    return out, None
+    layer = getattr(module, "layer_idx", step.last_layer)
+    plan = step.decoder.plans[layer]
+    window = kwargs.get("sliding_window")
+    if window is not None and window >= step.decoder.max_context:
+        window = None
+    if window != plan.window:
+        raise XnnquantError(f"{type(module).__name__} (layer {layer}) attends to a window of {window} positions, "
+                            f"but its config gave {plan.window}: expected the window the model's config declares "
+                            "(layer_types and sliding_window)")
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    return cached_attention(layer, query.transpose(1, 2), scale, kwargs.get("softcap")), None
+
+
+def update_cache(decoder: Decoder, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Write a call's keys and values ``[1, Hkv, n, D]`` of ``layer`` into its cache (module
+    docstring) and note, in the step, the float keys and values its attention reads."""
+    step = _STEP.get()
+    plan = decoder.plans[layer]
+    slots = step.positions if plan.window is None else torch.remainder(step.positions, plan.size)
+    k, v = keys.transpose(1, 2), values.transpose(1, 2)
+    cache_k, cache_v = getattr(decoder, f"cache_k{layer}"), getattr(decoder, f"cache_v{layer}")
+    if decoder.kv_cache == "fp32":
+        cache_k.index_copy_(1, slots, k)
+        cache_v.index_copy_(1, slots, v)
+        step.read[layer] = (cache_k, cache_v)
+    else:
+        scale_k, scale_v = getattr(decoder, f"cache_k_scale{layer}"), getattr(decoder, f"cache_v_scale{layer}")
+        for x, codes, scales in ((k, cache_k, scale_k), (v, cache_v, scale_v)):
+            code, scale = quantize_int8(x)
+            codes.index_copy_(1, slots, code)
+            scales.index_copy_(1, slots, scale)
+        length = plan.size if plan.window is not None else step.start + keys.shape[2]
+        step.read[layer] = (dequantize_int8(cache_k[:, :length], scale_k[:, :length]),
+                            dequantize_int8(cache_v[:, :length], scale_v[:, :length]))
+    step.last_layer = layer
 
 
 @functools.cache
@@ -96,15 +263,15 @@ def _cache_classes() -> tuple[type, type]:
     from transformers.cache_utils import Cache, CacheLayerMixin
 
     class XnnquantCacheLayer(CacheLayerMixin):
-        """One layer: writes a call's keys and values into the Decoder's buffers."""
+        """One layer: writes a call's keys and values into the Decoder's buffers (``update_cache``)."""
 
         is_compileable = True
         is_sliding = False
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        def __init__(self, decoder: Decoder, layer: int) -> None:
             super().__init__()
-            self.cache_k, self.cache_v = keys, values
-            self.keys, self.values = keys, values
+            self.decoder, self.layer = decoder, layer
+            self.keys, self.values = getattr(decoder, f"cache_k{layer}"), getattr(decoder, f"cache_v{layer}")
             self.is_initialized = True
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -112,24 +279,21 @@ def _cache_classes() -> tuple[type, type]:
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            positions = _STEP.get().positions
-            self.cache_k.index_copy_(1, positions, key_states.transpose(1, 2))
-            self.cache_v.index_copy_(1, positions, value_states.transpose(1, 2))
-            return self.cache_k, self.cache_v
+            update_cache(self.decoder, self.layer, key_states, value_states)
+            return _STEP.get().read[self.layer]
 
         def get_seq_length(self) -> Any:
             return _STEP.get().start
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return int(self.cache_k.shape[1]), 0
+            return self.decoder.plans[self.layer].size, 0
 
         def get_max_length(self) -> int:
-            return int(self.cache_k.shape[1])
+            return self.decoder.plans[self.layer].size
 
     class XnnquantCache(Cache):
         def __init__(self, decoder: Decoder) -> None:
-            layers: list[Any] = [XnnquantCacheLayer(getattr(decoder, f"cache_k{i}"), getattr(decoder, f"cache_v{i}"))
-                      for i in range(decoder.layers)]
+            layers: list[Any] = [XnnquantCacheLayer(decoder, i) for i in range(decoder.layers)]
             super().__init__(layers=layers)
             self.max_context = decoder.max_context
 
@@ -156,6 +320,10 @@ class Family:
         """(key/value heads, head dim) of each attention layer (the Decoder's buffers)."""
         return []
 
+    def windows(self, model: Any) -> list[int | None]:
+        """The window each attention layer attends to (None: every earlier position)."""
+        return [None] * len(self.cache_shapes(model))
+
     def logits(self, decoder: Decoder, tokens: torch.Tensor, positions: torch.Tensor,
                input_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -173,11 +341,6 @@ class Transformers(Family):
 
     def __init__(self, model: Any) -> None:
         self.config = model.config.get_text_config()
-        for name in ("attn_logit_softcapping", "final_attn_softcapping"):
-            if getattr(self.config, name, None) is not None:
-                raise XnnquantError(f"{type(model).__name__} caps its attention scores ({name}="
-                                    f"{getattr(self.config, name)}): ExecuTorch's attention kernel "
-                                    "(llama::custom_sdpa) has no such term; expected plain causal attention")
 
     def cache_shapes(self, model: Any) -> list[tuple[int, int]]:
         from transformers.configuration_utils import get_head_shapes
@@ -192,6 +355,21 @@ class Transformers(Family):
         per_heads = heads if isinstance(heads, list) else [heads] * layers
         per_dim = dim if isinstance(dim, list) else [dim] * layers
         return [(int(h), int(d)) for h, d in zip(per_heads, per_dim)]
+
+    def windows(self, model: Any) -> list[int | None]:
+        """From the config: ``layer_types`` ("sliding_attention" layers attend to
+        ``sliding_window`` positions), else ``sliding_window`` for every layer (Mistral,
+        Phi-3); the attention function checks each layer's against what the model passes."""
+        layers = int(self.config.num_hidden_layers)
+        window = getattr(self.config, "sliding_window", None)
+        types = getattr(self.config, "layer_types", None)
+        if types is None:
+            return [None if window is None else int(window)] * layers
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise XnnquantError(f"{type(model).__name__} has layers of type {', '.join(unknown)}: expected "
+                                "full_attention or sliding_attention layers")
+        return [int(window) if t == "sliding_attention" and window is not None else None for t in types]
 
     def logits(self, decoder: Decoder, tokens: torch.Tensor, positions: torch.Tensor,
                input_pos: torch.Tensor) -> torch.Tensor:
@@ -212,6 +390,84 @@ class Transformers(Family):
             yield
         finally:
             model.set_attn_implementation(before)
+
+
+class Falcon(Transformers):
+    """transformers' Falcon: its attention modules compute attention in their own code, so
+    their ``forward`` is ours while the model is exported (``falcon_attention``)."""
+
+    name = "falcon"
+
+    def cache_shapes(self, model: Any) -> list[tuple[int, int]]:
+        config = self.config
+        heads = int(config.num_attention_heads)
+        if config.new_decoder_architecture:
+            kv_heads = int(config.num_kv_heads)
+        else:
+            kv_heads = 1 if config.multi_query else heads
+        return [(kv_heads, int(config.hidden_size) // heads)] * int(config.num_hidden_layers)
+
+    @contextlib.contextmanager
+    def using(self, model: Any) -> Iterator[None]:
+        _load_llama_kernels()
+        attentions = [m for m in model.modules() if type(m).__name__ == "FalconAttention"]
+        for module in attentions:  # its attention implementation stays: the masks it makes go unread
+            module.forward = functools.partial(falcon_attention, module)
+        try:
+            yield
+        finally:
+            for module in attentions:
+                del module.forward
+
+
+def falcon_attention(module: Any, hidden_states: torch.Tensor, alibi: Any, attention_mask: Any,
+                     position_ids: Any = None, layer_past: Any = None, use_cache: bool = False,
+                     output_attentions: bool = False, position_embeddings: Any = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``FalconAttention.forward`` over the Decoder's cache: the fused projection split into the
+    query heads and the key/value heads (without Falcon's broadcast of each key/value head to its
+    query heads: grouped query heads read their shared head), rotary positions, ``cached_attention``."""
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+    if alibi is not None:
+        raise XnnquantError("this Falcon adds ALiBi position biases to its attention scores: the program's "
+                            "attention has no such term; expected a rotary Falcon (alibi=False)")
+    batch, n, _ = hidden_states.shape
+    fused = module.query_key_value(hidden_states)
+    heads, dim = module.num_heads, module.head_dim
+    if module.new_decoder_architecture:
+        groups = module.num_kv_heads
+        qkv = fused.view(batch, n, groups, heads // groups + 2, dim)
+        query = qkv[:, :, :, :-2].reshape(batch, n, heads, dim)
+        key, value = qkv[:, :, :, -2], qkv[:, :, :, -1]
+    elif module.multi_query:
+        qkv = fused.view(batch, n, heads + 2, dim)
+        query, key, value = qkv[:, :, :-2], qkv[:, :, -2:-1], qkv[:, :, -1:]
+    else:
+        qkv = fused.view(batch, n, heads, 3, dim)
+        query, key, value = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+    query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    cos, sin = position_embeddings
+    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    layer_past.update(key, value, module.layer_idx)
+    out = cached_attention(module.layer_idx, query.transpose(1, 2), module.inv_norm_factor)
+    return module.dense(out.reshape(batch, n, heads * dim)), None
+
+
+def _attention_through_interface(model: Any) -> bool:
+    """Whether ``model``'s attention goes through transformers' attention interface: it says so
+    (``_supports_attention_backend``), or its attention modules' code calls the interface
+    (StableLM does without saying so)."""
+    import inspect
+
+    if getattr(model, "_supports_attention_backend", False):
+        return True
+    attentions = {type(m) for m in model.modules()
+                  if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")}
+    try:
+        return bool(attentions) and all("ALL_ATTENTION_FUNCTIONS" in inspect.getsource(c.forward) for c in attentions)
+    except (OSError, TypeError):
+        return False
 
 
 class ExecuTorchLlama(Family):
@@ -245,12 +501,14 @@ def family_of(model: Any) -> Family:
     if model.get_output_embeddings() is None or not hasattr(model.config, "num_hidden_layers"):
         raise XnnquantError(f"{cls.__name__} has no language-model head (get_output_embeddings() is None): expected "
                             "a causal LM such as LlamaForCausalLM, not the bare decoder or an encoder")
-    if not getattr(model, "_supports_attention_backend", False):
-        raise XnnquantError(f"{cls.__name__} does not compute its attention through transformers' attention "
-                            "interface, so its cache cannot be ExecuTorch's: expected a model family with "
-                            "AttentionInterface support (Llama, Qwen2/3, Mistral, Phi-3, Gemma, ...)")
     if getattr(model.config, "is_encoder_decoder", False):
         raise XnnquantError(f"{cls.__name__} is an encoder-decoder model: expected a decoder-only causal LM")
+    if type(model).__module__.startswith("transformers.models.falcon."):
+        return Falcon(model)
+    if not _attention_through_interface(model):
+        raise XnnquantError(f"{cls.__name__} does not compute its attention through transformers' attention "
+                            "interface, so its cache cannot be ExecuTorch's: expected a model family with "
+                            "AttentionInterface support (Llama, Qwen2/3, Mistral, Phi-3, Gemma, StableLM, Falcon, ...)")
     return Transformers(model)
 
 
@@ -269,20 +527,28 @@ class Decoder(torch.nn.Module):
         if kv_cache not in KV_CACHES:
             raise XnnquantError(f"kv_cache must be one of {', '.join(map(repr, KV_CACHES))}: got {kv_cache!r}")
         self.kv_cache = kv_cache
-        shapes = family.cache_shapes(model)
-        self.layers = len(shapes)
+        if kv_cache == "int8":
+            _load_quantized_kernels()
+        if kv_cache != "fp32" and not family.cache_shapes(model):
+            raise XnnquantError(f"kv_cache={kv_cache!r}: {family.name} models keep their own cache (float32): "
+                                "expected kv_cache='fp32'")
+        self.plans = plan_layers(family.cache_shapes(model), family.windows(model), max_context, self.max_seq_len)
+        self.layers = len(self.plans)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))  # meta: streamed, zeros
-        for i, (heads, dim) in enumerate(shapes):
-            self.register_buffer(f"cache_k{i}", torch.zeros(1, max_context, heads, dim, device=device),
-                                 persistent=False)
-            self.register_buffer(f"cache_v{i}", torch.zeros(1, max_context, heads, dim, device=device),
-                                 persistent=False)
+        dtype = torch.float32 if kv_cache == "fp32" else torch.int8
+        for i, plan in enumerate(self.plans):
+            for kind in ("k", "v"):
+                self.register_buffer(f"cache_{kind}{i}", torch.zeros(1, plan.size, plan.heads, plan.dim, dtype=dtype,
+                                                                     device=device), persistent=False)
+                if kv_cache == "int8":
+                    self.register_buffer(f"cache_{kind}_scale{i}", torch.ones(1, plan.size, plan.heads, 1,
+                                                                              device=device), persistent=False)
         self.training = False  # the model's own flag is the model's (export refuses training mode)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]
         start = input_pos[0].item()
-        torch._check_is_size(start)
+        torch._check(start >= 0)
         torch._check(start + n <= self.max_context)
         torch._check(n <= self.max_seq_len)
         positions = torch.arange(n, dtype=torch.int64, device=input_pos.device) + input_pos
