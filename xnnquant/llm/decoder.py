@@ -36,8 +36,9 @@ Attention, query i at position q_i = input_pos + i::
     windowed layer   llama::custom_sdpa(q, K, V, mask [n, S]) over the whole ring; slot s holds
                      position P(s) = last - ((last - s) mod S), last = input_pos + n - 1, and
                      mask[i, s] = 0 where P(s) >= 0 and 0 <= q_i - P(s) < W, else -inf
-    soft-capped      (Gemma 2) the same keys and masks, computed with plain operators:
-                     softmax(cap * tanh(q k^T * scale / cap) + mask) v
+    soft-capped      (Gemma 2) computed with plain operators over the whole cache (full layers:
+                     the positions not yet written masked), softmax(cap * tanh(q k^T *
+                     scale / cap) + mask) v
 
 grouped-query heads read their shared key/value head.
 
@@ -200,10 +201,8 @@ def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: f
         if softcap is not None:
             return plain_attention(query, keys, values, mask, scaling, softcap)
         return torch.ops.llama.custom_sdpa(query, keys, values, 0, mask, 0.0, False, scaling)
-    if softcap is not None:
-        length = step.start + n
-        return plain_attention(query, keys[:, :length], values[:, :length], causal_mask(step, length), scaling,
-                               softcap)
+    if softcap is not None:  # the whole cache, positions not yet written masked: no size the program computes
+        return plain_attention(query, keys, values, causal_mask(step, plan.size), scaling, softcap)
     return torch.ops.llama.custom_sdpa(query, keys, values, step.start, None, 0.0, True, scaling)
 
 
@@ -250,7 +249,8 @@ def update_cache(decoder: Decoder, layer: int, keys: torch.Tensor, values: torch
             code, scale = quantize_int8(x)
             codes.index_copy_(1, slots, code)
             scales.index_copy_(1, slots, scale)
-        length = plan.size if plan.window is not None else step.start + keys.shape[2]
+        whole = plan.window is not None or decoder.softcapped  # else the positions written so far
+        length = plan.size if whole else step.start + keys.shape[2]
         step.read[layer] = (dequantize_int8(cache_k[:, :length], scale_k[:, :length]),
                             dequantize_int8(cache_v[:, :length], scale_v[:, :length]))
     step.last_layer = layer
@@ -324,6 +324,10 @@ class Family:
         """The window each attention layer attends to (None: every earlier position)."""
         return [None] * len(self.cache_shapes(model))
 
+    def softcapped(self, model: Any) -> bool:
+        """Whether the model caps its attention scores (Gemma 2): such layers read the whole cache."""
+        return False
+
     def logits(self, decoder: Decoder, tokens: torch.Tensor, positions: torch.Tensor,
                input_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -355,6 +359,9 @@ class Transformers(Family):
         per_heads = heads if isinstance(heads, list) else [heads] * layers
         per_dim = dim if isinstance(dim, list) else [dim] * layers
         return [(int(h), int(d)) for h, d in zip(per_heads, per_dim)]
+
+    def softcapped(self, model: Any) -> bool:
+        return getattr(self.config, "attn_logit_softcapping", None) is not None
 
     def windows(self, model: Any) -> list[int | None]:
         """From the config: ``layer_types`` ("sliding_attention" layers attend to
@@ -532,6 +539,7 @@ class Decoder(torch.nn.Module):
         if kv_cache != "fp32" and not family.cache_shapes(model):
             raise XnnquantError(f"kv_cache={kv_cache!r}: {family.name} models keep their own cache (float32): "
                                 "expected kv_cache='fp32'")
+        self.softcapped = family.softcapped(model)
         self.plans = plan_layers(family.cache_shapes(model), family.windows(model), max_context, self.max_seq_len)
         self.layers = len(self.plans)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))  # meta: streamed, zeros
