@@ -107,8 +107,8 @@ def test_the_ring_holds_window_plus_max_seq_len_minus_one_positions() -> None:
 
 def _on_int8_grid(x: torch.Tensor) -> torch.Tensor:
     """x [B, H, L, D] rounded to the cache's grid: per (position, head) scale max|x| / 127."""
-    peak = x.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(peak > 0, peak / INT8_CODE_MAX, torch.ones_like(peak))
+    peak = x.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = peak / INT8_CODE_MAX
     return torch.clamp(torch.round(x / scale), -INT8_CODE_MAX, INT8_CODE_MAX) * scale
 
 
@@ -157,14 +157,20 @@ def test_an_int8_cache_takes_a_quarter_of_the_float_cache() -> None:
     assert sizes["int8"] * 4 * dim == sizes["fp32"] * (dim + 4)
 
 
-def test_quantize_int8_rounds_half_to_even_and_gives_an_all_zero_vector_scale_one() -> None:
+def test_quantize_int8_rounds_half_to_even_and_zeros_stay_zero() -> None:
+    """Ties both ways (0.5 -> 0, 1.5 -> 2, -2.5 -> -2: torch.round's rule, which the program's
+    add-and-subtract of 1.5 * 2**23 follows), the extremes at +-127, an all-zero vector."""
     from xnnquant.llm.decoder import quantize_int8
 
-    x = torch.tensor([[[127.0, 0.5, 1.5, -2.5, 0.0, -127.0]], [[0.0] * 6]])
+    x = torch.tensor([[[127.0, 0.5, 1.5, -2.5, 0.0, -127.0, 2.5, 126.5]], [[0.0] * 8]])
     codes, scale = quantize_int8(x)
-    assert scale.flatten().tolist() == [1.0, 1.0]
-    assert codes[0, 0].tolist() == [127, 0, 2, -2, 0, -127]
-    assert codes[1, 0].tolist() == [0] * 6
+    tiny = torch.tensor(torch.finfo(torch.float32).tiny)
+    assert scale[0].item() == 1.0 and scale[1].item() == (tiny / 127).item()
+    assert codes[0, 0].tolist() == [127, 0, 2, -2, 0, -127, 2, 126]
+    assert codes[1, 0].tolist() == [0] * 8
+    y = torch.randn(50, 3, 64) * 10  # the rounding trick is torch.round on every value
+    codes, scale = quantize_int8(y)
+    assert torch.equal(codes, torch.clamp(torch.round(y / scale), -127, 127).to(torch.int8))
 
 
 # --- families the program used to refuse ------------------------------------------------------------------

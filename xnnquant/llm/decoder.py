@@ -20,9 +20,9 @@ to (None: every earlier position)::
                      ExecuTorch's llama:: kernels read them)
     kv_cache="int8"  cache_k{l}, cache_v{l} int8 [1, S, Hkv, D], and cache_k_scale{l},
                      cache_v_scale{l} float32 [1, S, Hkv, 1]: per position and head,
-                     scale = max|x| / 127 over the head's D values (1 for an all-zero
-                     vector), code = round_half_even(x / scale), |code| <= 127; read back
-                     as code * scale (ExecuTorch's quantized_decomposed::dequantize_per_token)
+                     scale = max(max|x|, FLT_MIN) / 127 over the head's D values,
+                     code = round_half_even(x / scale), |code| <= 127; read back as
+                     code * scale (ExecuTorch's quantized_decomposed::dequantize_per_token)
 
     per call         positions = arange(n) + input_pos; slots = positions (full) or
                      positions % S (ring); k, v [1, Hkv, n, D] -> cache[0, slots] = k
@@ -134,12 +134,18 @@ def _load_quantized_kernels() -> None:
     load_quantized_kernels()  # torch's quantized_decomposed operators with their out variants, and the kernels
 
 
+#: 1.5 * 2**23: a float32 |y| < 2**22 plus this, minus this, is y rounded half to even (the sum's
+#: last bit is worth 1), computed by XNNPACK's add and subtract (its graph has no rounding node)
+ROUNDER = 12582912.0
+
+
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x float32 ``[..., D]`` -> (codes int8 ``[..., D]``, scales float32 ``[..., 1]``), one
-    scale per vector of D (module docstring)."""
-    peak = x.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(peak > 0, peak / INT8_CODE_MAX, torch.ones_like(peak))
-    codes = torch.clamp(torch.round(x / scale), -INT8_CODE_MAX, INT8_CODE_MAX).to(torch.int8)
+    scale per vector of D (module docstring): scale = max(max|x|, FLT_MIN) / 127 (an all-zero
+    vector: codes 0), code = round_half_even(x / scale)."""
+    peak = torch.clamp(x.abs().amax(dim=-1, keepdim=True), min=torch.finfo(torch.float32).tiny)
+    scale = peak / INT8_CODE_MAX
+    codes = torch.clamp((x / scale + ROUNDER) - ROUNDER, -INT8_CODE_MAX, INT8_CODE_MAX).to(torch.int8)
     return codes, scale
 
 
