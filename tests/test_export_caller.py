@@ -337,7 +337,8 @@ def test_a_plan_larger_than_the_machine_is_refused_at_export_and_before_loading(
     assert str(info.value) == (
         "the exported program: method 'forward' plans 0.00171 GiB (1835008 bytes) of memory, which the runtime "
         "allocates when it loads the method, and this machine has 0.000977 GiB; expected a plan that fits (its "
-        "dynamic dims plan their memory at their upper bounds: b in [1, 65536]; lower their max)")
+        "dynamic dims plan their memory at their upper bounds: b in [1, 65536]; lower their max); memory= checks "
+        "against the target device's memory instead of this machine's")
     for load in (lambda: exported.run(torch.randn(3, 4)), lambda: run_method(exported.to_pte(), "forward",
                                                                                       [torch.randn(3, 4)])):
         with pytest.raises(XnnquantError, match=r"plans 0.00171 GiB \(1835\d+ bytes\) of memory, which the runtime "
@@ -345,15 +346,97 @@ def test_a_plan_larger_than_the_machine_is_refused_at_export_and_before_loading(
             load()
 
 
-def test_dim_max_2_30_is_refused_on_a_machine_of_less_than_28_gib() -> None:
-    from xnnquant.pte.planned import physical_memory
+#: ``Dim(max=2**30)`` rows of a Linear(4, 3): (4 + 3) * 4 bytes a row, 28 GiB planned.
+PLAN_28_GIB = ({0: Dim("b", max=2**30)},)
 
-    memory = physical_memory()
-    if memory is None or memory > 28 * 2**30:
-        pytest.skip("this machine could allocate the 28 GiB plan")
-    with pytest.raises(XnnquantError, match=r"plans 28 GiB \(30064771072 bytes\) of memory"):
-        xq.export(nn.Linear(4, 3).eval(), (torch.randn(2, 4),), weights="fp32", check=False, progress=False,
-                  dynamic_shapes=({0: Dim("b", max=2**30)},))
+
+def _export_28_gib(**kwargs: Any) -> Any:
+    return xq.export(nn.Linear(4, 3).eval(), (torch.randn(2, 4),), weights="fp32", progress=False,
+                     dynamic_shapes=PLAN_28_GIB, **kwargs)
+
+
+@pytest.mark.parametrize("gib", [16, 64])
+def test_without_memory_the_export_checks_this_machine_s_memory_and_says_so(gib: int,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a skip on machines of more than 28 GiB.  The answer depends on the exporting
+    machine (here set: 16 or 64 GiB of physical memory), and both the error and the report
+    say whose memory it was checked against."""
+    from xnnquant.pte import planned
+
+    monkeypatch.setattr(planned, "physical_memory", lambda: gib * 2**30)
+    if gib < 28:
+        with pytest.raises(XnnquantError) as info:
+            _export_28_gib()
+        assert str(info.value) == (
+            "the exported program: method 'forward' plans 28 GiB (30064771072 bytes) of memory, which the runtime "
+            "allocates when it loads the method, and this machine has 16 GiB; expected a plan that fits (its dynamic "
+            "dims plan their memory at their upper bounds: b in [1, 1073741824]; lower their max); memory= checks "
+            "against the target device's memory instead of this machine's")
+        return
+    exported = _export_28_gib()
+    assert str(exported).splitlines()[-1] == ("planned memory: 'forward' 28 GiB; fits this machine's physical memory, "
+                                              "64 GiB (memory= checks against the target's instead)")
+    assert exported.summary["memory"] == {"planned_bytes": {"forward": 28 * 2**30}, "limit_bytes": 64 * 2**30,
+                                          "checked_against": "this machine"}
+
+
+@pytest.mark.parametrize("gib", [16, 64])
+def test_memory_names_the_target_and_gives_one_answer_on_any_machine(gib: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target's memory decides, whatever this machine has (16 or 64 GiB here): a 4 GB
+    phone refuses the 28 GiB plan, a 64 GiB server takes it."""
+    from xnnquant.pte import planned
+
+    monkeypatch.setattr(planned, "physical_memory", lambda: gib * 2**30)
+    with pytest.raises(XnnquantError) as info:
+        _export_28_gib(memory="4GiB")
+    assert str(info.value) == (
+        "the exported program: method 'forward' plans 28 GiB (30064771072 bytes) of memory, which the runtime "
+        "allocates when it loads the method, and the target has 4 GiB (memory=4294967296); expected a plan that fits "
+        "(its dynamic dims plan their memory at their upper bounds: b in [1, 1073741824]; lower their max)")
+    exported = _export_28_gib(memory=64 * 2**30)
+    assert str(exported).splitlines()[-1] == "planned memory: 'forward' 28 GiB; fits the target's memory (memory=), 64 GiB"
+    assert exported.summary["memory"]["checked_against"] == "memory="
+
+
+class TokensDense(nn.Module):
+    """Token ids -> embedding (portable kernels) -> linear (XNNPACK): a mixed program."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(100, 32)
+        self.dense = nn.Linear(32, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.tokens(ids))
+
+
+def test_a_mixed_program_s_self_check_loads_it_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixed program's self-check runs it on ExecuTorch's runtime, which allocates its arenas
+    here: with check=True it must fit this machine (set to 1 KiB) as well as memory=."""
+    from xnnquant.pte import planned
+
+    monkeypatch.setattr(planned, "physical_memory", lambda: 2**10)
+    module, ids = _seeded(TokensDense()).eval(), torch.randint(0, 100, (1, 7))
+    spec = ({1: Dim("seq", max=48)},)
+    with pytest.raises(XnnquantError, match=r"^the exported program's self-check: method 'forward' plans .* and this "
+                                            r"machine has 9.54e-07 GiB; expected a plan that fits \(its dynamic dims "
+                                            r"plan their memory at their upper bounds: seq in \[1, 48\]; lower their "
+                                            r"max\); the self-check loads the program on this machine: check=False "
+                                            r"skips it$"):
+        xq.export(module, (ids,), weights="fp32", progress=False, dynamic_shapes=spec, memory="1GiB")
+    exported = xq.export(module, (ids,), weights="fp32", progress=False, dynamic_shapes=spec, memory="1GiB",
+                         check=False)
+    assert exported.mixed and exported.memory_check.target and exported.memory_check.limit == 2**30
+
+
+@pytest.mark.parametrize(("memory", "got"), [("4 parsecs", "'4 parsecs'"), (0, "0"), (True, "True"), (-1, "-1"),
+                                             ("0GiB", "'0GiB'")])
+def test_memory_refuses_what_is_not_a_size(memory: Any, got: str) -> None:
+    with pytest.raises(XnnquantError) as info:
+        _export_28_gib(memory=memory)
+    assert str(info.value) == (f"memory must be the memory of the device the program is for: got {got}, expected a "
+                               "number of bytes > 0 or a string such as '4GiB' or '512 MB' (units: B, KB, MB, GB, TB, "
+                               "KiB, MiB, GiB, TiB)")
 
 
 # ------------------------------------------------------------------ one rule for options

@@ -41,7 +41,7 @@ import operator
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import XnnquantError, missing_extra, warn_caller
 from .caller import buffers_kept, mutated_inputs, refuse_parameter_writes
@@ -50,6 +50,9 @@ from .options import ExportOptions, StaticInt8
 from .prequantized import dequantized_for_export
 from .program import AtenProgram
 from .report import ReportRow, stage
+
+if TYPE_CHECKING:
+    from ..pte.planned import MemoryCheck
 
 
 def _torch() -> Any:
@@ -352,7 +355,8 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
            calibration: Iterable[Any] | None = None, fallback: Any = "auto", activations: str = "dynamic",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
            check: bool = True, dynamic_shapes: Any = None, calibration_mask: Any = None,
-           strict: bool = False, embeddings: Any = None, rotation: Any = None, _weight_prefix: str = "") -> Exported:
+           strict: bool = False, embeddings: Any = None, rotation: Any = None, memory: Any = None,
+           _weight_prefix: str = "") -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -422,6 +426,13 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     function, with outliers spread over the channels int4 groups and int8 activations
     quantize together; refused, with the reason, where it cannot be folded.
 
+    ``memory``: the memory of the device the program is for (bytes, or ``"4GiB"``): a program
+    whose planned memory (its arenas at its dynamic dims' upper bounds, which the runtime
+    allocates when the method loads) exceeds it is refused.  None (the default) checks against
+    this machine's physical memory instead, and the report says so (``Exported.memory_check``):
+    give the target's to get the same answer on any exporting machine.  A mixed program's
+    self-check loads it here, so with ``check=True`` it must also fit this machine.
+
     (``_weight_prefix``, for wrappers of this package such as ``xq.export_llm``'s: the path,
     within ``module``, of the module whose names ``state_dict``'s file holds.)
     """
@@ -429,7 +440,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
                                   activations=activations, target=target, state_dict=state_dict, check=check,
                                   progress=progress, dynamic_shapes=dynamic_shapes,
                                   calibration_mask=calibration_mask, strict=strict, embeddings=embeddings,
-                                  rotation=rotation)
+                                  rotation=rotation, memory=memory)
     if not options.policy.weights.is_quantized and options.embeddings is None and options.method != "mse":
         _warn_unused(f"method={options.method!r} does nothing: weights='fp32' and no embeddings= quantize nothing")
     weight_file = None
@@ -519,7 +530,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         with stage("write", timings):
             exported.to_pte() if members is not None else exported.to_bytes()
-        _check_planned(exported)
+        exported.memory_check = _check_planned(exported, options)
     if not options.check:
         exported.self_check = "skipped (check=False)"
     elif weight_file is not None or eager is None:
@@ -581,10 +592,12 @@ def _name_mutated_inputs(exported: Exported, mutated: list[int]) -> None:
         exported.outputs[k] = replace(exported.outputs[k], name=f"{name} (written by forward)")
 
 
-def _check_planned(exported: Exported) -> None:
-    """Refuse a program whose planned memory (at its dynamic dims' bounds) the runtime could
-    not allocate here (``pte.planned``): a mixed program's arenas, a pure one's inputs and
-    outputs (the runtime plans those; XNNPACK sizes its own memory at the sizes it runs)."""
+def _check_planned(exported: Exported, options: ExportOptions) -> MemoryCheck:
+    """Refuse a program whose planned memory (at its dynamic dims' bounds) the runtime could not
+    allocate (``pte.planned``): a mixed program's arenas, a pure one's inputs and outputs (the
+    runtime plans those; XNNPACK sizes its own memory at the sizes it runs); against
+    ``memory=`` when given (and this machine's too when the self-check will load a mixed
+    program here), else this machine's.  Returns the ``MemoryCheck``."""
     import numpy as np
 
     from ..pte.planned import check_fits, planned_bytes
@@ -595,8 +608,16 @@ def _check_planned(exported: Exported) -> None:
         planned = {"forward": sum(int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
                                   for t in exported.inputs + exported.outputs)}
     dims = sorted({str(d) for t in exported.inputs + exported.outputs for d in t.dynamic if d is not None})
-    check_fits(planned, "the exported program", f" (its dynamic dims plan their memory at their upper bounds: "
-               f"{', '.join(dims)}; lower their max)" if dims else "")
+    lower = (f" (its dynamic dims plan their memory at their upper bounds: {', '.join(dims)}; lower their max)"
+             if dims else "")
+    if options.memory is None:
+        return check_fits(planned, "the exported program", lower + "; memory= checks against the target device's "
+                          "memory instead of this machine's")
+    done = check_fits(planned, "the exported program", lower, options.memory, target=True)
+    if options.check and exported.mixed:
+        check_fits(planned, "the exported program's self-check", lower + "; the self-check loads the program on "
+                   "this machine: check=False skips it")
+    return done
 
 
 def _float_policy() -> Any:
@@ -634,7 +655,7 @@ def _static_int8(lowered: Any, calibration: Any, static: StaticInt8, method: str
         result = static_int8.quantize(lowered.graph, lowered.sources, lowered.rows, lowered.filters, seen,
                                       ranges=static.ranges, percentile=static.percentile, method=method,
                                       bias_correction=static.bias_correction, equalize=static.equalize,
-                                      budget=static.budget, rounding=static.rounding)
+                                      budget=static.budget, rounding=static.rounding, cpu=static.cpu)
     return result
 
 
@@ -843,8 +864,9 @@ def _warn_static(exported: Exported) -> None:
                     AccuracyWarning)
     timed = int8.measured
     if timed is not None and timed.float_ms >= TIMED_WARNING_MS and timed.int8_ms > SLOWER_WARNING * timed.float_ms:
-        warn_caller(f"the static int8 program ran slower than its float graph on this machine: {timed.int8_ms:.3g} ms "
-                    f"against {timed.float_ms:.3g} ms (median of {timed.inputs} inputs x {timed.runs} runs); the "
+        warn_caller(f"the static int8 program ran slower than its float graph on this machine, "
+                    f"{timed.cpu or 'CPU unknown'}: {timed.int8_ms:.3g} ms against {timed.float_ms:.3g} ms "
+                    f"(median of {timed.inputs} inputs x {timed.runs} runs); the "
                     f"converts around its {len(exported.boundaries)} fp32 <-> qint8 boundaries (print(exported) lists "
                     "them) cost more than its int8 nodes save. weights='qc8w' with activations='dynamic', or the fp32 "
                     "program, may serve better; time them where the program will run", PerformanceWarning)

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from ..files import write_atomic
 from ..graph import Graph, Target
 from .report import ReportRow, format_report, totals
 from .weights import WeightScheme
+
+if TYPE_CHECKING:
+    from ..pte.planned import MemoryCheck
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class Exported:
     #: are the program's first outputs, in this order, before the module's own (as in
     #: ExecuTorch's programs; ``caller.py``)
     mutated_inputs: list[str] = field(default_factory=list)
+    #: the planned memory and what it was checked against (``pte.planned.MemoryCheck``: the target's
+    #: memory when ``memory=`` was given, else this machine's); None for a streaming export
+    memory_check: MemoryCheck | None = None
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -273,7 +279,8 @@ class Exported:
                 "activations": str(self.activations), "boundaries": list(self.boundaries),
                 "delegates": len(graphs), "portable_nodes": sum(p.where == "portable kernels" for p in self.placement),
                 "nodes": sum(len(g.nodes) for g in graphs), "values": sum(len(g.values) for g in graphs),
-                **totals(self.report), "timings": dict(self.timings)}
+                **totals(self.report), "timings": dict(self.timings),
+                "memory": None if self.memory_check is None else self.memory_check.as_dict()}
 
     def to_json(self) -> str:
         """The report rows, the summary and where each ATen node runs, as JSON (what
@@ -295,10 +302,19 @@ class Exported:
                 int8 = self.static_int8.int8 if self.static_int8 is not None else None
                 if int8 is not None and int8.measured is not None:
                     text += f"\n{int8.measured}"
+                if int8 is not None and int8.estimate:
+                    text += f"\n{int8.estimate}"
                 text += "".join(f"\nnot as asked: {note}" for note in (int8.notes if int8 is not None else []))
-            return text + self._mutations
+            return text + self._mutations + self._memory
         head = "" if self.llm is None else f"{self.llm}\n"
-        return head + self.delegation_report() + "\n" + format_report(self.report) + self._mutations
+        return head + self.delegation_report() + "\n" + format_report(self.report) + self._mutations + self._memory
+
+    @property
+    def _memory(self) -> str:
+        """The memory check's line, where its answer could depend on the exporting machine: a
+        program planned at dynamic dims' upper bounds, or one checked against ``memory=``."""
+        check = self.memory_check
+        return "" if check is None or not (self.dynamic or check.target) else f"\n{check}"
 
     @property
     def _mutations(self) -> str:

@@ -65,6 +65,13 @@ class StaticInt8:
     ``rounding``: ``"nearest"`` codes, or ``"learned"``: each code rounded up or down for its
     layer's output on calibration inputs, AdaRound's choice made as GPTQ orders it
     (``static_int8/rounding.py``).
+    ``cpu``: the class of CPU whose int8 and fp32 kernels the time estimate prices (it decides
+    which int8 nodes between fp32 ones stay fp32, and what a budget buys: ``static_int8/mixed.py``):
+    ``"avx512vnni"`` (the default: AMD Zen 4 and 5, Intel Ice Lake and Sapphire Rapids, the class
+    its ratios were measured on), ``"avx512"`` (Intel Skylake-SP without VNNI), ``"avx2"`` (AMD
+    Zen 1 to 3, Intel Haswell to Alder Lake), ``"sse"``, or ``"this"``: the exporting machine's
+    class, so that the program depends on where it was exported (the report names both).  A
+    named class exports the same program on any machine.
 
     Defaults by measurement (``benchmarks/static_int8.py``, ``notebooks/static_int8.ipynb``):
     on MobileNetV2's logits (held-out photo crops) ``sensitivity`` ranges gave 21.4 dB
@@ -79,6 +86,7 @@ class StaticInt8:
     bias_correction: bool = True
     budget: float = 0.0
     rounding: str = "nearest"
+    cpu: str = "avx512vnni"
 
     def __post_init__(self) -> None:
         if arguments.spelling(self.ranges) in RANGE_METHODS:  # case and spaces ignored, as every option
@@ -96,6 +104,13 @@ class StaticInt8:
         if self.rounding not in ROUNDINGS:
             raise XnnquantError(f"unknown rounding: got {self.rounding!r}, expected one of "
                                 f"{', '.join(map(repr, ROUNDINGS))}")
+        from ..xnnpack.cpu import CLASS_NAMES
+
+        spelled = arguments.spelling(self.cpu)
+        if spelled not in (*CLASS_NAMES, "this"):
+            raise XnnquantError(f"unknown CPU class for the time estimate: got cpu={self.cpu!r}, expected one of "
+                                f"{', '.join(map(repr, CLASS_NAMES))} or 'this' (the exporting machine's)")
+        object.__setattr__(self, "cpu", spelled)
         if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not 0 <= self.budget < 10:
             raise XnnquantError(f"budget is the extra time mixed precision may spend, as a fraction of the int8 "
                                 f"program's (0.3: up to 1.3 times): got {self.budget!r}, expected a number in [0, 10)")
@@ -115,6 +130,7 @@ class StaticInt8:
                   if getattr(self, name) != getattr(StaticInt8(), name)]
         parts += [f"budget={self.budget:g}"] if self.budget else []
         parts += [f"rounding={self.rounding}"] if self.rounding != "nearest" else []
+        parts += [f"cpu={self.cpu}"] if self.cpu != default.cpu else []
         return f"qint8({', '.join(parts)})"
 
 
@@ -148,14 +164,19 @@ class ExportOptions:
     static_int8: StaticInt8 | None = None
     #: ``"hadamard"``: the residual stream rotated (``passes/rotation.py``); None: not
     rotation: str | None = None
+    #: the target device's memory in bytes (``memory=``, ``pte.planned.memory_bytes``); None: this machine's
+    memory: int | None = None
 
     @classmethod
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,
               fallback: Any = "auto", activations: Any = "dynamic", target: Any = "1.4.1",
               state_dict: Any = None, check: Any = True, progress: Any = True,
               dynamic_shapes: Any = None, calibration_mask: Any = None, strict: Any = False,
-              embeddings: Any = None, rotation: Any = None) -> ExportOptions:
+              embeddings: Any = None, rotation: Any = None, memory: Any = None) -> ExportOptions:
+        from ..pte.planned import memory_bytes
+
         policy = WeightPolicy(weights, fallback)
+        target_memory = memory_bytes(memory)
         tables = EmbeddingScheme.parse(embeddings)
         if not isinstance(method, str):
             raise XnnquantError(f"method must be a string: got {type(method).__name__} {method!r}")
@@ -207,7 +228,7 @@ class ExportOptions:
         rotated = _rotation(rotation, path, static)
         return cls(policy, chosen, chosen_target, kind,
                    None if calibration is None else CalibrationData.parse(calibration, calibration_mask), path, check,
-                   progress, dynamic_shapes, strict, tables, static, rotated)
+                   progress, dynamic_shapes, strict, tables, static, rotated, target_memory)
 
 
 #: The rotations ``rotation=`` names (``passes/rotation.py``).

@@ -44,10 +44,22 @@ Reshape, Transpose               zero point on input and output)
 ``lo`` / ``hi`` are ``quantize_bound(output_min)`` / ``quantize_bound(output_max)``
 (-128 / 127 without bounds).  Integer accumulation is exact here (int64, or float64
 products of at most 2^53); XNNPACK's own int32 accumulator is exact while
-``|acc| < 2^31``.  None of these results depends on the CPU's microkernel on x86-64:
-the GEMM, convolution, binary and conversion kernels of every x86 ISA do the same
-integer arithmetic and the same single float32 multiply and round-half-even
-conversion, and the table-driven nodes are made by portable reference code.
+``|acc| < 2^31``.
+
+Which x86-64 CPU runs the graph changes none of these results but one (read from the
+kernels each x86 branch of XNNPACK's configs selects, SSE2 to AVX-512 and AMX;
+``tests/test_cpu_classes_numerics.py`` gives the sources): the integer sums are exact in
+wrapping int32 whatever the instruction (``vpmaddwd`` + ``vpaddd``, ``vpdpbusd`` on inputs
+offset by 128 with the offset folded into the packed bias, ``pmullw``/``pmulhw`` pairs), every
+requantization is one float32 multiply rounded half to even by ``cvtps2dq`` under the default
+MXCSR, the add and leaky ReLU multipliers are integer, and the tables are made once by
+XNNPACK's reference code (the same ``libm`` functions on every CPU with FMA).  The one: a
+static int8 GEMM (fully connected, convolution) whose ``rne(f32(f32(acc) * m)) + zp_y`` falls
+below ``-2^31`` (a negative output zero point) writes 127 on AVX-512 and AVX-VNNI CPUs and
+``lo`` elsewhere
+(``requantize_fp32(int32_zero_point=...)``); this module computes the latter, and the static
+int8 rewrite chooses output scales that keep every accumulator's reach far from it
+(``static_int8.rewrite.ACCUMULATOR_STEPS``).
 """
 
 from __future__ import annotations
@@ -101,17 +113,31 @@ def output_bounds(node: Node, out: Value) -> tuple[int, int]:
 
 
 def requantize_fp32(acc: np.ndarray, scale: np.ndarray | np.floating[Any], zero_point: int,
-                    lo: int = QMIN, hi: int = QMAX) -> np.ndarray:
+                    lo: int = QMIN, hi: int = QMAX, int32_zero_point: bool = False) -> np.ndarray:
     """int8 codes from integer accumulators, XNNPACK's "fp32" requantization.
 
     ``rne(clip(f32(f32(acc) * scale), lo - zp, hi - zp)) + zp``: the accumulator is
     converted to float32 (rounded when ``|acc| > 2^24``), multiplied once by the float32
     ``scale`` (broadcast against ``acc``), clamped, rounded half to even.  ``acc`` int64,
     any shape; returns int8 of ``acc``'s (broadcast) shape.
+
+    ``int32_zero_point``: as the static int8 GEMM kernels of AVX-512 and AVX-VNNI CPUs
+    compute it (``xnnpack.cpu.Qs8Gemm``): only the upper bound is applied in float; the
+    product converts to int32 (``cvtps2dq``: ``INT32_MIN`` below ``-2^31``), the zero point
+    is added in wrapping int32 and the sum saturated to int8, then raised to ``lo``.  That is
+    the formula above except where ``rne(f32(f32(acc) * scale)) + zp < -2^31``, which writes
+    127 (from a negative zero point) instead of ``lo``.  The default is the other kernels'
+    arithmetic (the AVX2, AVX, SSE and 256-bit AVX-512 GEMMs, every depthwise one), which
+    saturates first.
     """
     scaled = np.asarray(acc).astype(F32) * np.asarray(scale, F32)
-    scaled = np.clip(scaled, F32(lo - zero_point), F32(hi - zero_point))
-    return (rne(scaled) + zero_point).astype(np.int8)
+    if not int32_zero_point:
+        scaled = np.clip(scaled, F32(lo - zero_point), F32(hi - zero_point))
+        return (rne(scaled) + zero_point).astype(np.int8)
+    scaled = np.minimum(scaled, F32(hi - zero_point))
+    converted = np.where(scaled < F32(-(2**31)), -(2**31), rne(scaled))
+    wrapped = (converted + zero_point + 2**31) % 2**32 - 2**31
+    return np.maximum(saturate(wrapped), np.int8(lo)).astype(np.int8)
 
 
 def saturate(x: np.ndarray) -> np.ndarray:

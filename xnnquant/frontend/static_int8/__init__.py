@@ -41,7 +41,9 @@ from ...graph import Graph
 from ...graph.rules import DATA_MOVEMENT, WEIGHTED
 from ..evaluation import torch_threads
 from ..exported import TensorIO
+from ..options import StaticInt8
 from .bias_correction import InputMeans, correct_biases
+from .mixed import CostModel, cost_model
 from .observe import Exposed, Measured, measure
 from .ranges import ValueStats
 from .rewrite import Boundary, Int8Graph, Rewrite
@@ -153,6 +155,26 @@ def calibrate(graph: Graph, batches: Sequence[Sequence[np.ndarray]], sources: Se
     return Calibration(stats, means.means(), batches)
 
 
+def estimate_for(cpu: str) -> tuple[CostModel, str]:
+    """The time estimate's ratios for ``StaticInt8.cpu`` (a ``Cpu.int8_class``, or ``"this"``: this
+    machine's), and the report line that says for which CPU they are, how this machine relates
+    to it, and where the ratios come from."""
+    from ...xnnpack.cpu import CLASS_NAMES, this_cpu
+
+    here = this_cpu()
+    chosen = here.int8_class if cpu == "this" else cpu
+    costs = cost_model(chosen)
+    if cpu == "this":
+        whose = f"this machine's, {here.label}, as StaticInt8(cpu='this') asks"
+    else:
+        default = " (the default)" if cpu == StaticInt8().cpu else ""
+        relation = ("is of that class" if here.int8_class == chosen else
+                    f"runs {CLASS_NAMES[here.int8_class]} kernels: cpu='this' prices those")
+        whose = f"StaticInt8(cpu={cpu!r}){default}; this machine, {here.label}, {relation}"
+    return costs, (f"time estimate (which int8 nodes between fp32 ones stay fp32, what a budget buys) for "
+                   f"{CLASS_NAMES[chosen]} kernels ({whose}): {costs.basis}")
+
+
 @dataclass
 class StaticResult:
     """What the static int8 stages made: the int8 graph (``int8``), the float graph it came
@@ -190,15 +212,18 @@ class StaticResult:
 
 def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[Any], filters: dict[int, Any],
              calibration: Calibration, *, ranges: str, percentile: float, method: str, bias_correction: bool,
-             equalize: bool, budget: float = 0.0, rounding: str = "nearest") -> StaticResult:
+             equalize: bool, budget: float = 0.0, rounding: str = "nearest",
+             cpu: str = "avx512vnni") -> StaticResult:
     """Stages 2 and 3 of the module docstring on float graph ``graph``; with ``budget``, the graph
     is planned once to choose what mixed precision keeps in fp32 (``mixed.py``), then rewritten
-    with those nodes fp32 from the start (equalization and grids planned around them)."""
+    with those nodes fp32 from the start (equalization and grids planned around them).  ``cpu``:
+    the ``Cpu.int8_class`` the time estimate prices (``StaticInt8.cpu``); the report says which."""
+    costs, line = estimate_for(cpu)
 
     def rewrite(keep: dict[int, str] | None = None) -> Rewrite:
         return Rewrite(graph, sources, calibration.stats, rows, filters, ranges=ranges, percentile=percentile,
                        method=method, equalize=equalize, batches=calibration.batches, keep=keep,
-                       rounding=rounding)
+                       rounding=rounding, costs=costs)
 
     planner = rewrite()
     lines: list[str] = []
@@ -211,6 +236,7 @@ def quantize(graph: Graph, sources: Sequence[tuple[str, str, str]], rows: list[A
         planner = rewrite(keep)
     result = planner.run()
     result.kept = lines
+    result.estimate = line
     result.notes.extend(notes)
     if bias_correction:
         correct_biases(result, calibration.means)

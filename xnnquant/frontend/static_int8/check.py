@@ -57,7 +57,7 @@ from ...errors import SelfCheckError
 from ...graph import Graph, int8
 from ...graph.rules import DATA_MOVEMENT
 from .bias_correction import corrected_bias
-from .rewrite import Int8Graph, _out_axis
+from .rewrite import Int8Graph, _out_axis, accumulator_reach
 
 SLACK = {"XNNStaticResizeBilinear2D": 0.13, "XNNLeakyReLU": 0.5}
 DEFAULT_SLACK = 1e-3
@@ -229,3 +229,27 @@ def check_layers(result: Int8Graph, sources: list[tuple[str, str, str]]) -> None
             raise SelfCheckError(f"self-check failed at {where}: its stored int32 bias is not its float bias plus "
                                  f"its bias correction (channel {c}: {off[c]:.4g} away, bound {bound[c]:.4g}); "
                                  "please report it")
+        steps = _reach_in_steps(result, layer.node, stored, bias.codes)
+        if not np.all(steps < REACH_LIMIT):
+            c = int(np.argmax(steps))
+            raise SelfCheckError(f"self-check failed at {where}: some int8 input would drive output channel {c}'s "
+                                 f"accumulator to {steps[c]:.4g} output steps, where XNNPACK's static int8 kernels "
+                                 "compute differently on AVX-512 and AVX-VNNI CPUs than on others (past 2^31: "
+                                 "graph.int8.requantize_fp32); please report it")
+
+
+#: Below this many output steps an accumulator converts to int32 without overflow on any CPU:
+#: 2^31 less the float32 roundings of ``f32(acc)`` and of the product (2^-23 each, and more).
+REACH_LIMIT = 2.0**31 * (1 - 2**-20)
+
+
+def _reach_in_steps(result: Int8Graph, node_index: int, stored: Any, bias_codes: np.ndarray) -> np.ndarray:
+    """float64 ``(OC,)``: the most output steps the scaled accumulator of int8 layer ``node_index``
+    reaches on any int8 input: ``(|bias code| + rewrite.accumulator_reach) * m``, with XNNPACK's
+    multiplier ``m = f32(f32(s_x * s_w) / s_y)``."""
+    node = result.graph.nodes[node_index]
+    s_x, zp_x = int8.quant(result.graph.value(node.inputs[0]))
+    s_y, _ = int8.quant(result.graph.value(node.outputs[0]))
+    m = ((np.float32(s_x) * np.asarray(stored.scale, np.float32)) / np.float32(s_y)).astype(np.float64)
+    reach = np.abs(np.asarray(bias_codes, np.float64)).reshape(-1) + accumulator_reach(stored, zp_x)
+    return reach * m

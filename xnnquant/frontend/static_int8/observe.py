@@ -112,18 +112,21 @@ TIMED_ROUNDS = 3
 class Measured:
     """A finished int8 graph against its float graph, both on the real runtime, on ``inputs``
     calibration inputs: its float outputs' SQNR (``db``) and the median wall time of one run of
-    each (``int8_ms``, ``float_ms``; ``runs`` per input) on this machine with the runtime's threads."""
+    each (``int8_ms``, ``float_ms``; ``runs`` per input) on this machine with the runtime's threads;
+    ``cpu``: this machine's CPU (``xnnpack.cpu.Cpu.label``), which the times are of."""
 
     db: float
     inputs: int
     runs: int
     int8_ms: float
     float_ms: float
+    cpu: str = ""
 
     def __str__(self) -> str:
         return (f"outputs against the float graph: {self.db:.1f} dB SQNR on {self.inputs} of the calibration inputs "
-                f"(inputs its grids were chosen on); run time on this machine {self.int8_ms:.3g} ms against the "
-                f"float graph's {self.float_ms:.3g} ms ({self.int8_ms / max(self.float_ms, 1e-9):.2f}x)")
+                f"(inputs its grids were chosen on); run time on this machine, {self.cpu or 'CPU unknown'}, "
+                f"{self.int8_ms:.3g} ms against the float graph's {self.float_ms:.3g} ms "
+                f"({self.int8_ms / max(self.float_ms, 1e-9):.2f}x)")
 
 
 def measure(float_graph: Graph, int8_graph: Graph, batches: Sequence[Sequence[np.ndarray]]) -> Measured:
@@ -150,5 +153,7 @@ def measure(float_graph: Graph, int8_graph: Graph, batches: Sequence[Sequence[np
                     want.append(np.array(f[a], np.float64).reshape(-1))
                     got.append(np.array(q[b], np.float64).reshape(-1))
     db = sqnr_db(np.concatenate(want), np.concatenate(got)) if want else float("nan")
+    from ...xnnpack.cpu import this_cpu
+
     return Measured(db, len(chosen), TIMED_ROUNDS, 1e3 * statistics.median(times["int8"]),
-                    1e3 * statistics.median(times["float"]))
+                    1e3 * statistics.median(times["float"]), this_cpu().label)

@@ -101,6 +101,13 @@ COMPUTING = frozenset(WEIGHTED + BINARY + UNARY)
 BIAS_CODES = float(2**28)
 #: The largest ``input_scale * filter_scale / output_scale`` XNNPACK takes is below 256.
 MAX_REQUANTIZATION = 256.0
+#: The most output steps an int8 layer's accumulator may reach on any input: the static int8 GEMM
+#: kernels of AVX-512 and AVX-VNNI CPUs write 127 where the scaled accumulator plus the output zero
+#: point falls below -2^31, the others -128 (``graph.int8.requantize_fp32``), so a layer that could
+#: get there would compute differently from one CPU to another.  Half of 2^31 leaves the other half
+#: to the bias correction, which ``_fit_requantization`` does not know yet (``check.check_layers``
+#: verifies the finished layers).
+ACCUMULATOR_STEPS = float(2**30)
 #: Equalization factors are clipped to ``[1 / EQUALIZATION_LIMIT, EQUALIZATION_LIMIT]``: MobileNetV2's
 #: logits SQNR (96 held-out crops) is flat from 4 to 16 (18.5 dB), lower at 32 (18.3) and 64 (18.1).
 EQUALIZATION_LIMIT = 16.0
@@ -181,6 +188,8 @@ class Int8Graph:
     kept: list[str] = field(default_factory=list)
     #: the finished graph against the float graph on calibration inputs (``observe.measure``)
     measured: Measured | None = None
+    #: for which CPU the time estimate priced the choices, and on what basis (one report line)
+    estimate: str = ""
 
     def primary(self, vid: int) -> int:
         """The int8 graph's value standing for float-graph value ``vid`` (its qint8 one if any)."""
@@ -256,8 +265,10 @@ class Rewrite:
     def __init__(self, graph: Graph, sources: Sequence[tuple[str, str, str]], stats: dict[int, ValueStats],
                  rows: list[ReportRow], filters: dict[int, Any], *, ranges: str, percentile: float,
                  method: str, equalize: bool = False, batches: Sequence[Sequence[np.ndarray]] = (),
-                 keep: dict[int, str] | None = None, rounding: str = "nearest") -> None:
+                 keep: dict[int, str] | None = None, rounding: str = "nearest",
+                 costs: mixed.CostModel = mixed.DEFAULT_COSTS) -> None:
         self.src, self.sources, self.stats = graph, sources, dict(stats)
+        self.costs = costs  # the time estimate's ratios (``mixed.CostModel``)
         self.rounding = rounding
         self.grams: dict[int, np.ndarray] | None = None
         self.keep = dict(keep or {})  # node index -> why mixed precision keeps it fp32
@@ -361,14 +372,14 @@ class Rewrite:
             if j not in self.refusal:
                 islands.setdefault(sets.find(j), []).append(j)
         refused = set(self.refusal)
-        base = mixed.estimate(src, refused)
+        base = mixed.estimate(src, refused, self.costs)
         for nodes in islands.values():
             touching = any(producer.get(v, -1) in refused for j in nodes for v in src.nodes[j].inputs) or any(
                 r in refused for j in nodes for v in src.nodes[j].outputs for r in readers.get(v, []))
             computing = [j for j in nodes if src.nodes[j].kind not in DATA_MOVEMENT]
             if not touching or not computing:
                 continue
-            floats = mixed.estimate(src, refused | set(computing))
+            floats = mixed.estimate(src, refused | set(computing), self.costs)
             if floats <= base:
                 why = (f"it reads and feeds only fp32 values and nodes: in int8 it would add converts and rounding "
                        f"and save no time (estimated {floats / base - 1:+.1%} in fp32); computed in fp32")
@@ -435,7 +446,7 @@ class Rewrite:
         costs = {root: measured.histograms[root].cost(*grid_range(*self.grids[root])) for root in self.members
                  if root in measured.histograms}
         refused = {i for i, r in self.refusal.items() if i not in self.keep}
-        steps = mixed.choose(self.src, self.members, costs, refused, budget, measured)
+        steps = mixed.choose(self.src, self.members, costs, refused, budget, measured, self.costs)
         reasons: dict[int, str] = {}
         lines = []
         for step in steps:
@@ -690,12 +701,18 @@ class Rewrite:
         return self.grams
 
     def _fit_requantization(self, n: Node) -> None:
-        """Raise the output's scale (its whole group's) so that ``s_x * s_w / s_y < 256``."""
-        s_x = F32(self._grid(n.inputs[0], n)[0])
-        accumulator = (s_x * np.asarray(self._filter(n).scale, F32)).astype(F32)
+        """Raise the output's scale (its whole group's) so that ``s_x * s_w / s_y < 256``, and so that
+        the largest accumulator any int8 input can give (``|b| + max |x - zp_x| * sum |w codes|`` per
+        output channel, in input-times-filter steps) stays within ``ACCUMULATOR_STEPS`` output steps
+        (``accumulator_reach``)."""
+        s_x, zp_x = self._grid(n.inputs[0], n)
+        stored = self._filter(n)
+        accumulator = (F32(s_x) * np.asarray(stored.scale, F32)).astype(F32)
         out = n.outputs[0]
         s_y, zp_y = self._grid(out, n)
         need = float(np.max(accumulator)) / (MAX_REQUANTIZATION * (1 - 2**-10))
+        reach = accumulator_reach(stored, zp_x) * accumulator + np.abs(self._bias(self.src.nodes.index(n)))
+        need = max(need, float(np.max(reach, initial=0.0)) / ACCUMULATOR_STEPS)
         if s_y < need:
             self.grids[self.group[out]] = (float(F32(need)), zp_y)
 
@@ -882,6 +899,16 @@ class Rewrite:
         restored = stored.dequantize().astype(np.float64) * ratio
         noise = float(np.sum((original - restored) ** 2))
         return math.inf if noise == 0 else 10 * math.log10(float(np.sum(original.astype(np.float64) ** 2)) / noise)
+
+
+def accumulator_reach(stored: QuantizedTensor, zp_x: int) -> np.ndarray:
+    """float64 ``(OC,)``: the largest ``|sum (x - zp_x) w|`` int8 inputs ``x`` can give each output
+    channel of a filter, in codes: ``max(127 - zp_x, zp_x + 128) * sum |w codes|`` (padding reads
+    ``zp_x``, adding nothing)."""
+    codes = np.abs(np.asarray(stored.codes, np.float64))
+    axis = stored.channel_dim or 0
+    per_channel = codes.sum(axis=tuple(a for a in range(codes.ndim) if a != axis))
+    return float(max(127 - zp_x, zp_x + 128)) * per_channel
 
 
 def j_refused(nodes: list[int], refusal: dict[int, str]) -> bool:
