@@ -507,7 +507,7 @@ def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
             lowered = delegates[phase] if phase < len(delegates) else None
             if lowered is None:
                 continue
-            arrays = [contiguous(np.transpose(np.asarray(operand(n), np.float32), spec.dim_order))
+            arrays = [contiguous(np.transpose(np.asarray(operand(n), np.dtype(spec.dtype)), spec.dim_order))
                       for n, spec in zip(lowered.input_nodes, lowered.inputs)]
             env = interpret_values(lowered.graph, arrays)
             members = {n for n in calls if n.meta.get(PARTITION) == phase}

@@ -22,7 +22,7 @@ to (None: every earlier position)::
                      cache_v_scale{l} float32 [1, S, Hkv, 1]: per position and head,
                      scale = max(max|x|, FLT_MIN) / 127 over the head's D values,
                      code = round_half_even(x / scale), |code| <= 127; read back as
-                     code * scale (ExecuTorch's quantized_decomposed::dequantize_per_token)
+                     float(code) * scale (XNNPACK: Convert of the int8 codes, Multiply)
 
     per call         positions = arange(n) + input_pos; slots = positions (full) or
                      positions % S (ring); k, v [1, Hkv, n, D] -> cache[0, slots] = k
@@ -150,10 +150,9 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """codes int8 ``[..., D]`` x scales float32 ``[..., 1]`` -> float32, with ExecuTorch's kernel."""
-    zero = torch.zeros(scale.shape, dtype=torch.int64)
-    return torch.ops.quantized_decomposed.dequantize_per_token(
-        codes, scale, zero, -INT8_CODE_MAX - 1, INT8_CODE_MAX, torch.int8, torch.float32)
+    """codes int8 ``[..., D]`` x scales float32 ``[..., 1]`` -> float32 (in XNNPACK: a Convert of
+    the int8 codes, exact, and a broadcast multiply)."""
+    return codes.to(torch.float32) * scale
 
 
 def ring_mask(step: Step, size: int, window: int, n: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ...datatypes import Datatype
 from ...errors import XnnquantError
 from . import lowers
 from .context import Activation, LoweringContext, identity
@@ -243,3 +244,18 @@ def _make_unary(op: Any, entry: Unary) -> None:
 
 for _op, _entry in UNARY.items():
     _make_unary(_op, _entry)
+
+
+def _int8_to_float(node: Any) -> str | None:
+    from ..passes.partition import reads_int8
+
+    if reads_int8(node):
+        return None
+    return "XNNPACK converts only int8 values to float32 here (the other dtypes run on ExecuTorch's portable kernels)"
+
+
+@lowers(aten._to_copy.default, emits=("XNNConvert",), check=_int8_to_float)
+def int8_to_float(ctx: LoweringContext, x: Activation, **kwargs: Any) -> Activation:
+    """``aten::_to_copy(int8 -> float32)``: XNNConvert of the qint8 value (scale 1, zero point
+    0: the delegate's int8 input, ``walk._int8_input``) to fp32, each code its integer."""
+    return Activation(ctx.graph.convert(x.id, Datatype.fp32), x.shape, x.perm, x.sym)

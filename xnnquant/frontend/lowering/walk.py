@@ -22,9 +22,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...datatypes import Datatype
 from ...errors import SelfCheckError, UnsupportedConfigError, XnnquantError
 from ...graph import Graph, Target
+from ...graph.model import PerTensorQuant
 from ..exported import DynamicDim, TensorIO
+from ..passes.partition import reads_int8
 from ..program import AtenProgram, Size
 from ..report import ReportRow
 from . import LOWERINGS, load_lowerings, op_name, sizes_stay_dynamic
@@ -193,6 +196,8 @@ class _Walk:
         sizes = self.ctx.program.shape(val, f"input {name!r}")
         shape = tuple(s.bound for s in sizes)
         dtype = str(getattr(val, "dtype", "")).removeprefix("torch.")
+        if dtype == "int8" and any(reads_int8(user) for user in node.users):  # the partition lets no other in
+            return self._int8_input(node, name, sizes)
         if dtype != "float32":  # listed with the other refusals (strict=True)
             self.refuse(node, f"input {name!r} is {dtype or type(val).__name__}: XNNPACK's external values are "
                               "float32 (without strict=True, nodes that read it run on ExecuTorch's portable kernels)")
@@ -204,6 +209,16 @@ class _Walk:
         vid = self.ctx.graph.input(tuple(shape[d] for d in order))
         dynamic = _dynamic_dims(self.ctx.program, sizes)
         self.inputs.append(TensorIO(name, shape, "float32", order, dynamic))
+        return Activation(vid, shape, order, tuple(s.expr for s in sizes) if dynamic else ())
+
+    def _int8_input(self, node: Any, name: str, sizes: Any) -> Activation:
+        """An int8 input read only by conversions to float32 (``partition.reads_int8``): a qint8
+        external value of scale 1 and zero point 0, whose conversion gives its integers."""
+        shape = tuple(s.bound for s in sizes)
+        order = declared_dim_order(node.meta.get("val"))
+        vid = self.ctx.graph.input(tuple(shape[d] for d in order), Datatype.qint8, PerTensorQuant(1.0, 0))
+        dynamic = _dynamic_dims(self.ctx.program, sizes)
+        self.inputs.append(TensorIO(name, shape, "int8", order, dynamic))
         return Activation(vid, shape, order, tuple(s.expr for s in sizes) if dynamic else ())
 
     # ------------------------------------------------------------------- calls

@@ -54,18 +54,30 @@ def _dtype(value: Any) -> str:
     return str(getattr(value, "dtype", "")).removeprefix("torch.")
 
 
+def reads_int8(node: Any) -> bool:
+    """A conversion of an int8 tensor to float32 (``aten._to_copy``): the one node an XNNPACK
+    delegate takes an int8 value for (an external qint8 input of scale 1 converted to fp32)."""
+    import torch
+
+    if node.target is not torch.ops.aten._to_copy.default or not node.args:
+        return False
+    source, result = getattr(node.args[0], "meta", {}).get("val"), node.meta.get("val")
+    return _dtype(source) == "int8" and _dtype(result) == "float32"
+
+
 def xnnpack_refusal(program: AtenProgram, node: Any) -> str | None:
     """Why ``node`` cannot run in an XNNPACK delegate (None: it can, as far as the ATen node tells)."""
     load_lowerings()
     registration = LOWERINGS.get(node.target)
     if registration is None:
         return f"XNNPACK has no lowering of {op_name(node.target)}"
+    int8_in = reads_int8(node)
     for arg in node.all_input_nodes:
         if program.is_constant(arg) or is_size(arg):
             continue
         vals = arg.meta.get("val")
         for val in vals if isinstance(vals, (tuple, list)) else (vals,):
-            if hasattr(val, "dtype") and _dtype(val) != "float32":
+            if hasattr(val, "dtype") and _dtype(val) != "float32" and not (int8_in and _dtype(val) == "int8"):
                 return f"its input {arg.name} is {_dtype(val)} (XNNPACK's values here are float32)"
             if any(isinstance(d, int) and d == 0 for d in getattr(val, "shape", ())):
                 return f"its input {arg.name} has no elements: XNNPACK holds no value of size 0"
