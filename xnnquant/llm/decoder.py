@@ -128,12 +128,6 @@ def _load_llama_kernels() -> None:
     load_llama_kernels()  # torch's llama:: operators, and the runtime's kernels for them
 
 
-def _load_quantized_kernels() -> None:
-    from ..pte.quantized import load_quantized_kernels
-
-    load_quantized_kernels()  # torch's quantized_decomposed operators with their out variants, and the kernels
-
-
 #: 1.5 * 2**23: a float32 |y| < 2**22 plus this, minus this, is y rounded half to even (the sum's
 #: last bit is worth 1), computed by XNNPACK's add and subtract (its graph has no rounding node)
 ROUNDER = 12582912.0
@@ -539,8 +533,6 @@ class Decoder(torch.nn.Module):
         if kv_cache not in KV_CACHES:
             raise XnnquantError(f"kv_cache must be one of {', '.join(map(repr, KV_CACHES))}: got {kv_cache!r}")
         self.kv_cache = kv_cache
-        if kv_cache == "int8":
-            _load_quantized_kernels()
         if kv_cache != "fp32" and not family.cache_shapes(model):
             raise XnnquantError(f"kv_cache={kv_cache!r}: {family.name} models keep their own cache (float32): "
                                 "expected kv_cache='fp32'")

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import UnsupportedConfigError, XnnquantError, missing_extra
 from .builder import MethodBuilder
-from .quantized import LLAMA_KERNELS, QUANTIZED_KERNELS, OutKernel
+from .quantized import LLAMA_KERNELS, OutKernel
 from .values import NUMPY_DTYPES, IntList, ScalarType, ShapeDynamism, Tensor
 
 #: The runtime's operator registry (executorch 1.4.1 pybindings), one "name.overload" a line.
@@ -142,7 +142,7 @@ def _out_variant(op: Any) -> Any:
     else:
         raise UnsupportedConfigError(f"{kernel_name(op)} mutates its inputs ({schema.kind().name}): expected a "
                                      "functional or out-variant operator")
-    if kernel_name(found) not in registered_operators() | LLAMA_KERNELS | QUANTIZED_KERNELS:
+    if kernel_name(found) not in registered_operators() | LLAMA_KERNELS:
         raise UnsupportedConfigError(
             f"{kernel_name(op)}: its out variant {kernel_name(found)} has no kernel in the ExecuTorch 1.4.1 runtime "
             f"(none of its {len(registered_operators())} registered operators)")

@@ -126,14 +126,6 @@ LLAMA_KERNELS = frozenset({
 })
 
 
-#: Kernels of ExecuTorch's quantized library (``kernels/quantized``) that programs may call
-#: through their ``quantized_decomposed`` torch operators (the int8 KV cache's per-token ones).
-QUANTIZED_KERNELS = frozenset({
-    "quantized_decomposed::quantize_per_token.out", "quantized_decomposed::dequantize_per_token.out",
-    "quantized_decomposed::choose_qparams_per_token_asymmetric.out",
-})
-
-
 def calls_llama_kernels(operators: Any) -> bool:
     """True when a program's operators include one of ExecuTorch's LLM kernels."""
     return any(str(name).startswith(f"{LLAMA_NAMESPACE}::") for name in operators)
