@@ -222,26 +222,158 @@ def test_models_that_are_not_causal_lms_are_refused() -> None:
      r"calibration\[0\] must be a CPU int64 tensor of token ids, shape \[1, n\]"),
     ({"max_context": 16, "calibration": [torch.full((1, 4), 96)]}, r"outside the vocabulary \[0, 96\): 96 .. 96"),
     ({"max_context": 16, "rotation": "spin"}, r"rotation must be None or one of .hadamard.: got .spin."),
+    ({"max_context": 16, "max_seq_len": 17}, r"^max_seq_len must be an int in \[2, max_context=16\] \(the most tokens "
+                                             r"one forward call takes; a longer prompt is fed in calls of max_seq_len\): "
+                                             r"got 17$"),
+    ({"max_context": 16, "max_seq_len": 1}, r"^max_seq_len must be an int in \[2, max_context=16\]"),
+    ({"max_context": 16, "max_seq_len": 4.0}, r"^max_seq_len must be an int in \[2, max_context=16\]"),
+    ({"max_context": 16, "kv_cache": "fp16"}, r"^kv_cache must be one of 'fp32'"),
+    ({"max_context": 16, "max_seq_len": 4, "calibration": [torch.zeros(1, 5, dtype=torch.int64)], "method": "gptq"},
+     r"calibration\[0\] must be a CPU int64 tensor of token ids, shape \[1, n\] with 1 <= n <= max_seq_len=4"),
 ])
 def test_bad_arguments_are_refused_before_tracing(kwargs: dict, message: str) -> None:
     with pytest.raises(XnnquantError, match=message):
         xq.export_llm(_model("llama"), progress=False, **kwargs)
 
 
-def test_generation_past_the_context_or_the_vocabulary_is_refused(quantized: tuple[str, str]) -> None:
+def test_generation_stops_at_the_context_as_text_llm_runner_does(quantized: tuple[str, str]) -> None:
+    """TextLLMRunner resolves max_new_tokens to at most max_context - prompt (its
+    resolve_max_new_tokens) and refuses a prompt that fills the context; so does generate."""
+    from tokenizers import Tokenizer
+
+    from xnnquant.pte.quantized import load_kernels
+
+    pte, tokenizer_path = quantized
+    llm = xq.LLM(pte)
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    text = "the quick brown fox jumps over the lazy dog, then naps in the sun. " * 2
+    ids = tokenizer.encode(text).ids[:28]
+    prompt = tokenizer.decode(ids)
+    assert tokenizer.encode(prompt).ids == ids  # the runner encodes the text again
+    result = llm.generate(ids, 64)
+    assert result.stop == "context" and len(result.tokens) == 32 - 28
+    load_kernels(read_pte(pte).operators)
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    config = GenerationConfig(max_new_tokens=64, temperature=0.0, echo=False)
+    assert config.resolve_max_new_tokens(32, 28) == len(result.tokens)  # the runner's own rule
+    stats: list = []
+    pieces: list[str] = []
+    TextLLMRunner(pte, tokenizer_path).generate(prompt, config, token_callback=pieces.append,
+                                                stats_callback=stats.append)
+    assert "".join(pieces) == tokenizer.decode(result.tokens, skip_special_tokens=False)
+    # the runner counts the tokens of its decode loop (the first comes from the prefill)
+    assert stats[0].num_generated_tokens + 1 == len(result.tokens) == result.decode_tokens + 1
+    with pytest.raises(XnnquantError, match=r"^the prompt's 32 tokens fill the program's context of 32 positions: "
+                                            r"expected fewer than 32"):
+        llm.generate([5] * 32, 3)
+
+
+def test_generation_past_the_vocabulary_or_the_context_is_refused(quantized: tuple[str, str]) -> None:
     pte, _ = quantized
     llm = xq.LLM(pte)
-    with pytest.raises(XnnquantError, match=r"the prompt's 30 tokens and max_new_tokens=3 do not fit the program's "
-                                            r"context of 32 positions"):
-        llm.generate([5] * 30, 3)
     with pytest.raises(XnnquantError, match=r"outside the vocabulary \[0, \d+\), first 4000: was the prompt encoded "
                                             "with this model's tokenizer"):
         llm.generate([5, 4000], 3)
     with pytest.raises(XnnquantError, match="prompt_ids must be a non-empty sequence of token ids"):
         llm.generate([], 3)
-    with pytest.raises(XnnquantError, match="failed to run method 'forward'"):
-        llm.forward([5, 6], 31)  # positions 31 and 32 of 32: the cache update fails the call
+    with pytest.raises(XnnquantError, match=r"^positions 31..32 are outside the program's context of 32 positions"):
+        llm.forward([5, 6], 31)
+    with pytest.raises(XnnquantError, match="failed to run method 'forward'"):  # the program's own check
+        llm.session.run("forward", [torch.tensor([[5, 6]]), torch.tensor([31])])
     assert llm.generate([5, 6, 7], 4).tokens == xq.generate(pte, [5, 6, 7], 4).tokens  # it goes on
     with pytest.raises(XnnquantError, match="the program is not an LLM program"):
         xq.LLM(xq.export(torch.nn.Linear(4, 4).eval(), (torch.randn(1, 4),), weights="fp32",
                          progress=False).to_pte())
+
+
+def test_rates_count_the_tokens_of_their_phase() -> None:
+    """An end-of-sequence token made by a decode call is one of its tokens; the first new token
+    is the prefill's (TextLLMRunner's stats count the same way)."""
+    from xnnquant.cli.llm import speeds
+
+    model = _model("llama")
+    exported = xq.export_llm(model, max_context=24, max_seq_len=4, weights="fp32", embeddings=None, progress=False)
+    llm = xq.LLM(exported)
+    free = llm.generate(_ids(6), 8, eos_ids=[])
+    assert (free.stop, len(free.tokens), free.decode_tokens, free.prefill_calls) == ("length", 8, 7, 2)
+    stopped = llm.generate(_ids(6), 8, eos_ids=[free.tokens[3]])
+    assert (stopped.stop, stopped.tokens, stopped.decode_tokens) == ("eos", free.tokens[:3], 3)
+    line = speeds(free)
+    assert line.startswith("prefill: 6 tokens in 2 calls in ") and "decode: 7 tokens in " in line
+    assert line.endswith("8 new tokens, stopped: length")
+    rate = float(line.split("decode: 7 tokens in ")[1].split(" ms (")[1].split(" tokens/s")[0])
+    assert rate == pytest.approx(7 / free.decode_seconds, rel=1e-3, abs=0.1)  # the line's rate counts 7
+
+
+# ---------------------------------------------------------------------- max_seq_len
+
+
+def test_prompts_longer_than_max_seq_len_go_in_chunks() -> None:
+    """A program taking 4 tokens a call: a 10-token prompt in calls of 4, 4 and 2 gives
+    transformers' logits at every position (as one call of a 16-token program does), the
+    program plans its activations for 4 tokens, and refuses a call of 5."""
+    from xnnquant.pte.planned import planned_bytes
+
+    model = _model("llama")
+    short = xq.export_llm(model, max_context=16, max_seq_len=4, weights="fp32", embeddings=None, progress=False,
+                          full_logits=True)
+    whole = xq.export_llm(model, max_context=16, weights="fp32", embeddings=None, progress=False, full_logits=True)
+    assert (short.llm.max_seq_len, whole.llm.max_seq_len) == (4, 16)
+    ids = _ids(10)
+    with torch.no_grad():
+        want = model(ids).logits[0].numpy()
+    llm = xq.LLM(short)
+    assert llm.info.max_seq_len == 4 and llm.info.max_context == 16 and llm.info.full_logits
+    got = llm.logits(ids[0].tolist(), 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL * float(np.abs(want).max()))
+    np.testing.assert_allclose(llm.forward(ids[0].tolist(), 0), want[-1], rtol=0, atol=RTOL * float(np.abs(want).max()))
+    # the same cache and weights; the activations (and the full logits) planned for 4 tokens instead of 16
+    assert planned_bytes(short.to_pte())["forward"] < planned_bytes(whole.to_pte())["forward"]
+    with pytest.raises(XnnquantError, match="failed to run method 'forward'"):
+        llm.session.run("forward", [ids[:, :5], torch.tensor([0])])
+
+
+def test_text_llm_runner_chunks_our_prompts_as_we_do(tmp_path: Path, quantized: tuple[str, str]) -> None:
+    """ExecuTorch's runner prefills a prompt longer than get_max_seq_len in calls of it
+    (TextPrefiller): it generates from our 4-token-a-call program what generate does."""
+    from tokenizers import Tokenizer
+
+    from xnnquant.pte.quantized import load_kernels
+
+    _, tokenizer_path = quantized
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    torch.manual_seed(0)
+    config = dict(COMMON, vocab_size=tokenizer.get_vocab_size(), bos_token_id=1, eos_token_id=2)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**config)).eval()
+    pte = str(tmp_path / "chunks.pte")
+    xq.export_llm(model, max_context=32, max_seq_len=4, progress=False).save(pte)
+    prompt = "the quick brown fox jumps over"
+    ids = tokenizer.encode(prompt).ids
+    assert len(ids) > 4
+    ours = xq.generate(pte, ids, 8)
+    load_kernels(read_pte(pte).operators)
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    pieces: list[str] = []
+    TextLLMRunner(pte, tokenizer_path).generate(prompt, GenerationConfig(max_new_tokens=8, temperature=0.0,
+                                                                         echo=False),
+                                                token_callback=pieces.append)
+    assert len(ours.tokens) >= 4
+    assert "".join(pieces) == tokenizer.decode(ours.tokens, skip_special_tokens=False)
+
+
+def test_a_full_logits_program_gives_every_positions_logits() -> None:
+    model = _model("qwen3")
+    exported = xq.export_llm(model, max_context=16, max_seq_len=8, weights="fp32", embeddings=None, progress=False,
+                             full_logits=True)
+    ids = _ids(6)
+    with torch.no_grad():
+        want = model(ids).logits[0].numpy()
+    (got,) = exported.session().run(ids, torch.tensor([0]))
+    assert got.shape == (1, 6, VOCAB)
+    np.testing.assert_allclose(got[0], want, rtol=0, atol=RTOL * float(np.abs(want).max()))
+    last = xq.export_llm(model, max_context=16, max_seq_len=8, weights="fp32", embeddings=None, progress=False)
+    with pytest.raises(XnnquantError, match=r"returns the logits of each call's last position only: export it with "
+                                            r"full_logits=True"):
+        xq.LLM(last).logits([1, 2], 0)

@@ -54,6 +54,39 @@ def test_perplexity_is_the_hand_computed_value() -> None:
     assert math.isclose(one.value, 4.0, rel_tol=1e-6)
 
 
+def test_a_stride_predicts_every_token_once_with_context() -> None:
+    """Windows of 4, 2 apart, over [0 1 2 1 1 0 2 2]: [0 1 2 1] predicts its 3 last tokens,
+    [2 1 1 0] and [1 0 2 2] their 2 last (from positions 1 and 2), so each of the 7 tokens
+    after the first once.  NLLs: ln 4 (1/4) x 5 and ln 2 (1/2) x 2 (pos 1 -> 1 in the second,
+    pos 2 -> 2 in the third): perplexity 2 ** (12/7).  Its spread: the NLLs' standard
+    deviation over sqrt(N - 1), llama.cpp's sqrt((<x^2> - <x>^2) / (N - 1))."""
+    step = FakeStep()
+    result = evaluate.perplexity(step, [0, 1, 2, 1, 1, 0, 2, 2], window=4, stride=2)
+    assert (result.windows, result.tokens, result.window, result.stride) == (3, 7, 4, 2)
+    # each window from position 0, its last token never fed
+    assert step.calls == [([[0]], 0), ([[1]], 1), ([[2]], 2), ([[2]], 0), ([[1]], 1), ([[1]], 2),
+                          ([[1]], 0), ([[0]], 1), ([[2]], 2)]
+    assert math.isclose(result.value, 2 ** (12 / 7), rel_tol=1e-6)
+    ln2 = math.log(2)
+    x = np.array([2, 2, 2, 1, 2, 2, 1]) * ln2
+    # float32 logits offset by up to 7 x 9: their rounding (4e-6) moves an NLL by up to 1e-5
+    assert np.allclose(result.token_nll, x, rtol=0, atol=2e-5)
+    mean, square = x.mean(), (x * x).mean()
+    spread = math.sqrt((square - mean * mean) / 6)
+    assert math.isclose(result.nll_stderr, spread, rel_tol=1e-4)  # ... and a spread of 0.3 by 1e-5 of itself
+    assert math.isclose(result.stderr, result.value * spread, rel_tol=1e-4)
+    assert np.allclose(result.interval(), np.exp([mean - 1.96 * spread, mean + 1.96 * spread]), rtol=1e-4)
+    windows = [np.mean(x[:3]), np.mean(x[3:5]), np.mean(x[5:])]
+    assert math.isclose(result.window_stderr, result.value * np.std(windows, ddof=1) / math.sqrt(3), rel_tol=1e-4)
+    # stride = window is the non-overlapping default; a stride past the window is refused
+    assert evaluate.perplexity(FakeStep(), [0, 1, 2, 1, 1, 1, 0, 2], window=4, stride=4).tokens == 6
+    with pytest.raises(XnnquantError, match=r"^stride is out of range: got 5, expected 1 to 4$"):
+        evaluate.perplexity(FakeStep(), [0, 1, 2, 1, 1, 1, 0, 2], window=4, stride=5)
+    with pytest.raises(XnnquantError, match=r"^perplexity needs 4 window\(s\) of 4 tokens, 2 apart: got 8 tokens "
+                                            r"\(3 whole window\(s\)\)$"):
+        evaluate.perplexity(FakeStep(), [0, 1, 2, 1, 1, 0, 2, 2], window=4, stride=2, windows=4)
+
+
 def test_perplexity_refuses_what_it_cannot_measure() -> None:
     cases = [
         (lambda: evaluate.perplexity(FakeStep(), [0, 1, 2], window=4),
@@ -120,6 +153,15 @@ def test_transformers_step_gives_the_models_logits_token_by_token() -> None:
     assert math.isclose(whole.nll, float(expected), rel_tol=1e-9)
     assert math.isclose(evaluate.transformers_perplexity(model, ids, window=10, windows=1).nll,
                         result.window_nll[0], rel_tol=1e-5)
+    # every position's logits in one call (chunked): the same figure, to float rounding of the sums
+    chunked = evaluate.perplexity(evaluate.TransformersStep(model), ids, window=10, chunked=True)
+    assert chunked.mode == "chunked" and math.isclose(chunked.nll, result.nll, rel_tol=1e-5)
+    strided = evaluate.perplexity(evaluate.TransformersStep(model), ids, window=10, stride=5, chunked=True)
+    assert strided.tokens == 19 and math.isclose(
+        strided.nll, float(np.mean(evaluate.perplexity(evaluate.TransformersStep(model), ids, window=10,
+                                                       stride=5).token_nll)), rel_tol=1e-5)
+    with pytest.raises(XnnquantError, match=r"^chunked=True needs a step with a logits\(tokens, start_pos\) method"):
+        evaluate.perplexity(lambda t, p: np.zeros(50, np.float32), ids, window=10, chunked=True)
     with pytest.raises(XnnquantError, match=r"^start_pos 3 does not continue the sequence: the cache holds 10 token"):
         step(ids[None, :1], 3)
     # bad input: an id past the vocabulary (torch's IndexError before), a window past the positions

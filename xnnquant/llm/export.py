@@ -3,8 +3,9 @@
 The program (``decoder.py`` draws ``forward`` and its cache)::
 
     forward(tokens int64 [1, n], input_pos int64 [1]) -> logits float32 [1, vocab]
-        n in [1, max_context]: prefill and decode in one method; state: the KV cache
-    get_max_seq_len        Int   max_context (tokens one call takes)
+        n in [1, max_seq_len]: prefill and decode in one method; state: the KV cache
+        (full_logits=True: logits float32 [1, n, vocab], every position's)
+    get_max_seq_len        Int   max_seq_len (the most tokens one call takes)
     get_max_context_len    Int   max_context (positions the cache holds)
     get_vocab_size         Int   the model's vocabulary
     get_n_layers           Int   its layers
@@ -12,16 +13,22 @@ The program (``decoder.py`` draws ``forward`` and its cache)::
     get_eos_ids            Int x k, one output each
     use_kv_cache           Bool  true
     use_sdpa_with_kv_cache Bool  false (the cache update and attention are separate calls)
-    enable_dynamic_shape   Bool  true (a prompt is one call)
+    enable_dynamic_shape   Bool  true (a prompt of up to max_seq_len tokens is one call)
 
 Each metadata method is ExecuTorch's constant method: no inputs, no instructions, its
 outputs constant values (``exir/emit/_emitter.py``'s ``_emit_prim_getters``), read by
 ``TextLLMRunner`` (``extension/llm/runner/llm_runner_helper.cpp``) and ``llama_main``.
+
+A prompt longer than ``max_seq_len`` is fed in calls of ``max_seq_len`` tokens, the last one
+shorter (ExecuTorch 1.4.1's ``TextPrefiller::prefill``; ``xq.generate`` and the evaluation
+helpers do the same), so the program's activations are planned for ``max_seq_len`` tokens,
+not for the context: only the cache grows with ``max_context``.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +39,12 @@ from ..errors import XnnquantError
 if TYPE_CHECKING:
     from .decoder import Decoder, Family
 
+#: ``max_seq_len`` when none is given (capped at ``max_context``), ExecuTorch's own default.
+#: Measured on SmolLM2-135M at ``max_context=2048`` (``benchmarks/llm_max_seq_len.py``,
+#: ``docs/llm.md``): the activations it plans grow by 26 KB a token (128: 3.2 MB beside the
+#: fp32 cache's 94.4 MB; 2048: 52 MB), while prefill speed is the same from 32 to 2048 tokens
+#: a call (within 4%): nothing is gained by more, little memory saved by less.
+DEFAULT_MAX_SEQ_LEN = 128
 #: The metadata methods, in the order written (module docstring).
 METADATA = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_n_layers", "get_bos_id", "get_eos_ids",
             "use_kv_cache", "use_sdpa_with_kv_cache", "enable_dynamic_shape")
@@ -49,10 +62,25 @@ class LLMInfo:
     family: str = ""
     #: the cache's shape per layer: (key/value heads, head dim)
     cache: tuple[tuple[int, int], ...] = field(default=())
+    #: the most tokens one call takes (None: ``max_context``, as programs before it was a choice)
+    max_seq_len: int | None = None
+    #: the cache's layout (``decoder.KV_CACHES``; "" where a program does not say)
+    kv_cache: str = "fp32"
+    #: ``forward`` returns every position's logits ``[1, n, vocab]``, not the last one's
+    full_logits: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_seq_len is None:
+            object.__setattr__(self, "max_seq_len", self.max_context)
+
+    @property
+    def seq_len(self) -> int:
+        """``max_seq_len`` as an int."""
+        return int(self.max_seq_len or self.max_context)
 
     def methods(self) -> dict[str, Any]:
         """Metadata method name -> its value (an int, a bool, or a tuple of ints)."""
-        found: dict[str, Any] = {"get_max_seq_len": self.max_context, "get_max_context_len": self.max_context,
+        found: dict[str, Any] = {"get_max_seq_len": self.seq_len, "get_max_context_len": self.max_context,
                                  "get_vocab_size": self.vocab_size, "get_n_layers": self.n_layers}
         if self.bos_id is not None:
             found["get_bos_id"] = self.bos_id
@@ -62,9 +90,11 @@ class LLMInfo:
         return found
 
     def __str__(self) -> str:
-        return (f"LLM program: forward(tokens [1, 1..{self.max_context}], input_pos [1]) -> logits [1, "
-                f"{self.vocab_size}]; KV cache of {self.max_context} positions x {self.n_layers} layers; bos "
-                f"{self.bos_id}, eos {list(self.eos_ids)}")
+        logits = f"[1, n, {self.vocab_size}]" if self.full_logits else f"[1, {self.vocab_size}]"
+        cache = f"{self.kv_cache} KV cache" if self.kv_cache else "KV cache"
+        return (f"LLM program: forward(tokens [1, 1..{self.seq_len}], input_pos [1]) -> logits {logits}; {cache} "
+                f"of {self.max_context} positions x {self.n_layers} layers; bos {self.bos_id}, eos "
+                f"{list(self.eos_ids)}")
 
 
 def add_metadata(builder: Any, info: LLMInfo) -> None:
@@ -116,6 +146,22 @@ def _check_max_context(max_context: Any, limit: int | None, name: str) -> int:
     return int(max_context)
 
 
+def _check_max_seq_len(max_seq_len: Any, max_context: int) -> int:
+    if max_seq_len is None:
+        return min(DEFAULT_MAX_SEQ_LEN, max_context)
+    if not arguments.is_plain_int(max_seq_len) or not 2 <= int(max_seq_len) <= max_context:
+        raise XnnquantError(f"max_seq_len must be an int in [2, max_context={max_context}] (the most tokens one "
+                            f"forward call takes; a longer prompt is fed in calls of max_seq_len): got "
+                            f"{arguments.shown(max_seq_len)}")
+    return int(max_seq_len)
+
+
+def _check_kv_cache(kv_cache: Any) -> str:
+    from .decoder import KV_CACHES
+
+    return str(arguments.choice(arguments.spelling(kv_cache) or kv_cache, "kv_cache", KV_CACHES))
+
+
 def _calibration_batches(calibration: Any, vocab: int, max_context: int) -> list[tuple[Any, Any]] | None:
     """Token-id tensors ``[1, n]`` as the Decoder's inputs, each a prompt at position 0."""
     import torch
@@ -131,7 +177,7 @@ def _calibration_batches(calibration: Any, vocab: int, max_context: int) -> list
                 or ids.shape[0] != 1 or not 1 <= ids.shape[1] <= max_context or ids.is_sparse \
                 or ids.device.type != "cpu":
             raise XnnquantError(f"calibration[{k}] must be a CPU int64 tensor of token ids, shape [1, n] with "
-                                f"1 <= n <= max_context={max_context}: got {arguments.shown(ids)}")
+                                f"1 <= n <= max_seq_len={max_context} (one call): got {arguments.shown(ids)}")
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise XnnquantError(f"calibration[{k}] holds token ids outside the vocabulary [0, {vocab}): "
                                 f"{int(ids.min())} .. {int(ids.max())}")
@@ -141,16 +187,25 @@ def _calibration_batches(calibration: Any, vocab: int, max_context: int) -> list
     return batches
 
 
-def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embeddings: Any = "int8",
-               method: str = "mse", calibration: Iterable[Any] | None = None, progress: bool = True,
+def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, kv_cache: str = "fp32",
+               weights: Any = "qb4w:32", embeddings: Any = "int8", method: str = "mse",
+               calibration: Iterable[Any] | None = None, progress: bool = True,
                state_dict: str | os.PathLike[str] | None = None, rotation: Any = None, fallback: Any = "auto",
-               check: bool = True, bos_id: Any = None, eos_ids: Any = None) -> Any:
+               check: bool = True, bos_id: Any = None, eos_ids: Any = None, full_logits: bool = False) -> Any:
     """A causal LM as one ``.pte`` with ExecuTorch's LLM interface and a KV cache (module docstring).
 
     ``model``: a ``transformers`` causal LM in eval mode (any family whose attention goes
     through transformers' attention interface), or ExecuTorch's llama ``Transformer`` built
-    with ``use_kv_cache=True``; float32.  ``max_context``: the positions the cache holds
-    (and the most tokens one call takes).  ``weights``: the scheme of every linear layer,
+    with ``use_kv_cache=True``; float32.  ``max_context``: the positions the cache holds.
+    ``max_seq_len``: the most tokens one call takes (ExecuTorch's name; default
+    ``DEFAULT_MAX_SEQ_LEN`` = 128, or ``max_context`` if smaller): longer prompts go in calls
+    of ``max_seq_len`` tokens, and the program's activations are planned for that many, so
+    a phone's context costs only its cache.  Why 128: on SmolLM2-135M at ``max_context=2048``
+    a 512-token prompt prefills as fast in calls of 32 tokens as in one call of 512 (within
+    4%), while each token a call can take plans 26 KB more (128: 97.6 MB in all, the fp32
+    cache 94.4 of them; 2048, a call as long as the context: 146.8 MB; ``docs/llm.md``).
+    ``kv_cache``: the cache's layout, one of ``decoder.KV_CACHES`` (``"fp32"``; ``"int8"``:
+    a scale per position and head).  ``weights``: the scheme of every linear layer,
     the LM head included (tied to the embedding table or not), as for ``xq.export``.
     ``embeddings``: the token table's (``"int8"``, ``"int4:G"``, or None for float32).
     ``method``: how scales are chosen; the activation-aware methods (``"gptq"``, ...) take
@@ -161,37 +216,54 @@ def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embedd
     weights (``frontend/passes/rotation.py``), for int4 groups with fewer outliers.
     ``bos_id`` / ``eos_ids``: the runner's start and stop tokens (default: the model's
     generation config).  ``check``: the export's self-check, then the program run step by
-    step (a prefill, two decode steps) against the module.
+    step (a prefill, two decode steps) against the module.  ``full_logits``: ``forward``
+    returns every position's logits ``[1, n, vocab]`` (ExecuTorch's ``generate_full_logits``),
+    for evaluating a text in calls of ``max_seq_len`` tokens (``xnnquant perplexity``); it
+    plans ``max_seq_len x vocab`` more floats (25 MB for SmolLM2 at 128) and the runners
+    still sample from the last position.
 
     Returns an ``Exported`` (``save``, ``to_pte``, its report) with ``llm``, an ``LLMInfo``.
     """
+    from ..pte import runtime_log
+
+    runtime_log.quiet_imports()  # before anything imports executorch (and torchao)
     import torch
 
     from ..frontend.api import export
-    from .decoder import Decoder, family_of
+    from .decoder import Decoder, Transformers, family_of
 
     family = family_of(model)
     if getattr(model, "training", False):
         raise XnnquantError(f"{type(model).__name__} is in training mode: call model.eval() before exporting")
     vocab, limit, configured_eos, configured_bos = _model_facts(model, family)
     max_context = _check_max_context(max_context, limit, type(model).__name__)
+    max_seq_len = _check_max_seq_len(max_seq_len, max_context)
+    kv_cache = _check_kv_cache(kv_cache)
+    full_logits = arguments.flag(full_logits, "full_logits")
+    if full_logits and not isinstance(family, Transformers):
+        raise XnnquantError(f"full_logits=True needs a transformers causal LM: {family.name}'s model returns the "
+                            "logits it was built to (ExecuTorch's ModelArgs(generate_full_logits=True))")
     bos = None if bos_id is None and configured_bos is None else _ids(
         configured_bos if bos_id is None else bos_id, "bos_id", vocab)
     if bos is not None and len(bos) != 1:
         raise XnnquantError(f"bos_id must be one token id: got {list(bos)}")
     eos = () if eos_ids is None and configured_eos is None else _ids(
         configured_eos if eos_ids is None else eos_ids, "eos_ids", vocab)
-    batches = _calibration_batches(calibration, vocab, max_context)
-    decoder = Decoder(model, family, max_context)
-    tokens = torch.export.Dim("tokens", min=1, max=max_context)
+    batches = _calibration_batches(calibration, vocab, max_seq_len)
+    decoder = Decoder(model, family, max_context, max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits)
+    tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
     example = (torch.tensor([[0, min(1, vocab - 1)]], dtype=torch.int64), torch.tensor([0]))
-    with family.using(model):
+    with family.using(model), warnings.catch_warnings():
+        # ExecuTorch's llama attention still calls torch._check_is_size (deprecated in torch 2.13)
+        warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning)
+        runtime_log.quiet()  # the kernels' log lines a correct export makes (pte/runtime_log.py)
         exported = export(decoder, example, weights=weights, method=method, calibration=batches,
                           fallback=fallback, progress=progress, state_dict=state_dict, check=check,
                           dynamic_shapes=({1: tokens}, None), embeddings=embeddings, rotation=rotation,
                           _weight_prefix="model.")  # a checkpoint names the model's own tensors
         info = LLMInfo(max_context, vocab, decoder.layers or int(getattr(model, "n_layers", 0)),
-                       None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)))
+                       None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)),
+                       max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits)
         add_metadata(exported.builder, info)
         exported._pte = None  # written again with the metadata methods
         exported.llm = info
@@ -200,7 +272,8 @@ def export_llm(model: Any, *, max_context: int, weights: Any = "qb4w:32", embedd
     return exported
 
 
-#: (tokens, position) of the steps ``_check_steps`` runs: a prompt of 3, then 2 decode steps.
+#: (tokens, position) of the steps ``_check_steps`` runs: a prompt of 3 (at most max_seq_len),
+#: then 2 decode steps.
 CHECK_STEPS = ((3, 0), (1, 3), (1, 4))
 #: How far the logits of a quantized program called step by step may be from the same
 #: program's on the whole prompt at once (RMS, relative to the logits' RMS).  Both quantize
@@ -223,10 +296,11 @@ def _relative_rms(got: Any, want: Any) -> float:
 
 
 def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
-    """The program called step by step (``CHECK_STEPS``): its cache must carry the state from
-    one call to the next.  A float program's logits are judged against the module's eager
-    forward called so; a quantized program's against its own on the whole prompt at once,
-    from a fresh load (``STEP_TOLERANCE``)."""
+    """The program called step by step (``CHECK_STEPS``, the prompt cut to ``max_seq_len``):
+    its cache must carry the state from one call to the next.  A float program's logits are
+    judged against the module's eager forward called so; a quantized program's against its
+    own on the whole prompt (in calls of ``max_seq_len``), from a fresh load
+    (``STEP_TOLERANCE``).  A ``full_logits`` program is judged on its last position."""
     import numpy as np
     import torch
 
@@ -234,11 +308,23 @@ def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
     from ..frontend.caller import buffers_kept
     from ..frontend.selfcheck import relative_error
 
-    steps = [(n, pos) for n, pos in CHECK_STEPS if pos + n <= decoder.max_context]
+    prompt = min(CHECK_STEPS[0][0], decoder.max_seq_len)
+    planned = [(prompt, 0)] + [(n, pos - CHECK_STEPS[0][0] + prompt) for n, pos in CHECK_STEPS[1:]]
+    steps = [(n, pos) for n, pos in planned if pos + n <= decoder.max_context]
     total = steps[-1][0] + steps[-1][1]
     ids = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(0))
     session = exported.session()
     quantized = str(exported.weights) != "fp32" or exported.embeddings is not None
+
+    def last(logits: Any) -> Any:
+        return logits[:, -1] if logits.ndim == 3 else logits
+
+    def whole(n: int) -> Any:  # ids[:, :n] from a fresh load, in calls of max_seq_len
+        fresh = exported.session()
+        for begin in range(0, n, decoder.max_seq_len):
+            (out,) = fresh.run(ids[:, begin:min(n, begin + decoder.max_seq_len)], torch.tensor([begin]))
+        return last(out)
+
     caches = [buffer for name, buffer in decoder.named_buffers() if name.startswith("cache_")]
     with buffers_kept(tensors=caches), torch.no_grad():
         for buffer in caches:
@@ -246,13 +332,14 @@ def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
         for n, pos in steps:
             (got,) = session.run(ids[:, pos:pos + n], torch.tensor([pos]))
             if quantized:
-                (want,) = exported.session().run(ids[:, :pos + n], torch.tensor([0]))
+                got = last(got)
+                want = whole(pos + n)
                 error = _relative_rms(got, want)
                 bound = STEP_TOLERANCE
                 how = "RMS, relative to the logits' RMS, from the same program on the whole prompt"
                 if pos > 0:  # the control: the same step on a fresh load, whose cache holds no earlier token
                     (blind,) = exported.session().run(ids[:, pos:pos + n], torch.tensor([pos]))
-                    bound = min(bound, BLIND_SHARE * _relative_rms(blind, want))
+                    bound = min(bound, BLIND_SHARE * _relative_rms(last(blind), want))
                     how += f", and below {BLIND_SHARE} of a fresh load's error on the same step"
             else:
                 want = decoder(ids[:, pos:pos + n], torch.tensor([pos])).numpy()

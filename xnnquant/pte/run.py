@@ -122,6 +122,9 @@ def _load(program_bytes: bytes, data_map: bytes | None, operators: Sequence[str]
     lib = _portable_lib()
     load_kernels(operators)
     from .planned import check_fits, planned_bytes
+    from .runtime_log import quiet
+
+    quiet()  # the runtime's informational and known-benign lines held back (runtime_log.py)
 
     check_fits(planned_bytes(program_bytes), "the program")
     with _runtime_errors("to load the program"):
