@@ -20,7 +20,9 @@ runner tok/s       ExecuTorch's ``TextLLMRunner`` (C++): 64 new tokens after a p
                    generated tokens over the time from the end of the prompt to the last
                    token, as ExecuTorch's own stats report prints it; median of 3 runs
 perplexity         held-out English text (``evaluate.held_out_text``), 128-token windows from
-                   position 0, token by token through ``forward`` (a fresh method per window)
+                   position 0, token by token through ``forward``
+                   (``evaluate.program_perplexity``, what ``xnnquant perplexity`` runs), and
+                   its standard error over tokens (``+/-``, llama.cpp's)
 =================  =====================================================================
 
 The float32 row is transformers' eager model on the same windows (perplexity only).
@@ -250,10 +252,11 @@ def measure(name: str, made: Export, tokenizer: Path, held_out: np.ndarray, prom
             windows: int) -> Row:
     """Every figure of the module docstring for one ``.pte`` but its decode timing
     (``interleaved_timing``, over all the programs at once)."""
-    step = evaluate.ProgramStep(made.path)
     row = Row(name, made, made.path.stat().st_size, evaluate.count_calls(made.path))
     row.runner = evaluate.runner_rate(made.path, tokenizer, prompt_text)
-    row.perplexity = evaluate.perplexity(step, held_out, windows=windows, reset=step.reset)
+    # xnnquant perplexity's function: 128-token windows from position 0, one token a call
+    row.perplexity = evaluate.program_perplexity(made.path, held_out, window=128, windows=windows, chunked=False,
+                                                 progress=True)
     return row
 
 
@@ -280,7 +283,7 @@ def table(rows: list[Row]) -> str:
             "-" if r.calls is None else str(r.calls.calls),
             _cell(r.timing and r.timing.prefill_ms, ".1f"), _cell(r.timing and r.timing.decode_ms, ".2f"),
             _cell(r.runner and r.runner.decode_tokens_per_second, ".0f"),
-            _cell(r.perplexity and r.perplexity.value, ".1f"),
+            "-" if r.perplexity is None else f"{r.perplexity.value:.1f} +/- {r.perplexity.stderr:.1f}",
         ))
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]

@@ -446,6 +446,8 @@ def _held_back(verbose: bool) -> Iterator[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:  # the runtime's own log in full too (pte/runtime_log.py)
+        os.environ["XNNQUANT_RUNTIME_LOG"] = "all"
     sys.stderr.flush()
     args.terminal = os.fdopen(os.dup(2), "w", encoding="utf-8", errors="replace")  # for progress bars
     try:

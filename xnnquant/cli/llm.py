@@ -43,7 +43,8 @@ def add_commands(sub: Any) -> None:
     export = _add_command(
         sub, "export-llm", "export a causal LM with a KV cache for ExecuTorch's runners",
         ("xnnquant export-llm path/to/checkpoint -o model.pte --max-context 256",
-         "xnnquant export-llm path/to/checkpoint -o model.pte --max-context 2048 --kv-cache int8",
+         "xnnquant export-llm path/to/checkpoint -o model.pte --max-context 2048 \\",
+         "    --kv-cache int8",
          "xnnquant export-llm model.gguf -o m.pte --max-context 512 --weights qb4w:128",
          "xnnquant export-llm path/to/checkpoint -o model.pte --max-context 256 \\",
          "    --method gptq --calibration text.txt --calibration-windows 32"),
@@ -108,9 +109,10 @@ def add_commands(sub: Any) -> None:
     perplexity = _add_command(
         sub, "perplexity", "perplexity of an LLM .pte on a text, with its spread",
         ("xnnquant perplexity model.pte --tokenizer tokenizer.json --text wiki.test.raw",
-         "xnnquant perplexity model.pte --tokenizer tokenizer.json --text t.txt --window 1536 --windows 8",
-         "xnnquant perplexity model.pte --tokenizer tokenizer.json --text t.txt --window 512 \\",
-         "    --stride 256 --json"),
+         "xnnquant perplexity model.pte --tokenizer tokenizer.json --text t.txt \\",
+         "    --window 1536 --windows 8",
+         "xnnquant perplexity model.pte --tokenizer tokenizer.json --text t.txt \\",
+         "    --window 512 --stride 256 --json"),
         "The text is encoded with the tokenizer and cut into windows of --window tokens, each run from "
         "position 0 (llama.cpp's llama-perplexity, whose chunks are its context): every token from the "
         "second on is predicted once (with --stride S < --window, windows start every S tokens and each "

