@@ -35,8 +35,9 @@ the file's), feeding more tokens than the program's ``max_seq_len`` in calls of
 * ``program_perplexity``: ``perplexity`` of a ``.pte`` (``xnnquant perplexity``), checked
   against the program's vocabulary and context.
 
-* ``decode_timing``: a 64-token prompt in one call (prefill), then 48 one-token calls fed
-  the previous call's most likely token (decode); median over 8 rounds.
+* ``decode_timing``: a 64-token prompt (prefill: one call, or calls of ``max_seq_len`` where
+  the step takes fewer), then 48 one-token calls fed the previous call's most likely token
+  (decode); median over 8 rounds.
 * ``count_calls``: the instructions of a program method (delegate calls, kernel calls) and
   the XNNPACK nodes inside its delegates: what one call, one decoded token, runs.
 * ``runner_rate``: tokens a second of ExecuTorch's own ``TextLLMRunner`` (C++).
