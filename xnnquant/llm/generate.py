@@ -87,7 +87,6 @@ class LLM:
         from ..pte.runtime_log import quiet_imports
 
         quiet_imports()
-
         self.session = Session(_program_bytes(program))
         methods = self.session.program.methods
         if "forward" not in methods or "get_max_seq_len" not in methods:
@@ -101,9 +100,9 @@ class LLM:
         self.position = 0
         (loaded,) = self.session.run("forward", [_tokens([0]), _position(0)])  # loads the method
         self.info = LLMInfo(max_context, int(found.get("get_vocab_size", 0)), int(found.get("get_n_layers", 0)),
-                            found.get("get_bos_id"), tuple(int(e) for e in eos), max_seq_len=min(max_seq_len,
-                                                                                                   max_context),
-                            kv_cache="", full_logits=np.ndim(loaded) == 3)
+                            found.get("get_bos_id"), tuple(int(e) for e in eos),
+                            max_seq_len=min(max_seq_len, max_context), kv_cache="",  # the file does not say
+                            full_logits=np.ndim(loaded) == 3)
 
     def _constant(self, name: str) -> Any:
         outputs = self.session.run(name, [])
