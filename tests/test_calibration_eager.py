@@ -138,10 +138,9 @@ def test_minilm_statistics_equal_the_programs_run() -> None:
     """The torch MiniLM encoder on real sentences, 2 batches of other lengths than the example's:
     each of the 36 linears gets the traced path's Gram matrix, codes and scales, exactly (the
     module computes with the kernels the program's ATen ops call)."""
-    from xnnquant.frontend.api import _PassOptions
     from xnnquant.frontend.calibration import statistics
     from xnnquant.frontend.options import ExportOptions
-    from xnnquant.frontend.passes import BEFORE_CALIBRATION, run_passes
+    from xnnquant.frontend.passes import BEFORE_CALIBRATION, PassOptions, run_passes
     from xnnquant.frontend.program import AtenProgram
     from xnnquant.models import minilm_torch
     from xnnquant.models.sentences import calibration_sentences
@@ -153,7 +152,7 @@ def test_minilm_statistics_equal_the_programs_run() -> None:
     options = ExportOptions.parse(weights="qb4w:32", method="gptq", calibration=data, calibration_mask=1)
     exported = torch.export.export(module, example, strict=False)
     program = AtenProgram.of(exported)
-    run_passes(program, _PassOptions(None, False), BEFORE_CALIBRATION)
+    run_passes(program, PassOptions(None, False), BEFORE_CALIBRATION)
     ours = eager.statistics(module, program, options.calibration, options.policy, "gptq", keep_grams=True)
     assert ours is not None
     theirs = statistics(options.calibration.programs_for(module, program, (), exported), options.calibration,

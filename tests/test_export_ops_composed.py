@@ -176,7 +176,7 @@ def test_scaled_dot_product_attention(name: str) -> None:
 
 
 def test_attention_is_not_decomposed_and_needs_no_transpose() -> None:
-    from xnnquant.frontend.api import decomposition_table
+    from xnnquant.frontend.stages.decompose import decomposition_table
 
     assert aten.scaled_dot_product_attention.default not in decomposition_table()
     exported, _ = _export(lambda q, k, v: sdpa(q, k, v, is_causal=True), Q, K, V)

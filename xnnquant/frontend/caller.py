@@ -13,16 +13,21 @@ An input the forward writes into is carried as ExecuTorch carries it
 its new value is one more output of the program, before the module's own outputs, one
 per written input in the order of ``mutated_inputs``; the runtime copies each input into
 its planned memory, so running the program leaves the caller's tensor as it was (measured
-on ExecuTorch 1.4.1's own flow: ``forward(x)`` with ``x.mul_(2)`` returns ``(2x, y)``).
+on ExecuTorch 1.4.1's own flow: ``forward(x)`` with ``x.mul_(2)`` returns ``(2x, y)``);
+``name_mutated_inputs`` names those outputs in the ``Exported``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedConfigError
+
+if TYPE_CHECKING:
+    from .exported import Exported
 
 
 def copies(inputs: Any) -> tuple[Any, ...]:
@@ -76,3 +81,12 @@ def mutated_inputs(program: Any) -> list[int]:
     positions = {name: i for i, name in enumerate(sig.user_inputs)}
     return [positions[spec.target] for spec in sig.output_specs
             if spec.kind == OutputKind.USER_INPUT_MUTATION and spec.target in positions]
+
+
+def name_mutated_inputs(exported: Exported, mutated: list[int]) -> None:
+    """Name the outputs that carry the new values of the inputs the forward writes into
+    (``mutated_inputs``): ``Exported.mutated_inputs``, and each such output ``"x (written by forward)"``."""
+    names = [exported.inputs[k].name for k in mutated]
+    exported.mutated_inputs = names
+    for k, name in enumerate(names):
+        exported.outputs[k] = replace(exported.outputs[k], name=f"{name} (written by forward)")

@@ -337,3 +337,14 @@ def cancelled(expr: Any) -> Any:
         return expr
     simpler = sympy.cancel(expr)
     return simpler if simpler.is_number else expr
+
+
+def node_dtype(node: Any) -> str:
+    """The dtype of the value an FX node computes (``"float32"``, ``"int64"``, ...; ``""`` for a
+    node without a tensor value)."""
+    return str(getattr(node.meta.get("val"), "dtype", "")).removeprefix("torch.")
+
+
+def has_no_elements(node: Any) -> bool:
+    """True for a value with no elements (a static dim of 0)."""
+    return any(isinstance(d, int) and d == 0 for d in getattr(node.meta.get("val"), "shape", ()))

@@ -176,8 +176,8 @@ class WeightOptions:
     #: choose schemes and fill the report without quantizing (``xq.check``): filters become
     #: stand-in values of their stored shape, never written
     dry_run: bool = False
-    #: filters already quantized in this export, for a program lowered twice (a dynamic pure
-    #: program whose refused nodes go to the portable kernels: ``api._portable_after_refusals``):
+    #: filters already quantized in this export, for a program lowered twice (a dynamic pure program
+    #: whose refused nodes go to the portable kernels: ``stages.partition.portable_after_refusals``):
     #: (tensor id, scheme, method, axis, layer) -> (the float values quantized, what they
     #: became), reused when the values are equal (``_known``); None: nothing kept.
     #: ``dataclasses.replace`` copies share it; the export clears it after lowering.

@@ -34,7 +34,8 @@ which every rewrite is already done, so no lowering needs to know about another.
 =================  =================================================================
 
 Ops a pass removes (``HANDLED``) count as handled when deciding whether the program needs
-torch's decompositions (``api.needs_decomposition``).
+torch's decompositions (``stages.decompose.needs_decomposition``).  What a pass reads of the
+export's options is a ``PassOptions``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ ORDER = ("cleanup", "constants", "batch_norm", "rotation", "equalization", "mask
 #: The passes whose program the calibration batches run on, and those that use the statistics.
 BEFORE_CALIBRATION = ORDER[:4]
 AFTER_CALIBRATION = ORDER[4:]
+
+
+class PassOptions:
+    """What the passes read of an export's options: the calibration statistics, ``strict``,
+    ``embeddings`` (an ``EmbeddingScheme`` or None) and ``method``, ``dry_run`` (``xq.check``:
+    nothing quantized), the nodes the partition must send to the portable kernels (name ->
+    why), and the passes' refusals (``problems``, one line each, raised with the partition's)."""
+
+    def __init__(self, statistics: Any, strict: bool = False, embeddings: Any = None, method: str = "mse",
+                 dry_run: bool = False, rotation: str | None = None, rotation_group: int | None = None) -> None:
+        self.statistics = statistics
+        self.rotation = rotation
+        self.rotation_group = rotation_group
+        self.strict = strict
+        self.embeddings = embeddings
+        self.method = method
+        self.dry_run = dry_run
+        self.portable: dict[str, str] = {}
+        self.problems: list[str] = []
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,8 @@
+"""The stages of ``xq.export`` and ``xq.check``, one module each, in the order ``api.py`` runs them
+(its docstring lists them with what each takes and gives): ``trace``, ``decompose``, ``passes``
+(the rewrites themselves are ``frontend/passes/``), ``calibrate``, ``partition``, ``lower``,
+``quantize`` (static int8; the rewrite itself is ``frontend/static_int8/``), ``write`` and
+``check`` (the self-check itself is ``frontend/selfcheck.py``).
+
+Importing this package does not import torch.
+"""
