@@ -12,6 +12,8 @@ prefill tok/s      a prompt of ``--prompt`` tokens of held-out text at position 
                    of N tokens (``xq.LLM.forward``, as ExecuTorch's ``TextPrefiller``);
                    median of ``--rounds`` rounds, the programs in turn in a shuffled order
                    each round, so that a neighbour's load falls on all of them alike
+prefill CPU s      the process's CPU time (every thread's) over the same prefill: the work
+                   done, which a neighbour's load changes less than the wall clock
 decode ms          the 32 one-token calls after it (greedy), per token; median
 =================  ====================================================================
 
@@ -70,28 +72,32 @@ def main() -> None:
                   flush=True)
         llms = {size: xq.LLM(folder / f"smollm2-{args.kv_cache}-seq{size}.pte") for size in args.sizes}
         prefill: dict[int, list[float]] = {size: [] for size in args.sizes}
+        cpu: dict[int, list[float]] = {size: [] for size in args.sizes}
         decode: dict[int, list[float]] = {size: [] for size in args.sizes}
         order = np.random.default_rng(0)
         for r in range(args.rounds + 1):
             for size in order.permutation(args.sizes):
                 llm = llms[int(size)]
-                begin = time.perf_counter()
+                begin, begin_cpu = time.perf_counter(), time.process_time()
                 logits = llm.forward(prompt, 0)
-                done = time.perf_counter()
+                done, done_cpu = time.perf_counter(), time.process_time()
                 for i in range(32):
                     logits = llm.forward([int(np.argmax(logits))], len(prompt) + i)
                 end = time.perf_counter()
                 if r:  # the first round warms up
                     prefill[int(size)].append(done - begin)
+                    cpu[int(size)].append(done_cpu - begin_cpu)
                     decode[int(size)].append((end - done) / 32)
     load = os.getloadavg()
     print(f"\nSmolLM2-135M, max_context {MAX_CONTEXT}, kv_cache {args.kv_cache}, prompt {len(prompt)} tokens, "
           f"medians of {args.rounds} rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} CPUs")
-    print(f"{'max_seq_len':>11}  {'planned MB':>10}  {'prefill ms':>10}  {'prefill tok/s':>13}  {'decode ms':>9}")
+    print(f"{'max_seq_len':>11}  {'calls':>5}  {'planned MB':>10}  {'prefill ms':>10}  {'prefill tok/s':>13}  "
+          f"{'prefill CPU s':>13}  {'decode ms':>9}")
     for size in args.sizes:
-        p, d = float(np.median(prefill[size])), float(np.median(decode[size]))
-        print(f"{size:>11}  {planned[size] / 1e6:>10.1f}  {p * 1e3:>10.1f}  {len(prompt) / p:>13.0f}  {d * 1e3:>9.2f}")
+        p, c, d = (float(np.median(m[size])) for m in (prefill, cpu, decode))
+        print(f"{size:>11}  {-(-len(prompt) // size):>5}  {planned[size] / 1e6:>10.1f}  {p * 1e3:>10.1f}  "
+              f"{len(prompt) / p:>13.0f}  {c:>13.2f}  {d * 1e3:>9.2f}")
 
 
 if __name__ == "__main__":
