@@ -22,6 +22,7 @@ from torch import nn
 
 import xnnquant as xq
 from xnnquant.errors import SelfCheckError, XnnquantError
+from xnnquant.frontend.static_int8 import equalization
 from xnnquant.frontend.static_int8 import rewrite as rewriting
 from xnnquant.graph import interpret, run
 from xnnquant.graph.divergence import first_divergence
@@ -283,7 +284,7 @@ def test_a_stored_bias_that_is_not_the_float_one_is_caught(monkeypatch: pytest.M
 
 
 def test_an_equalization_applied_on_one_side_only_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rewriting.Rewrite, "_scale_input", lambda self, n, factors: None)
+    monkeypatch.setattr(equalization.FloatFilters, "scale_input", lambda self, n, factors: None)
     module = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
     with pytest.raises(SelfCheckError, match=r"its equalized float filter is not the module's filter times its "
                                              r"equalization factors"):
@@ -299,7 +300,7 @@ def test_an_equalization_through_relu6_is_caught(monkeypatch: pytest.MonkeyPatch
     assert not export(module).static_int8.int8.equalized
     residual = AddReLU6()
     assert not export(residual).static_int8.int8.equalized
-    monkeypatch.setattr(rewriting, "_scale_invariant", lambda n: True)
+    monkeypatch.setattr(equalization, "scale_invariant", lambda n: True)
     with pytest.raises(SelfCheckError, match=r"equalized through XNNConv2d's clamp to \[0, 6\] with factors from"):
         export(module)
     with pytest.raises(SelfCheckError, match=r"equalized through XNNAdd's clamp to \[0, 6\] with factors from"):
@@ -602,7 +603,7 @@ def test_options_that_cannot_be_followed_are_reported_and_warned(zoo: tuple[nn.M
     caller's line.  Layers a budget keeps in fp32 are asked for: no ``FallbackWarning``."""
     import warnings
 
-    from xnnquant.frontend.api import FallbackWarning, OptionWarning
+    from xnnquant.frontend.report import FallbackWarning, OptionWarning
     from xnnquant.frontend.static_int8 import torch_graph
 
     module, _ = zoo
@@ -687,7 +688,7 @@ def test_a_program_that_keeps_little_accuracy_is_warned_of() -> None:
     measures the outputs (report line) and raises ``AccuracyWarning`` at the caller's line."""
     import warnings
 
-    from xnnquant.frontend.api import AccuracyWarning
+    from xnnquant.frontend.report import AccuracyWarning
 
     linear, norm = nn.Linear(16, 16), nn.LayerNorm(16)
     with torch.no_grad():

@@ -7,21 +7,23 @@ int8 one, in stages:
    with every value a node computes exposed (``observe.Exposed``); ``ranges.ValueStats``
    keeps, per value, its exact bounds, its zeros and a sample of it, and
    ``bias_correction.InputMeans`` the sums of each filtered node's input.
-2. ``rewrite.rewrite``: cross-layer equalization of filtered pairs (optional), a grid
-   (scale, zero point) per value, shared where XNNPACK requires it: by default the grid of
+2. ``rewrite.Rewrite``: cross-layer equalization of filtered pairs (optional,
+   ``equalization.py``), a grid (scale, zero point) per value, shared where XNNPACK requires
+   it (``grids.py``): by default the grid of
    least first-order error at the graph's outputs (``sensitivity.py``: the float graph in
    torch, ``torch_graph.py``, each element weighted by its own squared gradient), else from
    the value's histogram (``ranges.choose_range``); filters quantized per channel (codes
    nearest, or learned for the layer's output: ``rounding.py``), biases to int32; converts
    at the graph's edges and around each node that has no int8 form here or that mixed
    precision keeps fp32 (``mixed.py``: the nodes whose grids cost the outputs most, within a
-   time budget), each a ``Boundary`` of the report.
+   time budget), each a ``Boundary`` of the report; the result is an ``Int8Graph``
+   (``int8_graph.py``).
 3. ``bias_correction.correct_biases``: each bias re-quantized for the mean shift its
    quantized filter causes on the layer's float input means, which ``calibrate`` gathered
    (``bias_correction.InputMeans``).
 4. ``measure``: the finished graph and the float graph on the real runtime over a few
    calibration inputs: the outputs' SQNR and each graph's run time (``Measured``, in the
-   report; the export warns below ``api.ACCURACY_WARNING_DB``).
+   report; the export warns below ``report.ACCURACY_WARNING_DB``).
 
 The self-check judges each int8 ATen node with its stored filter and bias, so it holds
 for equalized filters as for any other; ``check.py`` also verifies that the equalized
@@ -43,10 +45,11 @@ from ..evaluation import torch_threads
 from ..exported import TensorIO
 from ..options import StaticInt8
 from .bias_correction import InputMeans, correct_biases
+from .int8_graph import Boundary, Int8Graph
 from .mixed import CostModel, cost_model
 from .observe import Exposed, Measured, measure
 from .ranges import ValueStats
-from .rewrite import Boundary, Int8Graph, Rewrite
+from .rewrite import Rewrite
 
 __all__ = ["Boundary", "Calibration", "Int8Graph", "Measured", "calibrate", "describe", "graph_batches", "measure",
            "quantize"]

@@ -36,7 +36,7 @@ from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
 from ...graph.model import Node
 from ...graph.shapes import Window
 from ...schemes import quantize_bias
-from .rewrite import Int8Graph, QuantizedLayer
+from .int8_graph import Int8Graph, QuantizedLayer
 
 
 class InputMeans:

@@ -57,7 +57,9 @@ from ...errors import SelfCheckError
 from ...graph import Graph, int8
 from ...graph.rules import DATA_MOVEMENT
 from .bias_correction import corrected_bias
-from .rewrite import Int8Graph, _out_axis, accumulator_reach
+from .equalization import out_axis
+from .int8_graph import Int8Graph
+from .rewrite import accumulator_reach
 
 SLACK = {"XNNStaticResizeBilinear2D": 0.13, "XNNLeakyReLU": 0.5}
 DEFAULT_SLACK = 1e-3
@@ -168,7 +170,7 @@ def _equalized(result: Int8Graph, filter_id: int, node_index: int, original: np.
         f = e.factors.astype(np.float64)
         if node_index in e.producers and e.value == node.outputs[0]:
             shape = [1] * w.ndim
-            shape[_out_axis(node)] = -1
+            shape[out_axis(node)] = -1
             w = w / f.reshape(shape)
         if node_index in e.readers and e.value == node.inputs[0]:
             if node.kind == "XNNFullyConnected":

@@ -1,8 +1,9 @@
-"""Mixed precision: the few nodes whose int8 grids cost the outputs most stay fp32, within a time budget.
+"""Mixed precision: the few nodes whose int8 grids cost the outputs most stay fp32, within a time budget;
+and the islands of int8 nodes between fp32 ones that int8 would not make faster.
 
 A value stops being quantized only when the node computing it and every node reading it
 compute in fp32 (a reader in int8 would convert it to qint8 again).  So the unit bought is
-a group of values sharing a grid (``Rewrite.members``), and its price is its computing
+a group of values sharing a grid (``grids.Grids.members``), and its price is its computing
 producers and readers (``nodes_of``); what it buys is the group's cost at its chosen grid
 (``sensitivity.WeightedHistogram.cost``: the first-order squared error of the outputs per
 input, measured on calibration inputs), plus that of any other group the same fp32 nodes
@@ -45,6 +46,7 @@ from ...graph import Graph
 from ...graph.model import Node
 from ...graph.rules import DATA_MOVEMENT
 from ...graph.shapes import Window
+from .grids import Sets
 from .sensitivity import Sensitivity
 
 #: Vector instructions per multiply-accumulate in the inner loop of each GEMM micro-kernel the
@@ -193,3 +195,44 @@ def choose(graph: Graph, groups: dict[int, list[int]], costs: dict[int, float], 
         steps.append(Kept(tuple(sorted(trial - floats)), tuple(sorted(freed)), gain, sensitivity.db(gain),
                           (time - now) / base))
         floats, now, free = trial, time, free | freed
+
+
+def fp32_islands(graph: Graph, refusal: Mapping[int, str], readers: Mapping[int, list[int]],
+                 costs: CostModel = DEFAULT_COSTS) -> dict[int, str]:
+    """The computing nodes (index -> why) of each island of int8 nodes (nodes of ``graph`` not in
+    ``refusal``, linked by the values they pass one another) that reads or feeds a node computing
+    in fp32 and that the time estimate (``estimate``) finds no faster in int8 than in fp32: its
+    inputs come from fp32 values and its readers are fp32 nodes or outputs, so int8 would add
+    converts and rounding for nothing.  A transformer's ``scores + mask`` between its fp32 batch
+    matrix product and softmax is one: in int8 its one grid had to hold the mask's -10000 with
+    the scores, and rounded every score to 0.  An island that only the graph's inputs and outputs
+    bound (the whole program of int8 ops) stays int8, as asked.  ``readers``: value id -> the
+    indices of the nodes reading it."""
+    sets = Sets()
+    producer = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    for j, n in enumerate(graph.nodes):
+        if j not in refusal:
+            sets.find(j)
+            for v in n.inputs:
+                if v in producer and producer[v] not in refusal:
+                    sets.union(producer[v], j)
+    islands: dict[int, list[int]] = {}
+    for j in range(len(graph.nodes)):
+        if j not in refusal:
+            islands.setdefault(sets.find(j), []).append(j)
+    refused = set(refusal)
+    base = estimate(graph, refused, costs)
+    kept: dict[int, str] = {}
+    for nodes in islands.values():
+        touching = any(producer.get(v, -1) in refused for j in nodes for v in graph.nodes[j].inputs) or any(
+            r in refused for j in nodes for v in graph.nodes[j].outputs for r in readers.get(v, []))
+        computing = [j for j in nodes if graph.nodes[j].kind not in DATA_MOVEMENT]
+        if not touching or not computing:
+            continue
+        floats = estimate(graph, refused | set(computing), costs)
+        if floats <= base:
+            why = (f"it reads and feeds only fp32 values and nodes: in int8 it would add converts and rounding "
+                   f"and save no time (estimated {floats / base - 1:+.1%} in fp32); computed in fp32")
+            for j in computing:
+                kept[j] = why
+    return kept
