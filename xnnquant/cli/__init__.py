@@ -445,13 +445,14 @@ def _held_back(verbose: bool) -> Iterator[list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..pte.runtime_log import every_line
+
     args = build_parser().parse_args(argv)
-    if args.verbose:  # the runtime's own log in full too (pte/runtime_log.py)
-        os.environ["XNNQUANT_RUNTIME_LOG"] = "all"
     sys.stderr.flush()
     args.terminal = os.fdopen(os.dup(2), "w", encoding="utf-8", errors="replace")  # for progress bars
     try:
-        with _held_back(args.verbose):
+        # --verbose: the runtime's own log in full too (pte/runtime_log.py)
+        with _held_back(args.verbose), every_line() if args.verbose else contextlib.nullcontext():
             args.func(args)
     except (XnnquantError, OSError) as exc:
         print(f"xnnquant: error: {exc}", file=sys.stderr)

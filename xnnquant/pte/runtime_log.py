@@ -15,10 +15,11 @@ file descriptor 2.  ``quiet()`` registers one emitter in each copy loaded
     shown     every other line (Error, Fatal), on ``sys.stderr`` at once, in the runtime's
               own format: ``E executorch:file.cpp:123] message``
 
-With ``XNNQUANT_RUNTIME_LOG=all`` in the environment nothing is dropped (``xnnquant -v``
-sets it).  The emitter is Python, called with the GIL from the thread that logs: the
-kernels log from the thread that calls them (the ``llama::`` kernels check their scratch
-memory before their parallel loop), as the pybindings' own ``std::cerr`` redirect does.
+With ``XNNQUANT_RUNTIME_LOG=all`` in the environment, or inside ``every_line()`` (what
+``xnnquant --verbose`` runs its command in), nothing is dropped.  The emitter is Python,
+called with the GIL from the thread that logs: the kernels log from the thread that calls
+them (the ``llama::`` kernels check their scratch memory before their parallel loop), as the
+pybindings' own ``std::cerr`` redirect does.
 
 Importing executorch imports torchao, which logs a warning for each optional native
 library it does not find (CUDA kernels on a CPU wheel) and, through torch, one for each
@@ -68,9 +69,23 @@ class _PalImpl(ctypes.Structure):
                 ("allocate", ctypes.c_void_p), ("free", ctypes.c_void_p), ("source_filename", ctypes.c_char_p)]
 
 
+_EVERY_LINE = [False]  # set by ``every_line()``
+
+
+@contextlib.contextmanager
+def every_line() -> Iterator[None]:
+    """Every runtime line through while the block runs (``xnnquant --verbose``)."""
+    before = _EVERY_LINE[0]
+    _EVERY_LINE[0] = True
+    try:
+        yield
+    finally:
+        _EVERY_LINE[0] = before
+
+
 def shown(level: str, filename: str, message: str) -> bool:
     """Whether a runtime line reaches stderr (module docstring)."""
-    if os.environ.get(VERBOSE_VARIABLE, "") == "all":
+    if _EVERY_LINE[0] or os.environ.get(VERBOSE_VARIABLE, "") == "all":
         return True
     if level not in SHOWN_LEVELS:
         return False
