@@ -85,7 +85,10 @@ def _transformers() -> Any:
 
 @functools.cache
 def _loaded() -> Any:
+    from ..pte.runtime_log import quiet_imports
+
     path = gguf_path()
+    quiet_imports()  # transformers' GGUF reader imports torchao: its warnings held back
     transformers = _transformers()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype="float32")
     # the GGUF's quantization note says where the float weights came from; it is not a quantizer to keep

@@ -167,7 +167,7 @@ def quiet_imports() -> None:
     if "torchao" in sys.modules:
         return
     with _loggers_at_error("torchao", "torch.utils._pytree"), contextlib.suppress(ImportError):
-        import torchao  # noqa: F401
+        import torchao.prototype.mx_formats.config  # noqa: F401  (torchao, and an enum it registers so)
 
 
 def quiet() -> None:
