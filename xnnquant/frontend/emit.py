@@ -34,6 +34,10 @@ written in place when that is exact, else copied into it after the last instruct
                range.
     otherwise  the new value is computed into a tensor of its own, then
                aten::copy_(state, new value) ends the method.
+
+(Over 500 lines, one module: ``_Emitter`` writes one method in the program's order, and each of
+its parts, operands, sizes, portable calls, in-place writes, delegates, reads and adds to the
+same values of that method; apart, each would take the whole emitter.)
 """
 
 from __future__ import annotations

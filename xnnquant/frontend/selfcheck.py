@@ -23,6 +23,9 @@ Two comparisons, on the example inputs; either raises ``SelfCheckError``:
    are each judged on their own.  Finally the graph's outputs must be the values of the
    program's outputs, laid out as declared.
 
+A mixed program is judged so delegate by delegate, then run on ExecuTorch's runtime against
+that composite (``selfcheck_mixed.py``).
+
 The bound is ``graph.divergence.TOLERANCE`` (1e-4) relative to the larger of the value's
 largest magnitude and 1% of its inputs' largest magnitude: one node's float32 sums taken
 in another order, or a subtraction's rounding of large inputs, stay far below it, while
@@ -94,13 +97,13 @@ def relative_error(got: np.ndarray, ref: np.ndarray, scale: float) -> float:
     return math.inf if math.isnan(worst) else worst / max(scale, float(FLT_MIN))
 
 
-def _magnitude(x: Any) -> float:
+def magnitude(x: Any) -> float:
     arr = np.asarray(x, np.float64)
     finite = arr[np.isfinite(arr)]
     return float(np.max(np.abs(finite), initial=0.0))
 
 
-def _leaves(value: Any) -> list[Any]:
+def leaves(value: Any) -> list[Any]:
     import torch
 
     leaves, _ = torch.utils._pytree.tree_flatten(value)
@@ -122,7 +125,7 @@ def evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
     with torch.no_grad():
         for node in program.graph.nodes:
             if node.op == "placeholder":
-                env[node] = _placeholder_value(program, node, given)
+                env[node] = placeholder_value(program, node, given)
             elif node.op == "call_function":
                 args = torch.fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
@@ -135,11 +138,11 @@ def evaluate(program: AtenProgram, inputs: tuple[Any, ...]) -> list[Any]:
                 except Exception as exc:  # torch's kernels raise RuntimeError, IndexError, ValueError ...
                     raise _cannot_run(program, node, exc, inputs) from None
             elif node.op == "output":
-                return _leaves(torch.fx.node.map_arg(node.args[0], env.__getitem__))
+                return leaves(torch.fx.node.map_arg(node.args[0], env.__getitem__))
     raise AssertionError("a graph without an output node")
 
 
-def _placeholder_value(program: AtenProgram, node: Any, inputs: Any) -> Any:
+def placeholder_value(program: AtenProgram, node: Any, inputs: Any) -> Any:
     """A placeholder's tensor: a constant's, a state's values when exported, else the next of ``inputs``."""
     if program.is_constant(node):
         return program.constants[node.name]
@@ -188,13 +191,13 @@ def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], progr
         with torch.no_grad(), buffers_kept(module):
             results = run(*given)
             after = [program.live[name].detach().clone() for name in program.mutated] if run is module else []
-        return [given[k] for k in mutated] + [t for t in _leaves(results) if isinstance(t, torch.Tensor)], after
+        return [given[k] for k in mutated] + [t for t in leaves(results) if isinstance(t, torch.Tensor)], after
 
     eager, after = forward(module)
     computed = evaluate(program, inputs) if computed is None else computed
     states, computed = computed[:len(program.mutated)], computed[len(program.mutated):]
     for name, value, live in zip(program.mutated, states, after):  # the buffers' values after the call, too
-        error = relative_error(value.detach().numpy(), live.numpy(), _magnitude(live.numpy()))
+        error = relative_error(value.detach().numpy(), live.numpy(), magnitude(live.numpy()))
         if not error <= TOLERANCE:
             raise SelfCheckError(
                 f"self-check failed: buffer {program.origins[name]!r}, which the module updates, holds other values "
@@ -203,11 +206,11 @@ def _compare_with_eager(module: Any, traced: Any, inputs: tuple[Any, ...], progr
                 "module's")
     worst = 0.0
     for i, (want, got) in enumerate(zip(eager, computed)):
-        error = relative_error(got.detach().numpy(), want.detach().numpy(), _magnitude(want.detach().numpy()))
+        error = relative_error(got.detach().numpy(), want.detach().numpy(), magnitude(want.detach().numpy()))
         worst = max(worst, error)
         if not error <= TOLERANCE:
             exported = forward(traced.module())[0][i]
-            at_export = relative_error(exported.detach().numpy(), want.detach().numpy(), _magnitude(want.numpy()))
+            at_export = relative_error(exported.detach().numpy(), want.detach().numpy(), magnitude(want.numpy()))
             cause = (f"torch.export traced another computation than the module's eager forward (its program "
                      f"differs by {at_export:.3g} too): a branch on torch.compiler.is_exporting(), randomness or "
                      "state the trace does not see" if not at_export <= TOLERANCE else
@@ -311,7 +314,7 @@ def _operands(node: Any, lowered: Lowered, env: dict[int, np.ndarray], reference
     return torch.fx.node.map_arg(node.args, operand), torch.fx.node.map_arg(node.kwargs, operand), activations
 
 
-def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray],
+def compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray],
                    members: set[Any] | None = None, int8: Int8Check | None = None) -> tuple[int, float, int, float]:
     """Comparison 2 (module docstring) on the interpreter's values ``env`` (real values: a static
     int8 graph's codes dequantized), for the nodes of ``members`` (a delegate) or all; returns
@@ -338,7 +341,7 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
         with torch.no_grad():
             want = torch_op(node.target)(*args, **kwargs)
         wants = want if isinstance(want, (tuple, list)) else (want,)
-        inputs_scale = 0.01 * max((_magnitude(a) for a in activations), default=0.0)
+        inputs_scale = 0.01 * max((magnitude(a) for a in activations), default=0.0)
         for k, (out, ref) in enumerate(zip(outs, wants)):
             if not isinstance(out, Activation):
                 continue
@@ -356,7 +359,7 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
                 bounds = lowered.fused[out.id][0] if out.id in lowered.fused else (None, None)
                 expected = quantized.grid_clip(out.id, ref_arr, bounds)
                 step = float(np.float32(_int8_scale(quantized, out.id)))
-                bound = quantized.tolerance(out.id, _magnitude(ref_arr), TOLERANCE)
+                bound = quantized.tolerance(out.id, magnitude(ref_arr), TOLERANCE)
                 diff = float(np.max(np.abs(got - expected), initial=0.0)) if got.shape == expected.shape else math.inf
                 int8_nodes += 1
                 worst_steps = max(worst_steps, diff / step if math.isfinite(diff) else worst_steps)
@@ -364,7 +367,7 @@ def _compare_nodes(program: AtenProgram, lowered: Lowered, env: dict[int, np.nda
                     _fail(node, lowered, k, f"{diff / step:.3g} output steps (bound {bound / step:.3g} steps: half a "
                                             "step, the kernel's slack and torch's float error)")
                 continue
-            error = relative_error(got, ref_arr, max(_magnitude(ref_arr), inputs_scale))
+            error = relative_error(got, ref_arr, max(magnitude(ref_arr), inputs_scale))
             worst = max(worst, error if math.isfinite(error) else worst)
             if not error <= TOLERANCE:
                 _fail(node, lowered, k, f"{error:.3g} (relative; tolerance {TOLERANCE:g})")
@@ -390,7 +393,7 @@ def _fail(node: Any, lowered: Lowered, k: int, how: str) -> None:
 def _compare_outputs(program: AtenProgram, lowered: Lowered, env: dict[int, np.ndarray]) -> None:
     """The graph's outputs are the values of the program's outputs, laid out as declared."""
     output = next(n for n in program.graph.nodes if n.op == "output")
-    items = _leaves(output.args[0])
+    items = leaves(output.args[0])
     for i, (item, spec, vid) in enumerate(zip(items, lowered.outputs, lowered.graph.outputs)):
         value = lowered.values.get(item)
         if not isinstance(value, Activation):
@@ -428,143 +431,13 @@ def self_check(module: Any, example_inputs: Any, traced: Any, program: AtenProgr
         env = interpret_values(lowered.graph, arrays)
         if check is not None:
             env = {vid: check.real(vid, x) for vid, x in env.items()}
-        compared, worst, int8_nodes, steps = _compare_nodes(program, lowered, env, None, check)
+        compared, worst, int8_nodes, steps = compare_nodes(program, lowered, env, None, check)
         _compare_outputs(program, lowered, env)
         return SelfCheck(compared, worst, eager_error, int8_nodes, steps)
-    compared, worst, composite = _composite(program, delegates, inputs)
-    exact = [not _reads_floats(program, node) for node in _leaves(program.user_outputs())]
-    _compare_program(mixed, inputs, composite, exact)
+    from .selfcheck_mixed import check_mixed
+
+    compared, worst = check_mixed(program, delegates, inputs, mixed)
     return SelfCheck(compared, worst, eager_error)
-
-
-def _reads_floats(program: AtenProgram, node: Any) -> bool:
-    """True when a float value (an input, a constant or a node's) enters ``node``'s value."""
-    import torch
-
-    seen, todo = set(), [node]
-    while todo:
-        n = todo.pop()
-        if not isinstance(n, torch.fx.Node) or n in seen:
-            continue
-        seen.add(n)
-        val = program.constants.get(n.name) if program.is_constant(n) else n.meta.get("val")
-        if val is None or getattr(val, "dtype", torch.float32).is_floating_point:
-            return True  # a float, or a value of unknown type
-        todo.extend(n.all_input_nodes)
-    return False
-
-
-#: How far a mixed program's outputs, run on ExecuTorch's runtime, may be from the composite
-#: reference (the interpreter for its delegates, torch for its portable nodes).  A float program
-#: differs by XNNPACK's rounding: a few ulps, judged as every node is (``TOLERANCE``, of the
-#: largest magnitude).  A program whose delegates quantize activations at run time moves an int8
-#: code wherever XNNPACK's float sums round a tie the other way, and the later layers carry it
-#: on: all-MiniLM-L6-v2 whole at qb4w:32 ended 1.4e-2 (largest magnitude) from the interpreter
-#: while every node agreed to 1e-6; such programs are judged by the RMS error relative to the
-#: output's RMS, within ``QUANTIZED_PROGRAM_TOLERANCE``.  A quantized embedding table's lookups are computed
-#: by torch from its stored values (``passes/embeddings.QuantizedEmbedding``), which the
-#: kernel computes exactly (``(code - 0) * scale`` in float32): no quantization error enters
-#: this comparison.  A kernel called with a wrong argument or
-#: a delegate wired wrongly is off by about its outputs' size.
-QUANTIZED_PROGRAM_TOLERANCE = 0.1
-
-
-def _composite(program: AtenProgram, delegates: Sequence[Lowered | None],
-               inputs: tuple[Any, ...]) -> tuple[int, float, list[Any]]:
-    """A mixed program computed as it runs, the delegates by the interpreter and the portable
-    nodes by torch, each delegate's nodes compared on the way (comparison 2); returns (nodes
-    compared, worst relative error, the program's outputs)."""
-    import torch
-
-    from .passes.partition import PARTITION, PHASE, PORTABLE
-
-    values: dict[Any, Any] = {}
-    given = iter(inputs)
-    for node in program.graph.nodes:
-        if node.op == "placeholder":
-            values[node] = _placeholder_value(program, node, given)
-
-    def operand(arg: Any) -> Any:
-        if arg in values:
-            return values[arg]
-        val = arg.meta.get("val")
-        if isinstance(val, torch.SymInt) and arg.op == "call_function":  # a size: computed from the values
-            args = torch.fx.node.map_arg(arg.args, operand)
-            values[arg] = int(torch_op(arg.target)(*args, **torch.fx.node.map_arg(arg.kwargs, operand)))
-            return values[arg]
-        return int(val.node.hint) if isinstance(val, torch.SymInt) else val
-
-    calls = [n for n in program.graph.nodes if n.op == "call_function"]
-    last = max([n.meta.get(PHASE, 0) for n in calls] + [len(delegates) - 1], default=0)
-    compared, worst = 0, 0.0
-    with torch.no_grad():
-        for phase in range(last + 1):
-            for node in calls:
-                if node.meta.get(PARTITION) == PORTABLE and node.meta.get(PHASE, 0) == phase:
-                    args = torch.fx.node.map_arg(node.args, operand)
-                    kwargs = torch.fx.node.map_arg(node.kwargs, operand)
-                    values[node] = torch_op(node.target)(*args, **kwargs)
-            lowered = delegates[phase] if phase < len(delegates) else None
-            if lowered is None:
-                continue
-            arrays = [contiguous(np.transpose(np.asarray(operand(n), np.dtype(spec.dtype)), spec.dim_order))
-                      for n, spec in zip(lowered.input_nodes, lowered.inputs)]
-            env = interpret_values(lowered.graph, arrays)
-            members = {n for n in calls if n.meta.get(PARTITION) == phase}
-            n_compared, n_worst, _, _ = _compare_nodes(program, lowered, env, members)
-            compared, worst = compared + n_compared, max(worst, n_worst)
-            for node, vid, spec in zip(lowered.output_nodes, lowered.graph.outputs, lowered.outputs):
-                values[node] = torch.from_numpy(contiguous(
-                    np.transpose(np.asarray(env[vid]), np.argsort(spec.dim_order))))
-    return compared, worst, [operand(item) for item in _leaves(program.user_outputs())]
-
-
-def _quantizes_activations(exported: Any) -> bool:
-    """True when a delegate quantizes activations (per-token int8, or static int8)."""
-    from ..datatypes import Datatype
-
-    return any(v.datatype in (Datatype.qdint8, Datatype.qint8) for g in exported.delegates for v in g.values)
-
-
-def _compare_program(exported: Any, inputs: tuple[Any, ...], composite: list[Any],
-                     exact: Sequence[bool] = ()) -> None:
-    """A mixed program's outputs on ExecuTorch's runtime against the composite reference;
-    ``exact[i]``: output ``i`` is computed from integer values only (no rounding on either
-    side can explain a difference)."""
-    quantized = _quantizes_activations(exported)
-    got = exported.run(*inputs)
-    for i, (out, ref) in enumerate(zip(got, composite)):
-        ref_arr = np.asarray(ref.detach().numpy() if hasattr(ref, "detach") else ref)
-        if ref_arr.dtype.kind in "biu":
-            differ = np.asarray(out) != ref_arr if np.shape(out) == ref_arr.shape else np.ones(ref_arr.shape, bool)
-            if differ.any() and i < len(exact) and exact[i]:
-                raise SelfCheckError(
-                    f"self-check failed: output {i} ({ref_arr.dtype}) of the program on ExecuTorch's runtime differs "
-                    f"from what its delegates (on the interpreter) and portable kernels (torch) compute in "
-                    f"{int(differ.sum())} of {differ.size} elements. It is computed from integer values only, "
-                    "exactly on both sides: the program is assembled wrongly; please report it. check=False skips "
-                    "this check")
-            if differ.any():
-                raise SelfCheckError(
-                    f"self-check failed: output {i} ({ref_arr.dtype}) of the program on ExecuTorch's runtime differs "
-                    f"from what its delegates (on the interpreter) and portable kernels (torch) compute in "
-                    f"{int(differ.sum())} of {differ.size} elements. An output of comparisons, argmax or rounding "
-                    "of float values flips where those values lie within float rounding of the decision (XNNPACK "
-                    "and the interpreter round differently); if they do not lie that close, the program is "
-                    "assembled wrongly: please report it. check=False skips this check")
-            continue
-        out_arr, ref64 = np.asarray(out, np.float64), ref_arr.astype(np.float64)
-        if quantized:
-            error = float(np.sqrt(np.mean((out_arr - ref64) ** 2) / max(np.mean(ref64 ** 2), float(FLT_MIN))))
-            bound, how = QUANTIZED_PROGRAM_TOLERANCE, "RMS, relative to the output's RMS"
-        else:
-            error = relative_error(out_arr, ref64, _magnitude(ref_arr))
-            bound, how = TOLERANCE, "relative to its largest magnitude"
-        if not error <= bound:
-            raise SelfCheckError(
-                f"self-check failed: output {i} of the program on ExecuTorch's runtime differs from what its "
-                f"delegates (on the interpreter) and portable kernels (torch) compute by {error:.3g} ({how}; "
-                f"tolerance {bound:g}): the program is assembled wrongly; please report it")
 
 
 def int8_view(lowered: Lowered, int8: Int8Graph) -> Lowered:

@@ -23,6 +23,10 @@ report row records it.
 
 Refusals.  A lowering that cannot map its node raises ``XnnquantError`` with the reason;
 the walker (``walk.py``) notes it with the node's op and module path.
+
+(Over 500 lines, one module: the context is the one object a lowering sees, and its layouts,
+constants and weights work on the same graph and values; ``Activation`` and the weight
+options are what its methods take and give.)
 """
 
 from __future__ import annotations
