@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ...errors import XnnquantError
+from ..passes.masks import COMPUTED_MASK, computed_boolean_mask
 from . import lowers
 from .context import Activation, LoweringContext
 from .elementwise import binary
@@ -65,14 +66,11 @@ def sdpa_check(node: Any) -> str | None:
     dropout = _argument(node, 4, "dropout_p", 0.0)
     if dropout:
         return f"scaled_dot_product_attention with dropout_p={dropout} is not supported: expected 0 (eval)"
-    mask = _argument(node, 3, "attn_mask", None)
-    val = getattr(mask, "meta", {}).get("val")
-    if getattr(val, "dtype", None) == torch.bool and mask.op != "placeholder":  # passes/masks.py makes it float
-        return ("the boolean attention mask is computed at run time: XNNPACK has no boolean values (the masks pass "
-                "turns it into a float mask outside XNNPACK when the program may be mixed)")
     shapes = [tuple(getattr(getattr(a, "meta", {}).get("val"), "shape", ())) for a in node.args[:3]]
     if any(len(s) < 2 for s in shapes):
         return f"scaled_dot_product_attention needs query, key and value of rank >= 2: got shapes {shapes}"
+    if computed_boolean_mask(node):  # last: the masks pass removes this refusal alone (``masks.rescued``)
+        return COMPUTED_MASK
     return None
 
 

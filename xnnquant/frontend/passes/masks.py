@@ -45,21 +45,28 @@ def _call(program: AtenProgram, before: Any, target: Any, args: tuple[Any, ...],
     return node
 
 
+#: The attention lowering's refusal of a computed boolean mask (``lowering/attention.py``'s check
+#: gives it after every other refusal), which this pass removes.
+COMPUTED_MASK = ("the boolean attention mask is computed at run time: XNNPACK has no boolean values (the masks pass "
+                 "turns it into a float mask outside XNNPACK when the program may be mixed)")
+
+
+def computed_boolean_mask(node: Any) -> bool:
+    """True for an attention whose mask is a boolean the program computes (not an input), which
+    this pass makes a float mask."""
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    return mask is not None and _boolean(mask) and getattr(mask, "op", None) != "placeholder"
+
+
 def rescued(node: Any) -> bool:
     """True for an attention whose lowering refuses only its computed boolean mask, which this
     pass replaces (so the attention needs no decomposition)."""
     from ..lowering import LOWERINGS  # the registry: this pass knows no op family
 
-    if node.op != "call_function" or node.target is not SDPA:
+    if node.op != "call_function" or node.target is not SDPA or not computed_boolean_mask(node):
         return False
-    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
-    if mask is None or not _boolean(mask) or getattr(mask, "op", None) == "placeholder":
-        return False
-    swapped = type("_Node", (), {"args": tuple(a if a is not mask else None for a in node.args),
-                                  "kwargs": {k: (None if v is mask else v) for k, v in node.kwargs.items()},
-                                  "op": node.op, "target": node.target})()
     check = LOWERINGS[SDPA].check
-    return check is None or check(swapped) is None
+    return check is None or check(node) == COMPUTED_MASK
 
 
 @rewrite("masks")
