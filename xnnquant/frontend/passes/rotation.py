@@ -97,7 +97,7 @@ def _is_rows(program: AtenProgram, node: Any, width: int) -> bool:
 
 def _norm_core(program: AtenProgram, square: Any, x: Any) -> Any:
     """The node ``x * rsqrt(mean(x ** 2, -1, keepdim) + eps)`` that ``square`` (``x ** 2`` or
-    ``x * x``) begins, or None."""
+    ``x * x``) begins, ``eps`` a number (or a one-element constant), or None."""
     means = [u for u in square.users if u.target is aten.mean.dim]
     if len(square.users) != 1 or not means:
         return None
@@ -106,8 +106,12 @@ def _norm_core(program: AtenProgram, square: Any, x: Any) -> Any:
     if list(dims or []) not in ([-1], [len(x.meta["val"].shape) - 1]) or len(mean.users) != 1:
         return None
     add = next(iter(mean.users))
-    if add.target not in (aten.add.Tensor, aten.add.Scalar) or len(add.users) != 1:
+    if add.target not in (aten.add.Tensor, aten.add.Scalar) or len(add.users) != 1 or len(add.args) != 2:
         return None
+    eps = add.args[1 - add.args.index(mean)] if mean in add.args else None
+    if not (isinstance(eps, (int, float)) or (isinstance(eps, torch.fx.Node) and program.is_constant(eps)
+                                              and program.constants[eps.name].numel() == 1)):
+        return None  # an RMS norm adds one eps to every row's mean; anything else would not commute with Q
     rsqrt = next(iter(add.users))
     if rsqrt.target is not aten.rsqrt.default:
         return None
@@ -177,8 +181,6 @@ def find_stream(program: AtenProgram) -> Stream:
                                      "layer's output read only there")
                 stream.writers.append(writer)
                 todo.append(u)
-                continue
-            if u.target in (aten.embedding.default,):
                 continue
             if _is_rows(program, u, stream.width):
                 todo.append(u)
