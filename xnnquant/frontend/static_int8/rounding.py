@@ -29,6 +29,7 @@ from ...constants import XNN_FLAG_TRANSPOSE_WEIGHTS
 from ...graph import Graph
 from ...graph.model import Node
 from ...graph.shapes import Window
+from ...schemes.gptq import inverse_cholesky
 from . import torch_graph
 from .sensitivity import IMAGES, spread
 
@@ -82,19 +83,12 @@ def layer_grams(graph: Graph, batches: Sequence[Sequence[np.ndarray]], nodes: Se
 
 
 def _inverse_factor(gram: np.ndarray) -> np.ndarray:
-    """Upper triangular ``U`` with ``inverse(H) = U^T U`` for ``H`` = ``gram`` dampened by ``DAMP`` of its
-    mean diagonal (ten times more, up to three times, where float64 finds it not positive definite)."""
-    k = gram.shape[-1]
-    mean = np.mean(np.diagonal(gram, axis1=-2, axis2=-1), axis=-1)
-    scale = np.where(mean > 0, mean, 1.0)[..., None, None] * np.eye(k)
-    for damp in (DAMP, 10 * DAMP, 100 * DAMP, 1000 * DAMP):
-        try:
-            inverse_lower = np.linalg.inv(np.linalg.cholesky(gram + damp * scale))  # H = L L^T
-            inverse = np.swapaxes(inverse_lower, -1, -2) @ inverse_lower  # L^-T L^-1
-            return np.swapaxes(np.linalg.cholesky(inverse), -1, -2)
-        except np.linalg.LinAlgError:
-            continue
-    raise np.linalg.LinAlgError("a Gram matrix stays singular after dampening")
+    """Upper triangular ``U`` with ``inverse(H) = U^T U`` for ``H`` = ``gram`` ``(K, K)``, or each of
+    ``(C, K, K)``, dampened by ``DAMP`` of its mean diagonal (``gptq.inverse_cholesky``: more where
+    float64 finds it not positive definite)."""
+    if gram.ndim == 2:
+        return inverse_cholesky(gram, DAMP)[0]
+    return np.stack([inverse_cholesky(g, DAMP)[0] for g in gram])
 
 
 def learned_codes(w: np.ndarray, scales: np.ndarray, gram: np.ndarray) -> np.ndarray:
