@@ -112,6 +112,33 @@ def test_the_runtime_computes_what_the_payloads_say(et_programs: Path) -> None:
     assert np.abs(interpret(head, [x])[0] - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.xnnpack
+def test_a_decoders_linears_hold_our_numbers_and_run_as_torchao_computes_them(et_programs: Path) -> None:
+    """transformers' Llama (one layer; ``Decoder`` of the oracle) with every linear quantized by
+    ``quantize_(model, XnnquantConfig("qb4w:32", method="mse"))`` and lowered by ExecuTorch's own
+    flow, which places its 8 linears (q, k, v, o, gate, up, down, the LM head) in delegates
+    among the embedding, norms, rotary and attention: each is a fully connected node holding
+    exactly the codes and bf16 scales our scheme computes from its float weight.  The runtime's
+    logits are the quantized torch module's: both quantize each row of activations per token,
+    asymmetric, from floats that differ by float32 rounding (sums in another order, XNNPACK's
+    softmax and SiLU: ``float_bounds.APPROXIMATED``), which can move a code at a near tie by one
+    step, a change of about 1e-3 of the largest logit (a hidden row's range / 255 times the
+    weights after it); measured 3e-7, no code moved."""
+    from xnnquant.pte import read_pte
+
+    held = fc_weights(read_pte(et_programs / "decoder.pte"), "forward")
+    floats = sorted(et_programs.glob("float_decoder_*.npy"))
+    assert len(held) == len(floats) == 8
+    for path in floats:
+        ours = executorch_quantize(parse_scheme("qb4w:32"), np.load(path), "mse")
+        same = [v for v in held if v.constant == ours.to_bytes()]
+        assert len(same) == 1, path.name
+        assert same[0].datatype is D.qbint4 and same[0].quant.group_size == 32, path.name
+        np.testing.assert_array_equal(same[0].quant.scale_bf16, to_bf16(ours.scale).bits.reshape(-1))
+    eager, program = np.load(et_programs / "eager_decoder.npy"), np.load(et_programs / "output_decoder.npy")
+    assert np.abs(program - eager).max() <= 1e-3 * np.abs(eager).max()
+
+
 # ------------------------------------------------------------------- in process, no ExecuTorch
 
 

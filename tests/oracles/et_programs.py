@@ -24,11 +24,15 @@ file                     what
                          ``qc8w`` mse: two XNNPACK delegates.  ``head``: ``Head``, one
                          linear ``qb4w:64`` minmax.  ``weight_only``: ``Head``, ``qc8w``
                          with ``activations=None``.  All through ``XnnquantConfig``
+``decoder.pte``           transformers' Llama (one layer of width 64, eager attention, token
+                         ids in, logits out), every linear through ``XnnquantConfig("qb4w:32",
+                         method="mse")``: the linears among the rest of a real model
 ``torchao_<layer>_{qdata,scale,zero_point}.npy``  torchao's tensors of torchao.pte's layers
-``float_<method>_<layer>.npy``   xnnquant.pte's float weights before quantization
+``float_<method>_<layer>.npy``   xnnquant.pte's float weights before quantization (and
+                         ``float_decoder_<module path>.npy``, decoder.pte's)
 ``input_<name>.npy``, ``output_<name>.npy``   an input and what the ExecuTorch runtime
                          computed on it (name: torchao, torchao_ext, forward, head,
-                         weight_only)
+                         weight_only, decoder)
 ``eager_<name>.npy``     what the quantized torch module computed on the same input
 =======================  ================================================================
 """
@@ -153,7 +157,39 @@ def xnnquant_program(out: Path) -> None:
         save(out, method, x, model(x), run(pte, x, method))
 
 
+class Decoder(torch.nn.Module):
+    """transformers' Llama, one layer of width 64 (eager attention, no cache): ids -> logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                             attn_implementation="eager")
+        self.model = LlamaForCausalLM(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, use_cache=False).logits
+
+
+def decoder_program(out: Path) -> None:
+    torch.manual_seed(2)
+    model = Decoder().eval()
+    for name, layer in model.named_modules():
+        if isinstance(layer, torch.nn.Linear):
+            np.save(out / f"float_decoder_{name}.npy", layer.weight.detach().numpy())
+    quantize_(model, XnnquantConfig("qb4w:32", method="mse"))
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    pte = to_edge_transform_and_lower(torch.export.export(model, (ids,)),
+                                      partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+    (out / "decoder.pte").write_bytes(pte)
+    with torch.no_grad():
+        save(out, "decoder", ids, model(ids), run(pte, ids))
+
+
 if __name__ == "__main__":
     target = Path(sys.argv[1])
     torchao_programs(target)
     xnnquant_program(target)
+    decoder_program(target)
