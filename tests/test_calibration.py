@@ -128,7 +128,7 @@ BAD: list[tuple[str, Callable[[], Any], str]] = [
     ("axis 1", lambda: xq.quantize_per_channel(W, 8, axis=1, method="gptq", calibration=X),
      "method 'gptq' quantizes linear weights per output channel: got axis=1, expected axis=0"),
     ("unknown method", lambda: xq.quantize_blockwise(W, 32, "awq", calibration=X),
-     "unknown method: got 'awq', expected one of 'minmax', 'mse', 'act_mse', 'gptq'"),
+     "unknown method: got 'awq', expected one of 'minmax', 'mse', 'range', 'act_mse', 'gptq'"),
 ]
 
 

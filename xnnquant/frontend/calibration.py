@@ -174,7 +174,8 @@ def layer_use(program: AtenProgram, node: Any) -> LayerUse | None:
         shape = tuple(program.constants[w.name].shape)
         k = int(shape[0] if transposed else shape[1])
         layout = _transposed if transposed else _same
-        return LayerUse(node, x, w, Layer(LayerKind.LINEAR, k), Rows("last"), k, layout, layout)
+        return LayerUse(node, x, w, Layer(LayerKind.LINEAR, k, program.layer_path(w.name, node)), Rows("last"), k,
+                        layout, layout)
     if node.target in (aten.convolution.default, aten.conv2d.default, aten.conv1d.default):
         return _convolution(program, node, args)
     return None

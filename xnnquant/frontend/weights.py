@@ -19,6 +19,10 @@ spelling    datatype   activations in        refused for (XNNPACK 1.4.1, measure
                                              G does not divide.  G: a multiple of 32
 ==========  =========  ====================  ==============================================
 
+``weights=`` may also be a ``LayerPlan``: a scheme for each layer named (by the module path
+the report gives it, ``Layer.path``) and one for every other layer; ``xq.export_llm``'s
+``weights="auto:B"`` makes one from each layer's measured effect (``llm/mixed.py``).
+
 A layer that cannot take the requested scheme takes a fallback: ``fallback="auto"`` (the
 default) walks down ``LADDER`` from the requested scheme to the first one the layer takes
 (qb4w:G -> qc4w -> qc8w -> fp32: a 4-bit convolution becomes qc8w, a depthwise one fp32,
@@ -80,10 +84,12 @@ class LayerKind(str, Enum):
 
 @dataclass(frozen=True)
 class Layer:
-    """A layer as the weight policy sees it: its kind and, for a linear, ``in_features``."""
+    """A layer as the weight policy sees it: its kind, for a linear ``in_features``, and its
+    module path as the report names it ('' where not known), which a ``LayerPlan`` looks up."""
 
     kind: LayerKind
     in_features: int = 0
+    path: str = ""
 
 
 def _no_refusal(layer: Layer, scheme: WeightScheme) -> str | None:
@@ -251,24 +257,60 @@ class Choice:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class LayerPlan:
+    """A scheme per layer: ``layers`` maps module paths (``Layer.path``, the report's) to the
+    scheme each takes, ``default`` is every other layer's; ``why`` says, per path, how the
+    plan chose (``llm/mixed.py`` fills it; '' when given by hand).  ``str``: the default's
+    spelling with the count of layers planned otherwise."""
+
+    default: WeightScheme
+    layers: tuple[tuple[str, WeightScheme], ...] = ()
+    why: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, default: Any, layers: Any, why: Any = None) -> LayerPlan:
+        """From a default scheme and ``{path: scheme}`` (spellings or ``WeightScheme``s)."""
+        if not isinstance(layers, dict) or not all(isinstance(k, str) and k for k in layers):
+            raise XnnquantError(f"a layer plan maps module paths (str) to schemes: got {type(layers).__name__}")
+        planned = tuple((path, WeightScheme.parse(scheme, f"the scheme of layer {path!r}"))
+                        for path, scheme in sorted(layers.items()))
+        return cls(WeightScheme.parse(default), planned, tuple(sorted((why or {}).items())))
+
+    def scheme(self, path: str) -> WeightScheme:
+        """The scheme layer ``path`` is planned to take."""
+        return dict(self.layers).get(path, self.default)
+
+    def __str__(self) -> str:
+        others = sum(1 for _, scheme in self.layers if scheme != self.default)
+        return f"{self.default} ({others} layers planned otherwise)" if others else str(self.default)
+
+
 class WeightPolicy:
     """``weights`` and ``fallback`` of one export: which scheme each layer gets.
 
-    ``fallback``: ``"auto"`` (``ladder``), None (refuse), or schemes tried in order.
+    ``weights``: a scheme (its spelling) or a ``LayerPlan``; ``fallback``: ``"auto"``
+    (``ladder``, from the scheme each layer asks for), None (refuse), or schemes tried in order.
     """
 
     def __init__(self, weights: Any = "qb4w:32", fallback: Any = "auto") -> None:
-        self.weights = WeightScheme.parse(weights)
+        self.plan = weights if isinstance(weights, LayerPlan) else None
+        self.weights = self.plan.default if self.plan is not None else WeightScheme.parse(weights)
         self.auto = isinstance(fallback, str) and fallback.strip().lower() == "auto"
         self.fallback = ladder(self.weights)[1:] if self.auto else parse_fallback(fallback)
 
+    def requested(self, layer: Layer) -> WeightScheme:
+        """The scheme ``layer`` asks for: the plan's for its path, else ``weights``."""
+        return self.weights if self.plan is None else self.plan.scheme(layer.path)
+
     def choose(self, layer: Layer) -> Choice | str:
         """The ``Choice`` for ``layer``, or the reason it is refused (every scheme tried)."""
-        reason = self.weights.refusal(layer)
+        requested = self.requested(layer)
+        reason = requested.refusal(layer)
         if reason is None:
-            return Choice(self.weights)
-        reasons = [f"{self.weights}: {reason}"]
-        for scheme in self.fallback:
+            return Choice(requested)
+        reasons = [f"{requested}: {reason}"]
+        for scheme in (ladder(requested)[1:] if self.auto else self.fallback):
             again = scheme.refusal(layer)
             if again is None:
                 took = f"took {scheme} (fallback='auto')" if self.auto else f"took fallback {scheme}"
@@ -443,10 +485,11 @@ class EmbeddingScheme:
 
     def quantize(self, table: np.ndarray, method: str) -> QuantizedTensor:
         """The table's ``QuantizedTensor`` (qcint8 per row, or qbint4 in groups; see the class
-        docstring); ``method``: ``"minmax"``, else ``"mse"``."""
+        docstring); ``method``: ``"minmax"`` or ``"range"``, else ``"mse"`` (an activation-aware
+        method's table: no activations reach it)."""
         from ..schemes.blockwise import quantize_groups
 
-        chosen: Literal["minmax", "mse"] = "minmax" if method == "minmax" else "mse"
+        chosen: Literal["minmax", "mse", "range"] = method if method in ("minmax", "range") else "mse"  # type: ignore[assignment]
         if self.bits == 8:
             return quantize_per_channel(table, bits=8, axis=0, method=chosen)
         return quantize_groups(table, int(self.group_size or 0), chosen)

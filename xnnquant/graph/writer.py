@@ -357,7 +357,9 @@ def named_payload(graph: Graph, prefix: str) -> NamedPayload:
 @dataclass
 class _Made:
     """One blob of ``named_payload``, made each time it is iterated (a program may be written
-    twice): a value's data, then its scales, which the data's making left in ``made``."""
+    twice): a value's data, then its scales, which the data's making left in ``made`` (made
+    again when the scales are read first: the writer compares a blob with the program's
+    constants before writing it, ``pte.writer.SegmentLayout.of``)."""
 
     blob: Blob
     made: dict[int, bytes]
@@ -367,7 +369,8 @@ class _Made:
             data, self.made[self.blob.value.id] = _constant_parts(self.blob.value)
             yield data
         else:
-            yield self.made.pop(self.blob.value.id)
+            scales = self.made.pop(self.blob.value.id, None)
+            yield _constant_parts(self.blob.value)[1] if scales is None else scales
 
 
 # ------------------------------------------------------------ scales in the segment

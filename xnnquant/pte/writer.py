@@ -20,7 +20,15 @@ What goes where::
                    with state the mutable data segment (initial values of method state,
                    ``Tensor.data_buffer_idx`` indexing its offsets for a tensor that also
                    has an ``allocation_info``), then each distinct delegate payload, then
-                   each distinct named-data blob
+                   each distinct named-data blob; last, a *view* for each named blob whose
+                   bytes are a constant's: a segment over that constant inside segment 0,
+                   no bytes of its own (``SegmentLayout.of``)
+
+A view lets a kernel's constant and an XNNPACK delegate read the same bytes (a token
+table looked up by ExecuTorch's quantized embedding kernel and read by the LM head's
+fully-connected node): ExecuTorch 1.4.1 resolves a named key by loading
+``segment_base + offset`` for ``size`` bytes (``PteDataMap::get_data``) and checks no
+segment against another, and a constant tensor by its offset in the constant segment.
 """
 
 from __future__ import annotations
@@ -64,11 +72,13 @@ def _align(n: int, alignment: int) -> int:
 @dataclass(frozen=True)
 class Segment:
     """One segment: its pieces (bytes, or a ``Chunked`` payload), size and offset from
-    the segment base."""
+    the segment base.  A view (``view``) has no pieces: its bytes are written by the
+    segment it lies in."""
 
     pieces: tuple[Payload, ...]
     size: int
     offset: int
+    view: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,8 +97,8 @@ class SegmentLayout:
 
     @property
     def data_size(self) -> int:
-        """Bytes from the segment base to the end of the last segment."""
-        last = self.segments[-1]
+        """Bytes from the segment base to the end of the last segment written."""
+        last = [s for s in self.segments if not s.view][-1]
         return last.offset + last.size
 
     @classmethod
@@ -98,7 +108,10 @@ class SegmentLayout:
         then each distinct delegate payload in method and delegate order, then each distinct
         named blob in the order added; each segment at the next multiple of 128
         (``PTE_SEGMENT_ALIGNMENT``) after the previous one.  This is ExecuTorch 1.4.1's order
-        (``exir/_serialize/_program.py``)."""
+        (``exir/_serialize/_program.py``).  A named blob (bytes, not ``Chunked``) equal to a
+        constant is no segment of its own but a view of that constant, after the others
+        (module docstring): its offset is the constant's, a multiple of 16
+        (``CONSTANT_TENSOR_ALIGNMENT``, what a named blob's segment keeps)."""
         # constants: each padded with zeros to 16, except the last
         pieces: list[Payload] = []
         offsets, at = [], 0
@@ -133,9 +146,17 @@ class SegmentLayout:
                     same = len(distinct) - 1
                 found.append(first + same)
             delegate_segments.append(tuple(found))
-        named: list[tuple[str, int]] = []
+        by_size: dict[int, list[int]] = {}  # constants by length (index 0, the placeholder, is none)
+        for k, data in enumerate(program.constants):
+            if k and data and offsets[k] % CONSTANT_TENSOR_ALIGNMENT == 0:
+                by_size.setdefault(len(data), []).append(k)
+        named: list[tuple[str, int | tuple[int]]] = []  # (key, segment) or (key, (constant,)): a view
         blobs: list[Payload] = []
         for key, blob in program.named_data.items():
+            constant = _equal_constant(program, blob, by_size.get(_size(blob), ()))
+            if constant is not None:
+                named.append((key, (constant,)))
+                continue
             same = None if isinstance(blob, Chunked) else next(
                 (k for k, b in enumerate(blobs) if not isinstance(b, Chunked) and len(b) == len(blob) and b == blob),
                 None)
@@ -149,11 +170,33 @@ class SegmentLayout:
             offset = _align(end, math.lcm(PTE_SEGMENT_ALIGNMENT, alignment))
             placed.append(Segment(seg_pieces, size, offset))
             end = offset + size
-        return cls(tuple(placed), tuple(offsets), tuple(delegate_segments), tuple(named), tuple(mutable_offsets))
+        views: dict[int, int] = {}  # constant -> its view's segment
+        resolved: list[tuple[str, int]] = []
+        for key, where in named:
+            if isinstance(where, tuple):
+                (constant,) = where
+                if constant not in views:
+                    views[constant] = len(placed)
+                    placed.append(Segment((), len(program.constants[constant]), placed[0].offset + offsets[constant],
+                                          view=True))
+                where = views[constant]
+            resolved.append((key, where))
+        return cls(tuple(placed), tuple(offsets), tuple(delegate_segments), tuple(resolved), tuple(mutable_offsets))
 
 
 def _size(payload: Payload) -> int:
     return payload.size if isinstance(payload, Chunked) else len(payload)
+
+
+def _equal_constant(program: ProgramBuilder, blob: Payload, candidates: Sequence[int]) -> int | None:
+    """The first of the constants ``candidates`` (indices, each of ``blob``'s size) holding
+    ``blob``'s bytes, or None.  A ``Chunked`` blob is made once to compare (its chunks
+    iterate again when written, ``graph.writer.named_payload``'s do), only when a
+    constant has its size."""
+    if not candidates:
+        return None
+    data = b"".join(blob.chunks) if isinstance(blob, Chunked) else blob
+    return next((k for k in candidates if program.constants[k] == data), None)
 
 
 # ---------------------------------------------------------------------- flatbuffer
@@ -406,6 +449,8 @@ def program_chunks(program: ProgramBuilder) -> Iterator[Blob]:
     yield header.insert(flatbuffer, header.ExtendedHeader(size, base, layout.data_size)) + bytes(base - size)
     at = 0
     for index, segment in enumerate(layout.segments):
+        if segment.view:  # its bytes are those of the segment it lies in
+            continue
         if segment.offset > at:
             yield bytes(segment.offset - at)
         for piece in segment.pieces:

@@ -32,7 +32,7 @@ from . import activation_aware, kernels
 from .calibration import Calibration
 from .checks import ACTIVATION_AWARE_METHODS, Method, check_calibration_use, check_method, float_source, user_scales
 from .granularity import PerGroup
-from .search import finish_scales, half_range, mse_scales
+from .search import finish_scales, half_range, mse_scales, range_scales
 
 _FACTS = storage(Datatype.qbint4)
 
@@ -77,7 +77,7 @@ def choose_qparams(w: ArrayInput, group_size: int = 32, method: Method = "minmax
     if calibration is not None or method in ACTIVATION_AWARE_METHODS:
         if not bf16:
             raise XnnquantError(
-                f"bf16=False is for the weight-only methods: got method {method!r}, expected 'minmax' or 'mse'"
+                f"bf16=False is for the weight-only methods: got method {method!r}, expected 'minmax', 'mse' or 'range'"
             )
         return quantize(w, group_size, method, calibration=calibration).scale
     arr, granularity, method = _prepare(w, group_size, method)
@@ -89,6 +89,8 @@ def _scales(arr: np.ndarray, granularity: PerGroup, method: str, bf16: bool = Tr
     qmin, qmax = _FACTS.code_min, _FACTS.code_max
     if method == "mse":
         return mse_scales(granularity.blocks(as_float32(arr, "w")), qmin, qmax, bf16=bf16)
+    if method == "range":
+        return range_scales(granularity.blocks(as_float32(arr, "w")), qmin, qmax, bf16=bf16)
     absmax = kernels.block_absmax(arr, granularity.group_size, (arr, "w"))
     return finish_scales(absmax / half_range(qmin, qmax), absmax == 0, bf16=bf16)
 
@@ -131,7 +133,8 @@ def quantize_groups(w: ArrayInput, group_size: int, method: Method = "minmax") -
     """
     arr, granularity, method = _prepare(w, group_size, method, any_divisor=True)
     if method in ACTIVATION_AWARE_METHODS:
-        raise XnnquantError(f"quantize_groups takes a weight-only method: got {method!r}, expected 'minmax' or 'mse'")
+        raise XnnquantError(f"quantize_groups takes a weight-only method: got {method!r}, expected 'minmax', 'mse' "
+                            "or 'range'")
     return _quantize(arr, granularity, method, None, None)
 
 

@@ -24,8 +24,8 @@ from ..errors import XnnquantError
 from ..rounding import check_bf16_exact
 from ..tensor import check_zero_point
 
-Method = Literal["minmax", "mse", "act_mse", "gptq"]
-METHODS: tuple[str, ...] = ("minmax", "mse", "act_mse", "gptq")
+Method = Literal["minmax", "mse", "range", "act_mse", "gptq"]
+METHODS: tuple[str, ...] = ("minmax", "mse", "range", "act_mse", "gptq")
 #: Methods that choose codes and scales from calibration activations (``activation_aware``,
 #: in the order of its table).
 ACTIVATION_AWARE_METHODS: tuple[str, ...] = ("act_mse", "gptq")

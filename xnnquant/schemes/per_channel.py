@@ -30,7 +30,7 @@ from .checks import (
     user_scales,
 )
 from .granularity import PerChannel
-from .search import finish_scales, half_range, mse_scales
+from .search import finish_scales, half_range, mse_scales, range_scales
 
 DATATYPE_BY_BITS: dict[int, Datatype] = {8: Datatype.qcint8, 4: Datatype.qcint4}
 
@@ -65,6 +65,9 @@ def _scales(arr: np.ndarray, blocks: np.ndarray, datatype: Datatype, method: str
     if method == "mse":
         as_float32(arr, "w")  # raises for a non-finite value, naming its index in arr
         return mse_scales(as_float32(blocks, "w", finite=False), facts.code_min, facts.code_max)
+    if method == "range":
+        as_float32(arr, "w")
+        return range_scales(as_float32(blocks, "w", finite=False), facts.code_min, facts.code_max)
     absmax = kernels.block_absmax(blocks, blocks.shape[1], (arr, "w"))
     return finish_scales(absmax / half_range(facts.code_min, facts.code_max), absmax == 0, bf16=False)
 

@@ -55,7 +55,7 @@ def dense(ctx: LoweringContext, x: Activation, weight: Any, bias: Any, *, transp
     if x.shape[-1] != k:
         raise XnnquantError(f"input features {x.shape[-1]} do not match the weight's {k} (weight {shape})")
     path = ctx.weight_path(weight) if path is None else path
-    layer = Layer(LayerKind.LINEAR, k)
+    layer = Layer(LayerKind.LINEAR, k, path)
     noted: tuple[Any, np.ndarray] | None = ctx.annotation(EQUALIZE) if not transposed else None
     torchao = stored_of(weight)
     if noted is not None and (torchao is not None or not ctx.choose(path, layer).scheme.is_quantized):
