@@ -250,8 +250,7 @@ def _calibration(args: argparse.Namespace) -> Any:
     torch = _torch()
     if args.calibration is None:
         return None
-    tokens = min(args.calibration_tokens, args.max_context if args.max_seq_len is None else args.max_seq_len,
-                 args.max_context)
+    tokens = min(args.calibration_tokens, args.max_seq_len or DEFAULT_MAX_SEQ_LEN, args.max_context)  # one call
     if tokens < 1 or args.calibration_windows < 1:
         raise XnnquantError("--calibration-tokens and --calibration-windows must be >= 1")
     folder_tokenizer = Path(args.model) / "tokenizer.json"
