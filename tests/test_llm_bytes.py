@@ -147,3 +147,87 @@ def test_the_emulation_gives_the_programs_logits(shared_program: tuple[torch.nn.
     # the model is put back as it was: tied, float
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert np.array_equal(model.get_input_embeddings().weight.detach().numpy(), table)
+
+
+# ---------------------------------------------------------------- mixed schemes reading one input
+
+
+@pytest.mark.xnnpack
+def test_projections_of_other_schemes_reading_one_input_compute_right(tmp_path: Path) -> None:
+    """q, k and v read one fp32 value, converted once to per-token int8 (``linear.py``); with a
+    scheme each (qb4w:32, qc4w, qc8w; the MLP's three others), XNNPACK 1.4.1 chooses each
+    fully-connected node's kernel (signed or unsigned int8 inputs) and may fuse the conversion
+    into it.  The program from its file must still give the emulation's logits (the same
+    bound and reason as ``test_the_emulation_gives_the_programs_logits``)."""
+    model = _tied_llama()
+    chosen = {"self_attn.q_proj": "qb4w:32", "self_attn.k_proj": "qc4w", "self_attn.v_proj": "qc8w",
+              "mlp.gate_proj": "qc8w", "mlp.up_proj": "qb4w:64", "mlp.down_proj": "qc4w"}
+    layers = {f"model.model.layers.{i}.{name}": scheme for i in range(2) for name, scheme in chosen.items()}
+    exported = xq.export_llm(model, max_context=32, method="range", progress=False,
+                             weights=LayerPlan.of("qb4w:32", {**layers, "model.lm_head": "qc8w@range"}))
+    got = {r.path: r.scheme for r in exported.report}
+    assert all(got[path] == scheme for path, scheme in layers.items()), got
+    exported.save(tmp_path / "mixed.pte")
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(2))
+    step = evaluate.ProgramStep(tmp_path / "mixed.pte")
+    program = np.stack([step(ids[:, i:i + 1].numpy(), i) for i in range(ids.shape[1])])
+    settings = {}
+    for name, module in emulate.linear_modules(model).items():
+        scheme = WeightScheme.parse(layers.get("model." + name, "qc8w" if name == "lm_head" else "qb4w:32"))
+        settings[name] = emulate.LinearSetting(torch.from_numpy(scheme.quantize(module.weight.detach().numpy(),
+                                                                                "range").dequantize()), "qd8")
+    table = EmbeddingScheme(8).quantize(model.get_input_embeddings().weight.detach().numpy(), "range")
+    with emulate.emulated(model, settings, torch.from_numpy(table.dequantize())), torch.no_grad():
+        emulated = model(input_ids=ids, use_cache=False).logits[0].numpy()
+    assert sqnr_db(program, emulated) > 80.0
+
+
+def test_auto_plans_within_its_budget_by_estimated_effect() -> None:
+    """``weights="auto:B"``: the layers' bytes stay within B bits a weight; the smallest budget
+    keeps every layer at qb4w:32, a budget above qc8w's cost upgrades every one; the upgrades
+    taken are those of the most estimated NLL a byte; the tied head reads the int8 table."""
+    from xnnquant.llm import mixed
+
+    model = _tied_llama()
+    tokens = [torch.randint(3, VOCAB, (1, 32), generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    numel = sum(m.weight.numel() for n, m in emulate.linear_modules(model).items() if n != "lm_head")
+    for bits in (4.5, 6.0, 8.6):
+        plan, rows = mixed.plan_weights(model, bits, "range", tokens, prefix="model.", head_reads_table=True)
+        assert sum(r.nbytes for r in rows) <= bits / 8 * numel
+        head = next(r for r in rows if r.path == "model.lm_head")
+        assert head.scheme == "qc8w@range" and head.nbytes == 0
+        layers = [r for r in rows if r is not head]
+        upgraded = [r for r in layers if r.scheme == "qc8w"]
+        if bits == 4.5:
+            assert not upgraded
+        elif bits == 8.6:
+            assert len(upgraded) == len(layers)
+        else:
+            assert 0 < len(upgraded) < len(layers)
+
+            def rate(r: mixed.PlanRow) -> float:
+                extra = WeightScheme.parse("qc8w").stored_nbytes(r.shape) - WeightScheme.parse(
+                    "qb4w:32").stored_nbytes(r.shape)
+                return (r.cost["qb4w:32"] - r.cost["qc8w"]) / extra
+
+            kept = [r for r in layers if r.scheme == "qb4w:32"]
+            # an upgrade not taken ranks below every one taken, unless it did not fit the budget left
+            left = bits / 8 * numel - sum(r.nbytes for r in rows)
+            for r in kept:
+                extra = WeightScheme.parse("qc8w").stored_nbytes(r.shape) - r.nbytes
+                assert rate(r) <= min(map(rate, upgraded)) or extra > left
+        assert str(plan.scheme("model.lm_head")) == "qc8w@range"
+    with pytest.raises(xq.XnnquantError, match=r"weights='auto:B' takes B, the bits a weight .* got 'auto:3'"):
+        mixed.parse_auto("auto:3")
+
+
+def test_export_llm_weights_auto_follows_its_plan() -> None:
+    model = _tied_llama()
+    calibration = [torch.randint(3, VOCAB, (1, 16), generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    exported = xq.export_llm(model, max_context=32, weights="auto:6", method="range", calibration=calibration,
+                             progress=False, check=False)
+    stored = {r.path: r.scheme for r in exported.report}
+    assert {r.path: r.scheme for r in exported.plan} == {p: stored[p] for p in (r.path for r in exported.plan)}
+    assert {"qb4w:32", "qc8w"} <= set(stored.values()) and stored["model.lm_head"] == "qc8w@range"
+    with pytest.raises(xq.XnnquantError, match="measures each layer on the model's weights in memory"):
+        xq.export_llm(model, max_context=32, weights="auto", state_dict="x.safetensors", progress=False)

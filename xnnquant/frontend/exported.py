@@ -138,6 +138,8 @@ class Exported:
     state: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: an LLM program (``xq.export_llm``): its interface and metadata (``llm.export.LLMInfo``)
     llm: Any = None
+    #: an LLM program of ``weights="auto:B"``: the plan's rows, what each layer got and why (``llm.mixed.PlanRow``)
+    plan: Any = None
     #: the inputs the module's forward writes into (``x.mul_(2)``), by name: their new values
     #: are the program's first outputs, in this order, before the module's own (as in
     #: ExecuTorch's programs; ``caller.py``)

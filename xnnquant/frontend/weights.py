@@ -52,7 +52,7 @@ from ..errors import XnnquantError
 from ..metrics import sqnr_db
 from ..schemes import quantize_blockwise, quantize_per_channel
 from ..schemes.blockwise import valid_group_sizes
-from ..schemes.checks import ACTIVATION_AWARE_METHODS, check_method
+from ..schemes.checks import ACTIVATION_AWARE_METHODS, METHODS, check_method
 from ..tensor import QuantizedTensor, packed_nbytes
 
 VALID_FORMS = "'fp32', 'qc8w', 'qc4w' or 'qb4w:G' with G a multiple of 32 (e.g. 'qb4w:32')"
@@ -136,12 +136,20 @@ SCHEMES: dict[SchemeKind, SchemeFacts] = {
 
 @dataclass(frozen=True)
 class WeightScheme:
-    """How the weights of a layer are stored (see the module docstring)."""
+    """How the weights of a layer are stored (see the module docstring).  ``method``, when
+    set (spelled ``"qc8w@range"``), chooses this layer's scales whatever the export's
+    ``method=`` (a weight-only method: a tied head keeps its token table's codes)."""
 
     kind: SchemeKind
     group_size: int | None = None
+    method: str | None = None
 
     def __post_init__(self) -> None:
+        if self.method is not None and (self.method in ACTIVATION_AWARE_METHODS or self.kind is SchemeKind.FP32):
+            raise XnnquantError(f"a scheme's own method is a weight-only one for a quantized scheme: got "
+                                f"{self.kind}@{self.method} (e.g. 'qc8w@range')")
+        if self.method is not None:
+            check_method(self.method)
         blockwise = self.kind is SchemeKind.QB4W
         if blockwise != (self.group_size is not None):
             raise XnnquantError(f"group_size goes with qb4w only: got kind {self.kind}, group_size {self.group_size}")
@@ -151,13 +159,20 @@ class WeightScheme:
                 f"(valid forms: {VALID_FORMS})")
 
     def __str__(self) -> str:
-        return f"qb4w:{self.group_size}" if self.kind is SchemeKind.QB4W else self.kind.value
+        text = f"qb4w:{self.group_size}" if self.kind is SchemeKind.QB4W else self.kind.value
+        return text if self.method is None else f"{text}@{self.method}"
 
     @classmethod
     def parse(cls, value: Any, name: str = "weights") -> WeightScheme:
-        """``WeightScheme`` from itself or its spelling (case and spaces ignored)."""
+        """``WeightScheme`` from itself or its spelling (case and spaces ignored; ``"S@method"``:
+        scheme S with its own weight-only method)."""
         if isinstance(value, WeightScheme):
             return value
+        if isinstance(value, str) and "@" in value:
+            spelled, _, method = value.strip().lower().replace(" ", "").partition("@")
+            base = cls.parse(spelled, name)
+            if method in METHODS and method not in ACTIVATION_AWARE_METHODS and base.is_quantized:
+                return cls(base.kind, base.group_size, method)
         if isinstance(value, str):
             text = value.strip().lower().replace(" ", "")
             head, sep, tail = text.partition(":")
@@ -199,7 +214,9 @@ class WeightScheme:
         the statistics of its im2col rows, whose columns follow the filter's rows flattened
         (``frontend.calibration``); the filter is quantized as the matrix ``[OC, KH*KW*IC]``.
         """
-        chosen = check_method(method)
+        chosen = check_method(method if self.method is None else self.method)
+        if self.method is not None:
+            calibration = None  # the layer's own weight-only method
         if self.kind is SchemeKind.FP32:
             return np.ascontiguousarray(np.asarray(weight, np.float32))
         if chosen in ACTIVATION_AWARE_METHODS and calibration is None:

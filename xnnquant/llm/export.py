@@ -206,7 +206,10 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     cache 94.4 of them; 2048, a call as long as the context: 146.8 MB; ``docs/llm.md``).
     ``kv_cache``: the cache's layout, one of ``decoder.KV_CACHES`` (``"fp32"``; ``"int8"``:
     a scale per position and head).  ``weights``: the scheme of every linear layer,
-    the LM head included (tied to the embedding table or not), as for ``xq.export``.
+    the LM head included (tied to the embedding table or not), as for ``xq.export``; or
+    ``"auto:B"`` (``"auto"``: ``mixed.DEFAULT_BITS``): a scheme per layer from its measured
+    effect under B bits a weight, a head tied to an int8 table reading the table's codes
+    (``mixed.py``; ``exported.plan`` says per layer what it got and why).
     ``embeddings``: the token table's (``"int8"``, ``"int4:G"``, or None for float32).
     ``method``: how scales are chosen; the activation-aware methods (``"gptq"``, ...) take
     ``calibration``, an iterable of token-id tensors ``[1, n]`` (each run as a prompt at
@@ -250,6 +253,7 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     eos = () if eos_ids is None and configured_eos is None else _ids(
         configured_eos if eos_ids is None else eos_ids, "eos_ids", vocab)
     batches = _calibration_batches(calibration, vocab, max_seq_len)
+    weights, plan = _planned(model, family, weights, method, batches, embeddings, state_dict)
     decoder = Decoder(model, family, max_context, max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits)
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
     example = (torch.tensor([[0, min(1, vocab - 1)]], dtype=torch.int64), torch.tensor([0]))
@@ -267,9 +271,33 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
         add_metadata(exported.builder, info)
         exported._pte = None  # written again with the metadata methods
         exported.llm = info
+        exported.plan = plan
         if check and state_dict is None:
             _check_steps(decoder, exported, vocab)
     return exported
+
+
+def _planned(model: Any, family: Family, weights: Any, method: str, batches: list[tuple[Any, Any]] | None,
+             embeddings: Any, state_dict: Any) -> tuple[Any, list[Any] | None]:
+    """``weights`` as the export takes it, and the plan's rows: ``weights="auto:B"`` becomes a
+    ``LayerPlan`` (``mixed.plan_weights``, on the calibration batches' tokens or the model's
+    own); any other value is kept, with no rows."""
+    from ..frontend.weights import EmbeddingScheme
+    from .decoder import Transformers
+    from .emulate import is_tied
+    from .mixed import parse_auto, plan_weights
+
+    bits = parse_auto(weights)
+    if bits is None:
+        return weights, None
+    if state_dict is not None or not isinstance(family, Transformers):
+        raise XnnquantError(f"weights={weights!r} measures each layer on the model's weights in memory: expected a "
+                            "transformers causal LM with its weights (no state_dict=); got "
+                            f"{'a streaming export' if state_dict is not None else family.name}")
+    table = EmbeddingScheme.parse(embeddings)
+    tokens = None if batches is None else [ids for ids, _ in batches]
+    return plan_weights(model, bits, method, tokens, prefix="model.",
+                        head_reads_table=is_tied(model) and table is not None and table.bits == 8)
 
 
 #: (tokens, position) of the steps ``_check_steps`` runs: a prompt of 3 (at most max_seq_len),
