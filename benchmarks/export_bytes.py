@@ -1,7 +1,7 @@
 """The bytes of a representative set of exported programs, hashed: the check that a change meant
 to leave every program as it was (a refactor of the front end) does.
 
-Programs (about 150): the tests' small models (``tests/export_models.py``) with every weight
+Programs (116): the tests' small models (``tests/export_models.py``) with every weight
 scheme, a calibrated and a dynamic one, a streamed one, a saved program, the dynamic-dim and
 buffer-updating modules of the tests; every tiny Hugging Face architecture of
 ``tests/hf_models.py`` (eager and sdpa attention, token ids and embeddings, dynamic tokens,
@@ -10,8 +10,8 @@ benchmark's four networks (MobileNetV2 and EfficientNet-Lite0 with ImageNet weig
 photos) with the benchmark's variants, and on the six small architectures of
 ``tests/test_static_int8_architectures.py``; tiny decoders through ``xq.export_llm``.  For
 each: the sha256 of ``to_pte()``, and of what else the export says that does not depend on
-timing: its report rows, static int8 boundaries, its Fallback/Option warnings (text and the
-file and line they point at), and ``str(xq.check(...))`` for the small models.
+timing: its report rows, static int8 boundaries, its Fallback/Option warnings (text, and the
+file and the text of the line they point at), and ``str(xq.check(...))`` for the small models.
 
 Hashes depend on the CPU (static int8 calibrates on the real XNNPACK, whose kernels differ
 between CPU classes, and prices its choices for a CPU class) and on the installed packages:
@@ -20,7 +20,7 @@ used is the one this file is in (``python /path/to/tree/benchmarks/export_bytes.
 checkouts of the project can be compared with one virtual environment.
 
     python benchmarks/export_bytes.py --out before.json [--only static_int8 ...]
-    python benchmarks/export_bytes.py --out after.json --compare before.json
+    python benchmarks/export_bytes.py --out after.json --compare before.json [--match rounding=learned]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import linecache
 import sys
 import tempfile
 import time
@@ -236,18 +237,6 @@ def _minilm() -> Any:
 # ------------------------------------------------------------------ static int8
 
 
-#: The benchmark's variants (``benchmarks/static_int8.py``), by name.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "ranges=percentile": {"ranges": "percentile"},
-    "no equalization": {"equalize": False},
-    "no bias correction": {"bias_correction": False},
-    "rounding=learned": {"rounding": "learned"},
-    "budget=0.1": {"budget": 0.1},
-    "budget=0.3": {"budget": 0.3},
-}
-
-
 def _register_static() -> None:
     import xnnquant as xq
 
@@ -265,8 +254,11 @@ def _register_static() -> None:
             batches = cnn.random_batches(16, 1)
         return module, [(torch.from_numpy(x),) for x in batches]
 
+    from static_int8 import VARIANTS  # the benchmark's (benchmarks/static_int8.py)
+
+    every: dict[str, dict[str, Any]] = {"default": {}, **VARIANTS}
     for name in ("residual", "inverted", "mobilenet_v2", "efficientnet_lite0"):
-        variants = VARIANTS if name in ("residual", "inverted") else {k: VARIANTS[k] for k in ("default", "budget=0.1")}
+        variants = every if name in ("residual", "inverted") else {k: every[k] for k in ("default", "budget=0.1")}
         for label, change in variants.items():
             def export(name: str = name, change: dict[str, Any] = change) -> Any:
                 module, cal = network(name)
@@ -318,12 +310,12 @@ def _register_llm() -> None:
 def _warning_lines(caught: list[warnings.WarningMessage]) -> str:
     import xnnquant as xq
 
-    told = (xq.FallbackWarning, xq.OptionWarning)
-    return repr([(w.category.__name__, str(w.message), Path(w.filename).name, w.lineno) for w in caught
-                 if issubclass(w.category, told)])
+    told = (xq.FallbackWarning, xq.OptionWarning)  # where each points: the file and the text of its line
+    return repr([(w.category.__name__, str(w.message), Path(w.filename).name, linecache.getline(w.filename, w.lineno)
+                  .strip()) for w in caught if issubclass(w.category, told)])
 
 
-def run(groups: list[str]) -> Iterator[tuple[str, dict[str, str], float]]:
+def run(groups: list[str], match: str = "") -> Iterator[tuple[str, dict[str, str], float]]:
     import torch
 
     registered = {"small": _register_small, "transformers": _register_hf, "minilm": _register_minilm,
@@ -331,6 +323,8 @@ def run(groups: list[str]) -> Iterator[tuple[str, dict[str, str], float]]:
     for group in groups:
         registered[group]()
         for name, make in CASES[group].items():
+            if match not in f"{group}: {name}":
+                continue
             torch.manual_seed(0)  # as the tests' conftest does before each test
             start = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
@@ -350,12 +344,13 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, help="a JSON of hashes from another run: list every difference")
     parser.add_argument("--only", nargs="+", default=["small", "transformers", "minilm", "static_int8", "llm"],
                         help="groups to run: small, transformers, minilm, static_int8, llm")
+    parser.add_argument("--match", default="", help="only the programs whose 'group: name' contains this text")
     args = parser.parse_args()
     import xnnquant
 
     print(f"xnnquant from {Path(xnnquant.__file__).parent}", flush=True)
     found: dict[str, dict[str, str]] = {}
-    for name, hashes, seconds in run(args.only):
+    for name, hashes, seconds in run(args.only, args.match):
         found[name] = hashes
         print(f"{seconds:7.1f} s  {hashes.get('pte', hashes.get('check', ''))[:12]}  {name}", flush=True)
     if args.out is not None:

@@ -8,6 +8,7 @@ Every error the library raises because of what a caller passed is an
 from __future__ import annotations
 
 from types import FrameType
+from typing import Any
 
 
 class XnnquantError(ValueError):
@@ -63,6 +64,16 @@ def missing_extra(extra: str, package: str, purpose: str) -> MissingExtraError:
         f"{purpose} needs the {package!r} package, which is not installed: "
         f"install the extra with  pip install 'xnnquant[{extra}]'"
     )
+
+
+def import_torch(purpose: str, extra: str = "torch") -> Any:
+    """The ``torch`` module, or ``MissingExtraError`` saying that ``purpose`` needs it and which
+    extra installs it."""
+    try:
+        import torch
+    except ImportError:
+        raise missing_extra(extra, "torch", purpose) from None
+    return torch
 
 
 def warn_caller(message: str, category: type[Warning]) -> None:

@@ -12,13 +12,14 @@ stage           where                    what
 ``decompose``   ``stages/decompose.py``  ``run_decompositions`` to core ATen, keeping the ops that have
                                          a lowering of their own; skipped when nothing would change
 ``passes``      ``stages/passes.py``     the rewrites before lowering (``passes/``), in two parts around
-                                         ``calibrate``, then the partition (``stages/partition.py``:
-                                         which node runs in which XNNPACK delegate, which on
-                                         ExecuTorch's portable kernels)
+                                         ``calibrate``
 ``calibrate``   ``stages/calibrate.py``  the calibration batches through the program (after the passes
                                          before calibration) or the module, node by node, for the
                                          layers' input statistics (when given); for an activation-aware
                                          method, quantizing each layer on the way
+(``passes``)    ``stages/partition.py``  the partition: which node runs in which XNNPACK delegate, which
+                                         on ExecuTorch's portable kernels, settled against what the
+                                         lowering refuses (timed with the passes)
 ``validate``    ``selfcheck.evaluate``   the program after the passes run by torch on the example
                                          inputs: a node that cannot compute on them (an int64 input
                                          read by a float linear) is refused before lowering, whatever
@@ -75,8 +76,7 @@ from .stages.partition import partitioned, refused_go_portable, repartitioned
 from .stages.quantize import quantized
 from .stages.write import write
 
-#: ``export`` and ``check``; the report and warning classes are here too, as they were before
-#: they moved to ``report.py`` (``xnnquant.frontend.api.FallbackWarning`` keeps working).
+#: ``export`` and ``check``, and the report and warning classes they give (``report.py``).
 __all__ = ["AccuracyWarning", "CheckReport", "FallbackWarning", "OptionWarning", "PerformanceWarning", "check",
            "export"]
 

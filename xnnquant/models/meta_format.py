@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import arguments
-from ..errors import XnnquantError, missing_extra
+from ..errors import XnnquantError, import_torch, missing_extra
 from ..files import write_atomic
 
 CHECKPOINT = "checkpoint.pth"
@@ -73,11 +73,7 @@ _ET_OLD_CONTEXT = 8192
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise missing_extra("xnnpack", "torch", "writing a Meta-format checkpoint") from None
-    return torch
+    return import_torch("writing a Meta-format checkpoint", extra="xnnpack")
 
 
 def to_meta_rows(w: Any, n_heads: int) -> Any:

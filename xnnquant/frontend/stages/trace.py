@@ -13,17 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import XnnquantError, missing_extra
+from ...errors import XnnquantError, import_torch
 from ..options import ExportOptions
 
 
 def torch_or_refuse() -> Any:
     """The ``torch`` module, or ``MissingExtraError`` naming the extra to install."""
-    try:
-        import torch
-    except ImportError:
-        raise missing_extra("torch", "torch", "exporting a torch module") from None
-    return torch
+    return import_torch("exporting a torch module")
 
 
 def check_module(torch: Any, module: Any) -> None:
