@@ -125,7 +125,7 @@ def test_gemma_folders_export_from_the_command_line(name: str, tmp_path: Path, c
     model = _saved(name, 96, tmp_path)
     out = tmp_path / "model.pte"
     assert cli.main(["export-llm", str(tmp_path), "-o", str(out), "--max-context", "12", "--max-seq-len", "4",
-                     "--no-progress"]) == 0, capsys.readouterr().err
+                     "--weights", "qb4w:32", "--method", "mse", "--no-progress"]) == 0, capsys.readouterr().err
     ids = torch.randint(3, 96, (10,), generator=torch.Generator().manual_seed(1)).tolist()
     streamed = xq.LLM(out)
     got = streamed.forward(ids, 0)
@@ -136,7 +136,7 @@ def test_gemma_folders_export_from_the_command_line(name: str, tmp_path: Path, c
     assert np.corrcoef(got, want)[0, 1] > 0.9
     if name == "gemma":  # the same weights, quantized the same way: the same logits
         loaded = xq.export_llm(tf.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval(),
-                               max_context=12, max_seq_len=4, progress=False)
+                               max_context=12, max_seq_len=4, weights="qb4w:32", method="mse", progress=False)
         np.testing.assert_array_equal(got, xq.LLM(loaded).forward(ids, 0))
 
 
