@@ -347,7 +347,7 @@ def test_text_llm_runner_chunks_our_prompts_as_we_do(tmp_path: Path, quantized: 
     config = dict(COMMON, vocab_size=tokenizer.get_vocab_size(), bos_token_id=1, eos_token_id=2)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**config)).eval()
     pte = str(tmp_path / "chunks.pte")
-    xq.export_llm(model, max_context=32, max_seq_len=4, progress=False).save(pte)
+    xq.export_llm(model, max_context=32, max_seq_len=4, weights="qb4w:32", progress=False).save(pte)
     prompt = "the quick brown fox jumps over"
     ids = tokenizer.encode(prompt).ids
     assert len(ids) > 4

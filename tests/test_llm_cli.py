@@ -246,7 +246,7 @@ def test_no_runtime_line_reaches_a_user_who_did_nothing_wrong(tmp_path: Path, ca
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON, vocab_size=96)).eval()
     capfd.readouterr()
-    exported = xq.export_llm(model, max_context=16, max_seq_len=4, progress=False)
+    exported = xq.export_llm(model, max_context=16, max_seq_len=4, weights="qb4w:32", progress=False)
     llm = xq.LLM(exported)
     llm.generate([5, 6, 7, 8, 9], 4)
     q = torch.randn(1, 3, 4, 32)
