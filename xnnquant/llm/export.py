@@ -188,7 +188,7 @@ def _calibration_batches(calibration: Any, vocab: int, max_context: int) -> list
 
 
 def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, kv_cache: str = "fp32",
-               weights: Any = "qb4w:32", embeddings: Any = "int8", method: str = "mse",
+               weights: Any = "auto", embeddings: Any = "int8", method: str | None = None,
                calibration: Iterable[Any] | None = None, progress: bool = True,
                state_dict: str | os.PathLike[str] | None = None, rotation: Any = None, fallback: Any = "auto",
                check: bool = True, bos_id: Any = None, eos_ids: Any = None, full_logits: bool = False) -> Any:
@@ -207,11 +207,14 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     ``kv_cache``: the cache's layout, one of ``decoder.KV_CACHES`` (``"fp32"``; ``"int8"``:
     a scale per position and head).  ``weights``: the scheme of every linear layer,
     the LM head included (tied to the embedding table or not), as for ``xq.export``; or
-    ``"auto:B"`` (``"auto"``: ``mixed.DEFAULT_BITS``): a scheme per layer from its measured
-    effect under B bits a weight, a head tied to an int8 table reading the table's codes
-    (``mixed.py``; ``exported.plan`` says per layer what it got and why).
+    ``"auto:B"`` (``"auto"``, the default: ``mixed.DEFAULT_BITS``): a scheme per layer from
+    its measured effect under B bits a weight, a head tied to an int8 table reading the
+    table's codes (``mixed.py``; ``exported.plan`` says per layer what it got and why); a
+    streaming export or ExecuTorch's llama ``Transformer`` takes qb4w:32 for every layer.
     ``embeddings``: the token table's (``"int8"``, ``"int4:G"``, or None for float32).
-    ``method``: how scales are chosen; the activation-aware methods (``"gptq"``, ...) take
+    ``method``: how scales are chosen (None: ``"range"`` under ``weights="auto"``, no weight
+    clipped, which on SmolLM2-135M keeps more than ``"mse"`` (``docs/llm.md``); ``"mse"``, as
+    ``xq.export``'s, with a scheme given); the activation-aware methods (``"gptq"``, ...) take
     ``calibration``, an iterable of token-id tensors ``[1, n]`` (each run as a prompt at
     position 0).  ``state_dict``: a safetensors file (or index) holding the weights of a
     model built on the meta device (a streaming export, as for ``xq.export``).
@@ -228,6 +231,7 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     Returns an ``Exported`` (``save``, ``to_pte``, its report) with ``llm``, an ``LLMInfo``.
     """
     from ..pte import runtime_log
+    from .mixed import parse_auto
 
     runtime_log.quiet_imports()  # before anything imports executorch (and torchao)
     import torch
@@ -253,6 +257,8 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     eos = () if eos_ids is None and configured_eos is None else _ids(
         configured_eos if eos_ids is None else eos_ids, "eos_ids", vocab)
     batches = _calibration_batches(calibration, vocab, max_seq_len)
+    if method is None:  # "range" with the per-layer plan it was measured with (mixed.py), else xq.export's
+        method = "range" if parse_auto(weights) is not None else "mse"
     weights, plan = _planned(model, family, weights, method, batches, embeddings, state_dict)
     decoder = Decoder(model, family, max_context, max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits)
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
@@ -285,15 +291,13 @@ def _planned(model: Any, family: Family, weights: Any, method: str, batches: lis
     from ..frontend.weights import EmbeddingScheme
     from .decoder import Transformers
     from .emulate import is_tied
-    from .mixed import parse_auto, plan_weights
+    from .mixed import CANDIDATES, parse_auto, plan_weights
 
     bits = parse_auto(weights)
     if bits is None:
         return weights, None
     if state_dict is not None or not isinstance(family, Transformers):
-        raise XnnquantError(f"weights={weights!r} measures each layer on the model's weights in memory: expected a "
-                            "transformers causal LM with its weights (no state_dict=); got "
-                            f"{'a streaming export' if state_dict is not None else family.name}")
+        return CANDIDATES[0], None  # no weights in memory, or no transformers model to run: the smallest candidate
     table = EmbeddingScheme.parse(embeddings)
     tokens = None if batches is None else [ids for ids, _ in batches]
     return plan_weights(model, bits, method, tokens, prefix="model.",

@@ -6,6 +6,8 @@ at 6 bits in Q4_K_M); here the rule is measured on the model being exported:
 1. **Tokens.** The calibration batches when given; else text the float model writes itself
    (``SAMPLES`` sequences of ``SAMPLE_TOKENS`` tokens sampled from its bos token, a fixed
    seed): no data needed, and the statistics are those of the model's own distribution.
+   A streaming export (no weights in memory) or ExecuTorch's llama ``Transformer`` (no
+   ``transformers`` model to sample) takes the smallest candidate for every layer.
 2. **Each layer's effect.** The loss's sensitivity to each weight, the diagonal of the
    empirical Fisher ``F = sum over sequences of (dL/dW)^2`` (one backward pass a sequence,
    float model), weighs the error of each candidate's stored weight::
@@ -44,7 +46,7 @@ CANDIDATES = ("qb4w:32", "qc8w")
 #: bytes as ExecuTorch's recipe (``docs/llm.md``).
 DEFAULT_BITS = 5.6
 #: Sequences the float model writes for the Fisher when no calibration is given, and their length.
-SAMPLES = 8
+SAMPLES = 4
 SAMPLE_TOKENS = 128
 #: The seed of that sampling.
 SEED = 0
