@@ -25,6 +25,7 @@ from hypothesis.extra import numpy as hnp
 import xnnquant as xq
 from xnnquant.arrays import as_float32
 from xnnquant.compute import jit
+from xnnquant.packing.int4 import pack_int4_bytes
 from xnnquant.rounding import quantize_values
 from xnnquant.schemes import kernels, search
 from xnnquant.schemes.checks import reciprocal
@@ -216,19 +217,34 @@ def test_float64_beyond_float32_range_is_refused_as_infinite() -> None:
         xq.quantize_blockwise(w, 32)
 
 
-def test_codes_out_of_range_are_refused_by_the_fast_pack(threads: int) -> None:
+@pytest.mark.parametrize("pack", [xq.packing.pack_int4, pack_int4_bytes])
+def test_codes_out_of_range_are_refused_by_the_fast_pack(threads: int, pack) -> None:  # type: ignore[no-untyped-def]
     codes = np.zeros((50, 4096), np.int8)
     codes[41, 17] = 8
     with pytest.raises(xq.XnnquantError, match=r"int4 codes must lie in \[-8, 7\]: got 8 at index \(41, 17\)"):
-        xq.packing.pack_int4(codes)
+        pack(codes)
+
+
+@pytest.mark.parametrize("where", [0, 63, 64, 127, 130, 133], ids=lambda i: f"code{i}")
+def test_every_code_out_of_range_is_refused_wherever_it_lies(where: int) -> None:
+    """In the first vector of 64 codes (0, 63), the second (64, 127), the pairs after them."""
+    codes = np.zeros((1, 134), np.int8)
+    for bad in [v for v in range(-128, 128) if not -8 <= v <= 7]:
+        codes[0, where] = bad
+        with pytest.raises(xq.XnnquantError, match=rf"got {bad} at index \(0, {where}\)"):
+            xq.packing.pack_int4(codes)
+        with pytest.raises(xq.XnnquantError, match=rf"got {bad} at index \(0, {where}\)"):
+            pack_int4_bytes(codes)
 
 
 def test_pack_matches_reference_on_every_pair(threads: int) -> None:
     pairs = np.array([(a, b) for a in range(-8, 8) for b in range(-8, 8)], np.int8).reshape(1, -1)
     codes = np.tile(pairs, (300, 1))  # 300 rows of all 256 pairs: 4.7 pieces
     assert xq.packing.pack_int4(codes).tobytes() == reference_pack(codes)
+    assert pack_int4_bytes(codes) == reference_pack(codes)
     odd = codes[:, :-1]
     assert xq.packing.pack_int4(odd).tobytes() == reference_pack(odd)
+    assert pack_int4_bytes(odd) == reference_pack(odd)
 
 
 SHAPES = st.tuples(st.integers(1, 5), st.sampled_from([32, 64, 96, 160]))

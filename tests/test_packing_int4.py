@@ -1,4 +1,4 @@
-"""pack_int4 / unpack_int4: golden bytes by hand, every value, ExecuTorch's serializer."""
+"""pack_int4 / pack_int4_bytes / unpack_int4: golden bytes by hand, every value, ExecuTorch's serializer."""
 
 import subprocess
 import sys
@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from xnnquant import XnnquantError
 from xnnquant.packing import pack_int4, unpack_int4
+from xnnquant.packing.int4 import pack_int4_bytes
 
 
 def test_golden_even_k():
@@ -54,6 +55,19 @@ def test_unpack_inverts_pack(codes):
     assert np.array_equal(unpack_int4(pack_int4(codes), codes.shape[-1]), codes)
 
 
+@given(hnp.arrays(np.int8, hnp.array_shapes(min_dims=1, max_dims=3, max_side=150), elements=st.integers(-8, 7)))
+def test_bytes_are_those_of_the_packed_array(codes):
+    """Shapes up to 150 a side: whole vectors of 64 codes and the pairs after them."""
+    packed = pack_int4_bytes(codes)
+    assert type(packed) is bytes
+    assert packed == pack_int4(codes).tobytes()
+
+
+def test_bytes_of_nothing_and_of_integral_floats():
+    assert pack_int4_bytes(np.zeros((3, 0), np.int8)) == b""
+    assert pack_int4_bytes(np.array([[1.0, -2.0, 3.0]])) == bytes([0x69, 0x8B])
+
+
 def test_matches_executorch_serializer(tmp_path: Path):
     pytest.importorskip("executorch")
     rng = np.random.default_rng(7)
@@ -79,9 +93,10 @@ def test_matches_executorch_serializer(tmp_path: Path):
         (np.array([True, False]), r"must be integers: got dtype bool"),
     ],
 )
-def test_pack_rejects_bad_codes(codes, message):
+@pytest.mark.parametrize("pack", [pack_int4, pack_int4_bytes])
+def test_pack_rejects_bad_codes(codes, message, pack):
     with pytest.raises(XnnquantError, match=message):
-        pack_int4(codes)
+        pack(codes)
 
 
 def test_integral_floats_are_accepted():

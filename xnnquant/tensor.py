@@ -15,7 +15,7 @@ import numpy as np
 from .arrays import ArrayInput, as_int_codes
 from .datatypes import Datatype, ScaleKind, ZeroPoint, storage
 from .errors import XnnquantError
-from .packing.int4 import pack_int4
+from .packing.int4 import pack_int4_bytes
 
 
 def check_zero_point(datatype: Datatype, zero_point: ArrayInput, scale_shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -164,14 +164,15 @@ class QuantizedTensor:
         """Constant data exactly as XNNPACK reads it.
 
         8- and 32-bit codes: little-endian, row-major in the logical shape.  4-bit codes:
-        ``pack_int4`` along the last axis (``ceil(K / 2)`` bytes per row, see there).
+        ``pack_int4`` along the last axis (``ceil(K / 2)`` bytes per row, see there), packed
+        straight into the bytes returned (``pack_int4_bytes``).
         """
         if self.datatype is Datatype.qdint8:
             raise XnnquantError(
                 "qdint8 values are never constant data: XNNPACK quantizes them per token at run time"
             )
         if self.bits == 4:
-            return pack_int4(self.codes).tobytes()
+            return pack_int4_bytes(self.codes)
         return np.ascontiguousarray(self.codes, self.codes.dtype.newbyteorder("<")).tobytes()
 
     def __repr__(self) -> str:

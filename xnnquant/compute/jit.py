@@ -3,9 +3,10 @@
 The quantizers' kernels (``schemes/kernels.py``, ``packing/int4.py``, ``schemes/search.py``)
 cut their input into cache-sized pieces and run each piece through a few steps.  In
 numpy every step is its own pass over the piece (``abs``, ``max``, ``multiply``,
-``rint``, ``clip``, cast, ...); numba runs the steps of one block back to back in
-registers (``compute.loops``), which saves the passes' memory traffic (docs/benchmarks.md,
-"Performance", gives the speed-up).
+``rint``, ``clip``, cast, ...); numba runs the steps over the piece in cache, each block
+as whole vectors (``compute.loops``, ``compute.vectors``), which saves the passes' memory
+traffic and most of their instructions (docs/benchmarks.md, "Performance", gives the
+speed-up).
 
 Both paths give the same bits: the loops do the same float32 operations in the same
 order (see ``compute.loops``), and the tests run every kernel both ways and compare.

@@ -5,10 +5,14 @@ numpy counterpart, value by value and in the same order, so the results are the 
 bits.  numba compiles without fast-math: no reassociation, no multiply-add fusion, no
 flush of subnormals, and ``np.rint`` rounds half to even as numpy's does.
 
-Loops that LLVM should vectorize are written as short inner loops over one block with
-a scratch row (``tmp``): a loop that reads, rounds, clamps and stores in one body was
-measured 5x slower on Zen 2 than the same work split in two.  Every loop releases the
-GIL, so the pool in ``parallel`` runs two pieces on two cores.
+The hot steps of the quantizers (max|x| of a block, its codes, nibble packing) go through
+``vectors``, whole LLVM vectors of 32 values, so they are vectorized the same way
+whatever CPU numba compiles for; the element-wise loops here take the remainder of a
+block that is not whole vectors, and the steps across blocks (scales and their
+reciprocals).  Loops are compiled with ``error_model="numpy"``: a float division by zero
+gives inf as numpy's does, with no test in the loop to raise Python's error, which kept
+LLVM from vectorizing loops that divide.  Every loop releases the GIL, so the pool in
+``parallel`` runs two pieces on two cores.
 """
 
 from __future__ import annotations
@@ -19,12 +23,28 @@ import numba as nb
 import numpy as np
 
 from ..constants import FLT_MIN
+from . import vectors
+from .vectors import LANES
 
 _FLT_MAX = np.float32(np.finfo(np.float32).max)
 _ABS = np.uint32(0x7FFFFFFF)  # all bits but the sign
 _INF = np.uint32(0x7F800000)  # +inf's bit pattern
-_jit = nb.njit(nogil=True, cache=True)
-_inline = nb.njit(nogil=True, cache=True, inline="always")  # small helpers of the loops above
+_jit = nb.njit(nogil=True, cache=True, error_model="numpy")
+_inline = nb.njit(nogil=True, cache=True, error_model="numpy", inline="always")  # small helpers of the loops above
+
+
+@_inline
+def _maxima(flat: np.ndarray, top: np.ndarray, width: int, count: int) -> None:  # pragma: no cover (compiled)
+    """``top[n]`` = the largest ``bits(|x|)`` of block ``n`` of ``width`` values of ``flat``,
+    the first ``count * LANES`` of each block as vectors."""
+    bits = flat.view(np.uint32)
+    whole = count * LANES
+    for n in range(top.size):
+        start = n * width
+        m = vectors.max_abs_bits(flat, start, count)
+        for j in range(start + whole, start + width):
+            m = max(m, bits[j] & _ABS)
+        top[n] = m
 
 
 @_jit
@@ -34,18 +54,22 @@ def block_absmax(x: np.ndarray, out: np.ndarray) -> bool:  # pragma: no cover (c
 
     The maximum is taken over the bit patterns of ``|x|`` as uint32 (sign bit cleared),
     which order as the values do; NaN's patterns lie above +inf's, so one comparison of
-    each block's maximum finds them all.
+    the largest maximum finds them all.
     """
-    bits, top = x.view(np.uint32), out.view(np.uint32)
-    finite = True
-    for n in range(x.shape[0]):
-        row = bits[n]
-        m = np.uint32(0)
-        for j in range(x.shape[1]):
-            m = max(m, row[j] & _ABS)
-        top[n] = m
-        finite &= m < _INF
-    return finite
+    flat, top = x.reshape(-1), out.view(np.uint32)
+    width = x.shape[1]
+    if width == LANES:  # one vector a block (qb4w's groups of 32): 16 blocks at a time
+        whole = top.size - top.size % vectors.BLOCKS
+        for n in range(0, whole, vectors.BLOCKS):
+            vectors.block_maxima(flat, n * LANES, top, n)
+        for n in range(whole, top.size):
+            top[n] = vectors.max_abs_bits(flat, n * LANES, 1)
+    else:
+        _maxima(flat, top, width, width // LANES)
+    m = np.uint32(0)
+    for n in range(top.size):
+        m = max(m, top[n])
+    return m < _INF
 
 
 @_jit
@@ -62,51 +86,80 @@ def value_range(x: np.ndarray) -> tuple[np.float32, np.float32, bool]:  # pragma
     return lo, hi, finite
 
 
+@_inline
+def _codes(flat: np.ndarray, inv: np.ndarray, lo: np.float32, hi: np.float32, zero_point: np.float32,
+           capped: bool, out: np.ndarray, width: int, count: int) -> None:  # pragma: no cover (compiled)
+    """``out = clip(rint(flat * inv[block]) + zero_point, lo + zero_point, hi + zero_point)``
+    over blocks of ``width`` values, the first ``count * LANES`` of each block as vectors;
+    ``capped``: ``lo = -inf``, ``zero_point = 0`` (``vectors.capped_codes``)."""
+    whole = count * LANES
+    shift = np.int32(zero_point)
+    for n in range(inv.size):
+        start, s = n * width, inv[n]
+        if capped:
+            vectors.capped_codes(flat, start, count, s, hi, out)
+        else:
+            vectors.codes(flat, start, count, s, lo, hi, shift, out)
+        for j in range(start + whole, start + width):
+            out[j] = np.int32(min(max(np.rint(flat[j] * s) + zero_point, lo + zero_point), hi + zero_point))
+
+
+@_inline
+def _all_codes(x: np.ndarray, inv: np.ndarray, lo: np.float32, hi: np.float32, zero_point: np.float32,
+               capped: bool, codes: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """``_codes`` of blocks ``x`` ``(N, B)`` into ``codes`` ``(N, B)``."""
+    flat, out = x.reshape(-1), codes.reshape(-1)
+    width = x.shape[1]
+    if width == LANES:  # one vector a block (qb4w's groups of 32): no loop within a block
+        _codes(flat, inv, lo, hi, zero_point, capped, out, LANES, 1)
+    else:
+        _codes(flat, inv, lo, hi, zero_point, capped, out, width, width // LANES)
+
+
 @_jit
 def block_codes(x: np.ndarray, inv: np.ndarray, zero_point: np.float32, qmin: np.float32, qmax: np.float32,
-                codes: np.ndarray, tmp: np.ndarray) -> None:  # pragma: no cover (compiled)
+                codes: np.ndarray) -> None:  # pragma: no cover (compiled)
     """``codes[n, b] = clip(rint(x[n, b] * inv[n]) + zero_point, qmin, qmax)``.
 
     ``x`` ``(N, B)`` float32, ``inv`` ``(N,)`` float32, ``codes`` ``(N, B)`` of an 8-bit
-    integer dtype, ``tmp`` float32 ``(B,)`` scratch.  A product beyond float32 is +-inf
-    and clamps to ``qmin`` / ``qmax``; ``x`` holds no NaN (the caller checked).
+    integer dtype; ``zero_point``, ``qmin``, ``qmax`` integers.  A product beyond float32
+    is +-inf and clamps to ``qmin`` / ``qmax``; ``x`` holds no NaN (the caller checked).
     """
-    for n in range(x.shape[0]):
-        row, s, out = x[n], inv[n], codes[n]
-        for j in range(x.shape[1]):
-            tmp[j] = np.rint(row[j] * s) + zero_point
-        for j in range(x.shape[1]):
-            out[j] = np.int32(min(max(tmp[j], qmin), qmax))
+    _all_codes(x, inv, qmin - zero_point, qmax - zero_point, zero_point, False, codes)
 
 
 @_jit
-def minmax_codes(x: np.ndarray, half: np.float32, bf16: bool, qmin: np.float32, qmax: np.float32,
-                 codes: np.ndarray, scales: np.ndarray, tmp: np.ndarray) -> bool:  # pragma: no cover (compiled)
+def minmax_codes(x: np.ndarray, half: np.float32, bf16: bool, qmax: np.float32, codes: np.ndarray,
+                 scales: np.ndarray, inv: np.ndarray) -> bool:  # pragma: no cover (compiled)
     """Min-max scales and codes of blocks ``x`` ``(N, B)`` float32, as ``search.minmax_scales``
     then ``search.quantize_blocks``: ``scales`` ``(N,)`` float32 and ``codes`` ``(N, B)``
-    (8-bit) written, ``tmp`` float32 ``(B,)`` scratch.  False if a value is NaN or
+    (8-bit) written, ``inv`` float32 ``(N,)`` scratch.  False if a value is NaN or
     infinite (outputs then meaningless).
 
     Each scale is ``finish_scales(max|x| / half)``: all-zero blocks 1.0, the rest at
-    least ``FLT_MIN``, then rounded to bf16 (to nearest, ties to even) if ``bf16``.
+    least ``FLT_MIN``, then rounded to bf16 (to nearest, ties to even) if ``bf16``.  The
+    codes are clamped to ``qmax`` only: ``|x * (1 / scale)| <= half * (1 + 2**-8)``, so
+    ``rint`` never goes below ``qmin = -qmax - 1`` (``half = qmax + 0.5``).
+
+    Three loops: maxima, then scales and their reciprocals (one loop across blocks,
+    vectorized), then codes.
     """
     if not block_absmax(x, scales):
         return False
     for n in range(x.shape[0]):
         absmax = scales[n]
-        scales[n] = np.float32(1) if absmax == 0 else _finish(absmax / half, bf16)
-    for n in range(x.shape[0]):
-        row, s, out = x[n], np.float32(1) / scales[n], codes[n]
-        for j in range(x.shape[1]):
-            tmp[j] = np.rint(row[j] * s)
-        for j in range(x.shape[1]):
-            out[j] = np.int32(min(max(tmp[j], qmin), qmax))
+        scale = np.float32(1) if absmax == 0 else _finish(absmax / half, bf16)
+        scales[n] = scale
+        inv[n] = np.float32(1) / scale
+    _all_codes(x, inv, np.float32(-np.inf), qmax, np.float32(0), True, codes)
     return True
 
 
 @_jit
-def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no cover (compiled)
-    """Two int4 codes a byte, as ``packing.int4.pack_int4``::
+def pack_nibbles(codes: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no cover (compiled)
+    """Two int4 codes a byte, as ``packing.int4.pack_int4``: ``codes`` int8 ``(2 * M,)``,
+    ``packed`` uint8 ``(M,)``; False if a code lies outside [-8, 7] (``packed`` is then
+    meaningless).  Whole vectors through ``vectors.pack_pairs``, the rest pair by pair::
 
         pairs[j] (uint16, little-endian)   bits 15..8: q[2j+1]   bits 7..0: q[2j]
         v = pairs[j] + 0x0808 per byte     bits 15..8: q[2j+1]+8 bits 7..0: q[2j]+8
@@ -115,15 +168,17 @@ def pack_nibbles(pairs: np.ndarray, packed: np.ndarray) -> bool:  # pragma: no c
 
     The bytes get their 8 without a carry between them (bit 7 of each is added apart, by
     xor); codes in [-8, 7] become 0..15, anything else leaves a bit of ``0xF0F0`` set.
-    False if a code lies outside [-8, 7] (``packed`` is then meaningless).
     """
+    count = codes.size // (2 * LANES)
+    in_range = vectors.pack_pairs(codes, 0, count, packed)
+    pairs = codes.view(np.uint16)
     bad = np.uint16(0)
-    for j in range(pairs.size):
+    for j in range(count * LANES, pairs.size):
         p = pairs[j]
         v = np.uint16(((p & np.uint16(0x7F7F)) + np.uint16(0x0808)) ^ (p & np.uint16(0x8080)))
         bad |= v & np.uint16(0xF0F0)
         packed[j] = np.uint8((v | (v >> np.uint16(4))) & np.uint16(0xFF))
-    return bad == 0
+    return in_range and bad == 0
 
 
 @_jit

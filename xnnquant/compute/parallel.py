@@ -8,14 +8,18 @@ arrays, so the result is the same bytes whatever the number of threads or the or
 which ranges finish.
 
 The number of threads is ``XNNQUANT_NUM_THREADS`` when set, else the CPUs this process
-may run on.  A range started from inside a pool thread (a kernel calling a kernel, or a
-caller that already quantizes layers in parallel) runs in the calling thread, so the
-pool never waits on itself.
+may run on.  The calling thread is one of them: it takes ranges from the same list as
+the pool's threads instead of waiting for them, so a pool thread that the system is slow
+to wake (other processes on the cores, or two threads sharing one core) costs no more
+than the ranges it does not take.  A range started from inside a range (a kernel calling
+a kernel, or a caller that already quantizes layers in parallel) runs in its thread, so
+the pool never waits on itself.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,9 +79,12 @@ def ranges(total: int, step: int, pieces: int) -> list[tuple[int, int]]:
 def for_ranges(kernel: Callable[[int, int], None], total: int, step: int) -> None:
     """Call ``kernel(start, stop)`` over ``[0, total)`` cut at multiples of ``step``.
 
-    The ranges run on the pool when there are several threads and several ranges,
-    otherwise in the calling thread.  The first exception raised by a range is re-raised
-    here, after every range has finished.
+    The ranges run on the calling thread and ``threads - 1`` pool threads, each taking
+    the next range not yet taken, when there are several threads and several ranges;
+    otherwise all in the calling thread.  The exception of the first range (in their
+    order) that raises one is re-raised here: at once when the calling thread runs every
+    range, after all have run when threads share them (so which one does not depend on
+    the threads' timing).
     """
     threads = num_threads()
     parts = ranges(total, step, threads * RANGES_PER_THREAD if threads > 1 else 1)
@@ -85,8 +92,29 @@ def for_ranges(kernel: Callable[[int, int], None], total: int, step: int) -> Non
         for start, stop in parts:
             kernel(start, stop)
         return
-    futures = [_executor(threads).submit(kernel, start, stop) for start, stop in parts]
-    errors = [f.exception() for f in futures]
-    for error in errors:
-        if error is not None:
-            raise error
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()  # each range is taken once, by one thread
+    for i in range(len(parts)):
+        todo.put(i)
+    raised: dict[int, Exception] = {}
+
+    def take_ranges() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                kernel(*parts[i])
+            except Exception as e:
+                raised[i] = e
+
+    helpers = [_executor(threads - 1).submit(take_ranges) for _ in range(min(threads, len(parts)) - 1)]
+    _worker.active = True  # a range started from one of the caller's ranges runs in the caller
+    try:
+        take_ranges()
+    finally:
+        _worker.active = False
+        for helper in helpers:
+            helper.result()
+    if raised:
+        raise raised[min(raised)]

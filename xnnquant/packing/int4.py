@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 from ..arrays import ArrayInput, as_int_codes, is_int, to_numpy
@@ -29,12 +31,50 @@ def pack_int4(codes: ArrayInput) -> np.ndarray:
     the high nibble of its last byte, so rows start on byte boundaries; XNNPACK's 4-bit
     kernels with two nibble planes read ``ceil(K / 2)`` bytes per row.
     """
+    q = _even_codes(codes)
+    packed = np.empty(q.shape[:-1] + (q.shape[-1] // 2,), np.uint8)
+    if not _pack_even(q.reshape(-1), [packed.reshape(-1)]):
+        _int4_codes(q)  # raises, naming the first code out of range
+    return packed
+
+
+def pack_int4_bytes(codes: ArrayInput) -> bytes:
+    """``pack_int4(codes).tobytes()``, packed straight into the bytes returned.
+
+    The bytes object is the buffer of an ``io.BytesIO``, written through
+    ``getbuffer()``; ``getvalue()`` hands that object over without a copy in CPython
+    (elsewhere it copies once).  No packed array as large as the output is made, nor
+    copied: on a 4096 x 4096 weight that is 8 MiB less fresh memory and one pass less.
+    """
+    q = _even_codes(codes)
+    size = q.size // 2
+    if size == 0:
+        return b""
+    stream = io.BytesIO()
+    stream.seek(size - 1)
+    stream.write(b"\0")  # the buffer: size bytes, zero-filled
+    view = stream.getbuffer()
+    # the kernels reach the array through this list, emptied as soon as they are done:
+    # view.release() fails while any array over the view lives, and a pool thread may
+    # still hold the kernel a moment after its result is in
+    target = [np.frombuffer(view, np.uint8)]
+    packed = _pack_even(q.reshape(-1), target)
+    target.clear()
+    view.release()
+    if not packed:
+        _int4_codes(q)  # raises, naming the first code out of range
+    return stream.getvalue()
+
+
+def _even_codes(codes: ArrayInput) -> np.ndarray:
+    """``codes`` as C-contiguous int8 with an even last dim (odd K padded with a zero code
+    a row), checked to be integers; the range [-8, 7] is checked as they are packed."""
     arr = to_numpy(codes, "codes")
     if not (arr.dtype == np.int8 and arr.ndim and arr.shape[-1] % 2 == 0):
         arr = _int4_codes(arr)
         if arr.shape[-1] % 2:
             arr = np.concatenate([arr, np.zeros(arr.shape[:-1] + (1,), np.int8)], axis=-1)
-    return _pack_even(np.ascontiguousarray(arr))
+    return np.ascontiguousarray(arr)
 
 
 def pack_int4_high_first(codes: ArrayInput) -> np.ndarray:
@@ -61,19 +101,20 @@ def pack_int4_high_first(codes: ArrayInput) -> np.ndarray:
     return (packed << 4) | (packed >> 4)
 
 
-def _pack_even(q: np.ndarray) -> np.ndarray:
-    """``pack_int4`` of C-contiguous int8 codes with an even last dim, in cache-sized
-    pieces on every core; the range check runs on each piece as it is packed."""
-    flat = q.reshape(-1)
-    packed = np.empty(flat.size // 2, np.uint8)
+def _pack_even(flat: np.ndarray, target: list[np.ndarray]) -> bool:
+    """``pack_int4`` of int8 codes ``flat`` ``(2 * M,)`` into ``target[0]`` uint8 ``(M,)``,
+    in cache-sized pieces on every core; False if a code lies outside [-8, 7] (checked on
+    each piece as it is packed; the output is then meaningless)."""
     bad = []
     loops = jit.loops()
 
     def kernel(start: int, stop: int) -> None:
+        packed = target[0]
         for lo in range(start, stop, PACK_CHUNK):
             piece = flat[lo:min(stop, lo + PACK_CHUNK)]
+            out = packed[lo // 2:(lo + len(piece)) // 2]
             if loops is not None:
-                if not loops.pack_nibbles(piece.view("<u2"), packed[lo // 2:(lo + len(piece)) // 2]):
+                if not loops.pack_nibbles(piece, out):
                     bad.append(lo)
                     return
                 continue
@@ -85,12 +126,10 @@ def _pack_even(q: np.ndarray) -> np.ndarray:
             # by 4 brings the odd code into bits 4..7: the low byte of the OR is the byte.
             pairs = (piece.view(np.uint8) + np.uint8(8)).view("<u2")
             np.bitwise_or(pairs, pairs >> 4, out=pairs)
-            np.copyto(packed[lo // 2:(lo + len(piece)) // 2], pairs, casting="unsafe")
+            np.copyto(out, pairs, casting="unsafe")
 
     for_ranges(kernel, flat.size, PACK_CHUNK)
-    if bad:
-        _int4_codes(q)  # raises, naming the first code out of range
-    return packed.reshape(q.shape[:-1] + (q.shape[-1] // 2,))
+    return not bad
 
 
 def _int4_codes(codes: ArrayInput) -> np.ndarray:

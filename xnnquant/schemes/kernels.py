@@ -23,9 +23,10 @@ operation on the same values, each its own ufunc call (so no multiply-add is fus
 * codes: ``clip(rint(x * (1 / scale)) + zero_point, qmin, qmax)`` cast to the code dtype.
 
 Each piece takes one of two paths: numpy ufuncs, one pass over the piece per step, or,
-when numba is installed (``jit``), compiled loops that run every step of a block back
-to back (``compute.loops``: the same float32 operations in the same order, so the same
-bits; the tests run both paths).  8-bit codes only take the compiled path.  torch
+when numba is installed (``jit``), compiled loops (``compute.loops``): the maxima of the
+piece's blocks, their scales and reciprocals, then the codes, each block as whole vectors
+of 32 values (``compute.vectors``), the same float32 operations in the same order, so the
+same bits (the tests run both paths).  8-bit codes only take the compiled path.  torch
 kernels for the same pieces (``amax``, ``mul``, ``round``) were measured on this
 project's 2-core Zen 2: called from the pool's threads they took twice numpy's CPU time,
 and called from one thread with torch's own OpenMP threads several times more on a busy
@@ -206,7 +207,7 @@ def quantize(x: np.ndarray, block: int, scale: np.ndarray, zero_point: int, qmin
             n = (stop - start) // block if cut.parts == 1 else 1
             first = start // block
             loops.block_codes(xf.reshape(n, -1), inv[first : first + n], zp, np.float32(qmin), np.float32(qmax),
-                              codes[start:stop].reshape(n, -1), scratch.work)
+                              codes[start:stop].reshape(n, -1))
             return True
         if origin is not None and not (np.isfinite(xf.min()) and np.isfinite(xf.max())):
             return False
@@ -262,9 +263,9 @@ def minmax_quantize(x: np.ndarray, block: int, qmin: int, qmax: int, dtype: str,
         first, n = start // block, (stop - start) // block
         xf = scratch.float32(flat[start:stop])
         if loops is not None:
-            return bool(loops.minmax_codes(xf.reshape(n, block), half, bf16, np.float32(qmin), np.float32(qmax),
+            return bool(loops.minmax_codes(xf.reshape(n, block), half, bf16, np.float32(qmax),
                                            codes[start:stop].reshape(n, block), scales[first : first + n],
-                                           scratch.work))
+                                           scratch.work[:n]))
         t = scratch.work[: stop - start]
         absmax = np.maximum.reduceat(np.abs(xf, out=t).view(np.uint32), starts[:n]).view(np.float32)
         if not np.isfinite(absmax).all():
