@@ -70,6 +70,7 @@ from typing import Any
 
 import torch
 
+from ..constants import FLT_MIN
 from ..errors import XnnquantError, missing_extra
 
 #: The name our attention function is registered under in transformers' ``AttentionInterface``.
@@ -137,7 +138,7 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x float32 ``[..., D]`` -> (codes int8 ``[..., D]``, scales float32 ``[..., 1]``), one
     scale per vector of D (module docstring): scale = max(max|x|, FLT_MIN) / 127 (an all-zero
     vector: codes 0), code = round_half_even(x / scale)."""
-    peak = torch.clamp(x.abs().amax(dim=-1, keepdim=True), min=torch.finfo(torch.float32).tiny)
+    peak = torch.clamp(x.abs().amax(dim=-1, keepdim=True), min=float(FLT_MIN))
     scale = peak / INT8_CODE_MAX
     codes = torch.clamp((x / scale + ROUNDER) - ROUNDER, -INT8_CODE_MAX, INT8_CODE_MAX).to(torch.int8)
     return codes, scale
