@@ -175,3 +175,28 @@ def test_every_row_is_reachable_in_some_build() -> None:
 def test_runtime_config_refuses_unknown_weights() -> None:
     with pytest.raises(XnnquantError, match=r"unknown dynamically quantized weights: got 'qb8w'"):
         runtime_config("qb8w", ZEN4.flag_set)
+
+
+def test_the_report_names_each_fully_connected_kernel_and_an_sse2_fallback() -> None:
+    """What an export's report says of its kernels, with the CPU injected: qb4w, qc8w and fp32
+    layers on Zen 4, on Skylake-X (qb4w: the AVX2 kernel) and on an SSSE3 CPU,
+    where qc8w and qb4w run XNNPACK's SSE2 fallbacks and the report says so."""
+    import torch
+    from cpu_classes import CORE2, SKYLAKE_X
+
+    import xnnquant as xq
+    from xnnquant.xnnpack.cpu import Cpu, fully_connected_kernels
+
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64)).eval()
+    graphs = [xq.export(module, (torch.randn(2, 64),), weights=w, progress=False, check=False).graph
+              for w in ("qb4w:32", "qc8w", "fp32")]
+    got = {key: fully_connected_kernels(graphs, Cpu.from_cpuinfo(cls.cpuinfo()))
+           for key, cls in (("zen4", ZEN4), ("skylake_x", SKYLAKE_X), ("core2", CORE2))}
+    assert got == {
+        "zen4": ["qb4w (qdint8 input): qdu8 avx512vnni 8x16c8", "qc8w (qdint8 input): qdu8 avx512vnni 5x64c4",
+                 "fp32: avx512f 7x32"],
+        "skylake_x": ["qb4w (qdint8 input): qd8 avx2 3x8c8", "qc8w (qdint8 input): qd8 avx512skx 8x16c8",
+                      "fp32: avx512f 7x32"],
+        "core2": ["qb4w (qdint8 input): qd8 sse2 4x4c8, an SSE2 fallback",
+                  "qc8w (qdint8 input): qd8 sse2 4x4c8, an SSE2 fallback", "fp32: sse2 4x8, an SSE2 fallback"],
+    }

@@ -307,9 +307,21 @@ class Exported:
                 if int8 is not None and int8.estimate:
                     text += f"\n{int8.estimate}"
                 text += "".join(f"\nnot as asked: {note}" for note in (int8.notes if int8 is not None else []))
-            return text + self._mutations + self._memory
+            return text + self._kernels + self._mutations + self._memory
         head = "" if self.llm is None else f"{self.llm}\n"
-        return head + self.delegation_report() + "\n" + format_report(self.report) + self._mutations + self._memory
+        return (head + self.delegation_report() + "\n" + format_report(self.report) + self._kernels + self._mutations
+                + self._memory)
+
+    @property
+    def _kernels(self) -> str:
+        """The fully connected kernels XNNPACK runs on this machine (``xnnpack.cpu``): they
+        depend on the CPU that runs the program, not on the file (``docs/cpus.md``)."""
+        from ..xnnpack.cpu import fully_connected_kernels, this_cpu
+
+        kernels = fully_connected_kernels(self.delegates if self.mixed else [self.graph])
+        if not kernels:
+            return ""
+        return f"\nfully connected kernels on this machine, {this_cpu().label}: " + "; ".join(kernels)
 
     @property
     def _memory(self) -> str:

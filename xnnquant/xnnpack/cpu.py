@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from ..packing.gemm_configs import EXECUTORCH_1_4_1, XnnpackBuild, xnnpack_isas
 
@@ -124,3 +125,38 @@ def this_cpu() -> Cpu:
             return Cpu.from_cpuinfo(f.read())
     except OSError:
         return Cpu(frozenset())
+
+
+#: A dynamically quantized filter's datatype name -> its weight layout in ``gemm_configs``.
+_DYNAMIC_LAYOUTS = {"qcint8": "qc8w", "qcint4": "qc4w", "qbint4": "qb4w"}
+
+
+def fully_connected_kernels(graphs: list[Any], cpu: Cpu | None = None) -> list[str]:
+    """What the fully connected nodes of ``graphs`` (XNNPACK ``Graph``s) run on ``cpu`` (default:
+    this machine's), one entry per kind: ``"qb4w (qdint8 input): qdu8 avx512vnni 8x16c8"``, with
+    ``", an SSE2 fallback"`` where XNNPACK has nothing faster for it there."""
+    from ..datatypes import Datatype
+    from ..packing.gemm_configs import runtime_config, select_f32_config
+
+    cpu = this_cpu() if cpu is None else cpu
+    kinds: dict[str, Any] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.kind != "XNNFullyConnected":
+                continue
+            x, w = graph.value(node.inputs[0]), graph.value(node.inputs[1])
+            if x.datatype is Datatype.qdint8 and w.datatype.name in _DYNAMIC_LAYOUTS:
+                layout = _DYNAMIC_LAYOUTS[w.datatype.name]
+                kinds.setdefault(f"{layout} (qdint8 input)", runtime_config(layout, cpu.flags, cpu.uarch))
+            elif x.datatype is Datatype.fp32 and w.datatype is Datatype.fp32:
+                kinds.setdefault("fp32", select_f32_config(int(w.dims[0]), cpu.flags, cpu.uarch))
+    out = []
+    for kind, config in kinds.items():
+        if config is None:
+            out.append(f"{kind}: no kernel")
+            continue
+        slow = ", an SSE2 fallback" if config.isa_name == "sse2" else ""
+        prefix = "" if config.operator == "f32" else config.operator.split("_")[0] + " "
+        out.append(f"{kind}: {prefix}{config.isa_name} {config.mr}x{config.nr}"
+                   f"{f'c{config.kr}' if config.kr > 1 else ''}{slow}")
+    return out
