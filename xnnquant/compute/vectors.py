@@ -2,11 +2,12 @@
 
 Each function here runs over ``count`` vectors of ``LANES`` consecutive values of a flat
 array, each an LLVM vector (``<32 x float>``) that the backend splits into the target's
-registers: two zmm on a Zen 4, four ymm on Intel's AVX-512 server parts (LLVM's tuning
-for them prefers 256-bit vectors) and on AVX2 CPUs.  The same loop written element by
-element is vectorized differently on each target: where LLVM picks 16 lanes unrolled 4
-times, a 32-value block never reaches the vector loop and runs in its epilogue.  These
-steps are whole vectors on every target.
+registers: two zmm on any AVX-512 CPU, four ymm on an AVX2 one.  A loop written element
+by element is vectorized as each target's tuning decides: on a Zen 4, 16 lanes unrolled
+4 times, so a 32-value block never reaches the vector loop and runs in its 8-lane
+epilogue; on Intel's AVX-512 server parts, whose tuning prefers 256-bit vectors for the
+loops LLVM vectorizes itself, 8 lanes unrolled 4 times.  These steps are the same whole
+vectors on every target.
 
 The operations and their order are those of the element-wise loops, so the results are
 the same bits:
