@@ -57,8 +57,8 @@ docs: $(STAMP)
 # hands files out in the order given only with --no-loadscope-reorder (by default it sorts them by
 # their number of tests, which put every one-test notebook last and left one core idle meanwhile)
 TEST_WORKERS ?= 2
-SLOW_NOTEBOOKS := notebooks/llm_schemes.ipynb notebooks/executorch_flow.ipynb notebooks/static_int8.ipynb \
-                  notebooks/activation_aware.ipynb
+SLOW_NOTEBOOKS := notebooks/llm_schemes.ipynb notebooks/llm_bytes.ipynb notebooks/executorch_flow.ipynb \
+                  notebooks/static_int8.ipynb notebooks/activation_aware.ipynb
 NOTEBOOKS := $(SLOW_NOTEBOOKS) $(filter-out $(SLOW_NOTEBOOKS),$(wildcard notebooks/*.ipynb))
 # XNNQUANT_QUICK_NOTEBOOKS=1: the three heaviest notebooks run every cell on fewer configurations (their
 # claims that need the others are checked by `make notebooks`, which runs them whole, as committed)

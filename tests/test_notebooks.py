@@ -15,7 +15,7 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 EXPECTED = ("scheme_accuracy", "bf16_scales", "activations", "outliers", "activation_aware", "executorch_flow",
-            "static_int8", "llm_schemes")
+            "static_int8", "llm_schemes", "llm_bytes")
 
 
 def _cells(name: str) -> list[dict]:
