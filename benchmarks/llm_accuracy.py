@@ -254,8 +254,11 @@ def program_configurations(tokenizer: Any) -> dict[str, dict[str, Any]]:
     return {
         "before: qb4w:32 mse, int4 head": dict(weights="qb4w:32", method="mse"),
         "range, head reads the int8 table": dict(weights=shared_head, method="range"),
-        "defaults: auto (5.6 bits), range": dict(),
-        "auto (5.6 bits), gptq, 8 calibration windows": dict(method="gptq", calibration=calibration_windows(tokenizer)),
+        "defaults: auto (4.75 bits), range": dict(),
+        "auto (4.75 bits), gptq, 8 calibration windows": dict(method="gptq",
+                                                              calibration=calibration_windows(tokenizer)),
+        "auto:5.7, range, 24 calibration windows": dict(weights="auto:5.7",
+                                                         calibration=calibration_windows(tokenizer, 24)),
     }
 
 
