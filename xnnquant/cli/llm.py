@@ -65,11 +65,14 @@ def add_commands(sub: Any) -> None:
     export.add_argument("--full-logits", action="store_true",
                         help="forward returns every position's logits, for xnnquant perplexity in calls of "
                              "--max-seq-len tokens (plans max-seq-len x vocab more floats)")
-    export.add_argument("--weights", default="qb4w:32", help="every linear layer and the LM head: fp32, qc8w, "
-                                                             "qc4w or qb4w:G (default qb4w:32)")
+    export.add_argument("--weights", default="auto", help="the linear layers and the LM head: auto or auto:BITS (a "
+                                                          "scheme per layer under a bits-per-weight budget, as "
+                                                          "xq.export_llm's default; default auto), or one scheme for "
+                                                          "all: fp32, qc8w, qc4w or qb4w:G")
     export.add_argument("--embeddings", default="int8", help="the token table: int8 (default), int4:G or fp32")
-    export.add_argument("--method", default="mse", help="scale choice: minmax, mse (default), or an "
-                                                        "activation-aware method with --calibration")
+    export.add_argument("--method", default=None, help="scale choice: minmax, mse, range, or an activation-aware "
+                                                       "method with --calibration (default: range under auto, else "
+                                                       "mse)")
     export.add_argument("--calibration", default=None, metavar="TEXT_FILE",
                         help="text to calibrate on, cut into windows of --calibration-tokens tokens")
     export.add_argument("--calibration-windows", type=int, default=32, metavar="K",
