@@ -21,8 +21,8 @@ import os
 import statistics
 import time
 
-import ml_dtypes
 import numpy as np
+from bench_xnnpack_bridge import weight as bridge_weight
 
 from xnnquant import Datatype, QuantizedTensor
 from xnnquant.constants import XNN_VALUE_FLAG_EXTERNAL_INPUT, XNN_VALUE_FLAG_EXTERNAL_OUTPUT
@@ -44,16 +44,9 @@ SCHEMES = ("fp32", "qc8w", "qc4w", "qb4w:32")
 
 
 def make_weight(scheme: str, n: int, k: int, rng: np.random.Generator) -> QuantizedTensor | np.ndarray:
-    if scheme == "fp32":
-        return rng.standard_normal((n, k)).astype(np.float32)
-    if scheme == "qc8w":
-        return QuantizedTensor(Datatype.qcint8, rng.integers(-127, 128, (n, k)).astype(np.int8),
-                               rng.uniform(1e-3, 1e-2, n).astype(np.float32), channel_dim=0)
-    codes = rng.integers(-8, 8, (n, k)).astype(np.int8)
-    if scheme == "qc4w":
-        return QuantizedTensor(Datatype.qcint4, codes, rng.uniform(1e-2, 1e-1, n).astype(np.float32), channel_dim=0)
-    scales = rng.uniform(1e-2, 1e-1, (n, k // 32)).astype(ml_dtypes.bfloat16).astype(np.float32)
-    return QuantizedTensor(Datatype.qbint4, codes, scales, group_size=32)
+    """Random codes and scales of ``scheme`` (the bridge benchmark's weights)."""
+    kind = {"fp32": "fp32", "qc8w": "qcint8", "qc4w": "qcint4", "qb4w:32": "qbint4g32"}[scheme]
+    return bridge_weight(kind, n, k, rng)
 
 
 def weight_bytes(scheme: str, n: int, k: int) -> int:
