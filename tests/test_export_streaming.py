@@ -417,9 +417,9 @@ def test_quantizing_by_pieces_of_rows_changes_nothing(monkeypatch: pytest.Monkey
     """by_rows (a large streamed weight or table, a piece of rows at a time) against the whole
     tensor quantized at once: the same codes, scales and SQNR to the last bit, with pieces of
     24 rows over SQNR pieces of 8 (the defaults cut a 1 GB table into 128 MB pieces)."""
-    from xnnquant.frontend import streaming, weights
+    from xnnquant.frontend import streaming, weight_sqnr, weights
 
-    monkeypatch.setattr(weights, "SQNR_PIECE", 96 * 8)
+    monkeypatch.setattr(weight_sqnr, "SQNR_PIECE", 96 * 8)
     monkeypatch.setattr(streaming, "PIECE_BYTES", 4 * 96 * 24)
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((1000, 96)) * rng.uniform(0.1, 3, (1000, 1))).astype(np.float32)
@@ -447,7 +447,7 @@ def test_quantizing_by_pieces_of_rows_changes_nothing(monkeypatch: pytest.Monkey
     np.testing.assert_array_equal(pieces.codes, whole.codes)
     np.testing.assert_array_equal(pieces.scale, whole.scale)
     assert pieces.datatype == whole.datatype and pieces.group_size == whole.group_size
-    assert sqnr == weights.weight_sqnr(w, whole)
+    assert sqnr == weight_sqnr.weight_sqnr(w, whole)
     assert pieces.to_bytes() == whole.to_bytes()
 
 
@@ -455,9 +455,9 @@ def test_a_table_and_tied_layer_streamed_by_pieces_give_the_in_memory_bytes(tmp_
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The token model's int8 table and linears read by pieces of 16 rows: the .pte and the report
     (SQNR to the last bit) of the in-memory export."""
-    from xnnquant.frontend import streaming, weights
+    from xnnquant.frontend import streaming, weight_sqnr
 
-    monkeypatch.setattr(weights, "SQNR_PIECE", 64 * 4)
+    monkeypatch.setattr(weight_sqnr, "SQNR_PIECE", 64 * 4)
     monkeypatch.setattr(streaming, "PIECE_BYTES", 4 * 64 * 16)
     module, meta, path, ids = _token_model(tmp_path)
     in_memory = xq.export(module, (ids,), weights="qb4w:32", embeddings="int8", progress=False)

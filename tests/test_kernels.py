@@ -330,7 +330,7 @@ def test_weight_sqnr_is_metrics_sqnr(make, threads: int) -> None:  # type: ignor
     """The export report's SQNR, pieces of residuals (compiled or numpy), against the one
     of ``metrics.sqnr_db`` on the whole dequantized weight (float64 sums: the pieces' float32
     dot products differ from it by far less than 1e-4 dB)."""
-    from xnnquant.frontend.weights import weight_sqnr
+    from xnnquant.frontend.weight_sqnr import weight_sqnr
     from xnnquant.metrics import sqnr_db
 
     w = np.random.default_rng(1).standard_normal((300, 1024)).astype(np.float32)

@@ -156,7 +156,8 @@ class WeightFile:
         measured one each time the weight is made (found by identity: rows may be put before it).
         """
         self.check(name, shape, f"the weight of {path!r}")
-        from .weights import SchemeKind, weight_sqnr
+        from .weight_sqnr import weight_sqnr
+        from .weights import SchemeKind
 
         dims = laid_out_shape(shape, layout)
         row = [ReportRow(path, dims, str(scheme), scheme.stored_nbytes(dims, axis), math.nan, note)]
@@ -206,7 +207,7 @@ def by_rows(read: Callable[[int, int], np.ndarray], shape: tuple[int, ...],
         rows p .. 2p-1    -> codes[p:2p], ...
         ...                  one float piece in memory at a time; codes filled in place
     """
-    from .weights import sqnr_of, sqnr_rows, sqnr_sums
+    from .weight_sqnr import sqnr_of, sqnr_rows, sqnr_sums
 
     rows, width = shape[0], int(np.prod(shape[1:]))
     step = sqnr_rows(width)

@@ -48,7 +48,8 @@ from ..prequantized import stored_of
 from ..program import AtenProgram
 from ..report import ReportRow
 from ..streaming import is_meta, laid_out_shape, meta_tensor_refusal
-from ..weights import Choice, Layer, WeightPolicy, WeightScheme, weight_sqnr
+from ..weight_sqnr import weight_sqnr
+from ..weights import Choice, Layer, WeightPolicy, WeightScheme
 
 NHWC = (0, 2, 3, 1)
 

@@ -37,7 +37,8 @@ from ...tensor import QuantizedTensor
 from ..program import AtenProgram
 from ..report import ReportRow
 from ..streaming import by_rows, is_meta
-from ..weights import EmbeddingScheme, weight_sqnr
+from ..weight_sqnr import weight_sqnr
+from ..weights import EmbeddingScheme
 from . import rewrite
 
 aten = torch.ops.aten

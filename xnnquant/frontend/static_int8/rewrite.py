@@ -65,7 +65,7 @@ from ...schemes import quantize_bias, quantize_per_channel
 from ...schemes.checks import check_method
 from ...tensor import QuantizedTensor
 from ..report import ReportRow
-from ..weights import weight_sqnr
+from ..weight_sqnr import weight_sqnr
 from . import mixed, torch_graph
 from .equalization import FloatFilters, equalize
 from .grids import Grids, choose_grids
