@@ -127,8 +127,9 @@ def test_report_and_fallback_text() -> None:
     assert math.isinf(rows["dw"].sqnr_db) and 40 < rows["stem"].sqnr_db < 60 and 15 < rows["head"].sqnr_db < 30
     lines = str(exported).splitlines()
     assert lines[0] == "xnnquant export: weights qb4w:32, method mse, target 1.4.1; 16 nodes, 27 values"
-    assert lines[-1].startswith("total: 5 weights, 21,248 parameters, ")
-    assert lines[-1].endswith(", 3 fallback(s)")
+    total = next(line for line in lines if line.startswith("total: "))
+    assert total.startswith("total: 5 weights, 21,248 parameters, ") and total.endswith(", 3 fallback(s)")
+    assert lines[-1].startswith("fully connected kernels on this machine, ")  # after the total, per CPU
 
 
 def test_auto_fallback_gives_each_layer_the_most_compact_scheme_it_takes() -> None:
