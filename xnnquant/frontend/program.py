@@ -307,7 +307,10 @@ class AtenProgram:
         else:
             info = file.check(name, shape, what, floating=False)
             values = np.array(file.file.read(info.name))
-        return torch.from_numpy(np.ascontiguousarray(values)).to(tensor.dtype)
+        values = np.ascontiguousarray(values)
+        if not values.flags.writeable:  # a mapped file's view: torch warns of those; one tensor's copy, while it is read
+            values = values.copy()
+        return torch.from_numpy(values).to(tensor.dtype)
 
     def array(self, placeholder: str, what: str) -> np.ndarray:
         """The float32 values of the constant ``placeholder`` stands for (read from the weight

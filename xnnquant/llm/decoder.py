@@ -154,7 +154,7 @@ def ring_mask(step: Step, size: int, window: int, n: int) -> torch.Tensor:
     """float32 ``[n, size]``: 0 where query i may read slot s of a ring of ``size`` slots with a
     window of ``window`` positions, -inf elsewhere (module docstring)."""
     last = step.start + n - 1
-    slots = torch.arange(size, dtype=torch.int64)
+    slots = torch.arange(size, dtype=torch.int64, device=step.positions.device)  # not the default device: meta
     held = last - torch.remainder(last - slots, size)  # the position in each slot
     queries = step.positions.unsqueeze(1)
     age = queries - held.unsqueeze(0)
@@ -164,7 +164,7 @@ def ring_mask(step: Step, size: int, window: int, n: int) -> torch.Tensor:
 
 def causal_mask(step: Step, length: int) -> torch.Tensor:
     """float32 ``[n, length]``: 0 where query i (at position start + i) may read position j."""
-    keys = torch.arange(length, dtype=torch.int64)
+    keys = torch.arange(length, dtype=torch.int64, device=step.positions.device)
     return torch.where(keys.unsqueeze(0) <= step.positions.unsqueeze(1), 0.0, float("-inf")).to(torch.float32)
 
 

@@ -12,6 +12,7 @@ give the same graph, and takes seconds.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 from .trace import torch_or_refuse
@@ -97,6 +98,14 @@ def needs_decomposition(program: Any) -> bool:
 def decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], ...]]:
     """``program`` after the ``decompose`` stage, and the decomposition tables it applied in
     order (module docstring)."""
+    with warnings.catch_warnings():
+        # torch 2.13's own run_decompositions copies a tree spec the way it deprecates (FutureWarning
+        # "isinstance(treespec, LeafSpec) is deprecated"): nothing the caller did or can change
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        return _decomposed(program, strict)
+
+
+def _decomposed(program: Any, strict: bool) -> tuple[Any, tuple[dict[Any, Any], ...]]:
     tables = []
     table = decomposition_table()
     extra = {op: fn for op, fn in unrunnable(program, strict).items() if op not in table}
