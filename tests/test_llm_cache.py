@@ -205,3 +205,22 @@ def test_an_alibi_falcon_is_refused_by_name() -> None:
         max_position_embeddings=64, bos_token_id=1, eos_token_id=2)))
     with pytest.raises(xq.XnnquantError, match="this Falcon adds ALiBi position biases to its attention scores"):
         xq.export_llm(model, max_context=16, weights="fp32", embeddings=None, progress=False)
+
+
+@pytest.mark.parametrize("kv_cache", ["fp32", "int8"])
+def test_the_programs_header_says_each_layers_positions_and_the_caches_bytes(kv_cache: str) -> None:
+    """The line export_llm's report starts with: a ring's positions, not max_context, for each
+    windowed layer, and the cache's bytes as the Decoder's buffers hold them."""
+    from xnnquant.llm.decoder import Decoder, family_of
+    from xnnquant.llm.export import LLMInfo
+
+    model = _model(WINDOWED["gemma3"])
+    family = family_of(model)
+    decoder = Decoder(model, family, CONTEXT, max_seq_len=MAX_SEQ_LEN, kv_cache=kv_cache)
+    held = sum(b.numel() * b.element_size() for name, b in decoder.named_buffers() if name.startswith("cache_"))
+    info = LLMInfo(CONTEXT, VOCAB, 2, 1, (2,), cache=tuple(family.cache_shapes(model)), max_seq_len=MAX_SEQ_LEN,
+                   kv_cache=kv_cache, slots=tuple(p.size for p in decoder.plans))
+    assert info.cache_bytes() == held
+    ring = WINDOW + MAX_SEQ_LEN - 1
+    assert f"{kv_cache} KV cache of {CONTEXT} positions x 1 layers, {ring} positions x 1 layers (sliding windows), " \
+           f"{held / 1e6:.1f} MB;" in str(info)

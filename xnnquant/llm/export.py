@@ -68,6 +68,8 @@ class LLMInfo:
     kv_cache: str = "fp32"
     #: ``forward`` returns every position's logits ``[1, n, vocab]``, not the last one's
     full_logits: bool = False
+    #: the positions each layer's cache holds (a windowed layer's ring: fewer; () not known)
+    slots: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_seq_len is None:
@@ -89,12 +91,25 @@ class LLMInfo:
         found.update({"use_kv_cache": True, "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": True})
         return found
 
+    def cache_bytes(self) -> int | None:
+        """The cache's bytes (keys and values; int8: with a float32 scale per position and head),
+        None where the program does not say its layers' shapes."""
+        if not self.slots or len(self.cache) != len(self.slots) or self.kv_cache not in ("fp32", "int8"):
+            return None
+        per_value = (lambda dim: 4 * dim) if self.kv_cache == "fp32" else (lambda dim: dim + 4)
+        return sum(2 * n * heads * per_value(dim) for n, (heads, dim) in zip(self.slots, self.cache))
+
     def __str__(self) -> str:
         logits = f"[1, n, {self.vocab_size}]" if self.full_logits else f"[1, {self.vocab_size}]"
         cache = f"{self.kv_cache} KV cache" if self.kv_cache else "KV cache"
+        held = f"of {self.max_context} positions x {self.n_layers} layers"
+        if self.slots and min(self.slots) < self.max_context:  # rings of sliding-window layers
+            counts = {n: self.slots.count(n) for n in sorted(set(self.slots), reverse=True)}
+            held = "of " + ", ".join(f"{n} positions x {k} layers" for n, k in counts.items()) + " (sliding windows)"
+        size = self.cache_bytes()
+        held += "" if size is None else f", {size / 1e6:.1f} MB"
         return (f"LLM program: forward(tokens [1, 1..{self.seq_len}], input_pos [1]) -> logits {logits}; {cache} "
-                f"of {self.max_context} positions x {self.n_layers} layers; bos {self.bos_id}, eos "
-                f"{list(self.eos_ids)}")
+                f"{held}; bos {self.bos_id}, eos {list(self.eos_ids)}")
 
 
 def add_metadata(builder: Any, info: LLMInfo) -> None:
@@ -273,7 +288,8 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
                           _weight_prefix="model.")  # a checkpoint names the model's own tensors
         info = LLMInfo(max_context, vocab, decoder.layers or int(getattr(model, "n_layers", 0)),
                        None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)),
-                       max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits)
+                       max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits,
+                       slots=tuple(layer.size for layer in decoder.plans))
         add_metadata(exported.builder, info)
         exported._pte = None  # written again with the metadata methods
         exported.llm = info
