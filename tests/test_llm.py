@@ -332,6 +332,31 @@ def test_prompts_longer_than_max_seq_len_go_in_chunks() -> None:
         llm.session.run("forward", [ids[:, :5], torch.tensor([0])])
 
 
+def test_a_program_taking_fewer_tokens_than_its_metadata_says_is_called_in_chunks_it_takes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ExecuTorch 1.4.1's recipe reports get_max_seq_len 128 and bounds forward's tokens at 127
+    (measured on export_llama --max_seq_length 128): chunks go by the input's bound, the
+    smaller. The metadata is made to say 5 of a program taking 4; a call of 5 would fail."""
+    from xnnquant.llm import evaluate
+
+    model = _model("llama")
+    exported = xq.export_llm(model, max_context=16, max_seq_len=4, weights="fp32", embeddings=None, progress=False)
+    path = exported.save(tmp_path / "m.pte")
+    ids = _ids(10)
+    with torch.no_grad():
+        want = model(ids).logits[0, -1].numpy()
+    constant, metadata = xq.LLM._constant, evaluate.ProgramStep.metadata
+    monkeypatch.setattr(xq.LLM, "_constant", lambda self, name: 5 if name == "get_max_seq_len" else
+                        constant(self, name))
+    monkeypatch.setattr(evaluate.ProgramStep, "metadata", lambda self, name: 5 if name == "get_max_seq_len" else
+                        metadata(self, name))
+    llm, step = xq.LLM(path), evaluate.llm_step(path)
+    assert llm.info.max_seq_len == step.max_seq_len == 4
+    atol = RTOL * float(np.abs(want).max())
+    np.testing.assert_allclose(llm.forward(ids[0].tolist(), 0), want, rtol=0, atol=atol)
+    np.testing.assert_allclose(step(ids.numpy(), 0), want, rtol=0, atol=atol)
+
+
 def test_text_llm_runner_chunks_our_prompts_as_we_do(tmp_path: Path, quantized: tuple[str, str]) -> None:
     """ExecuTorch's runner prefills a prompt longer than get_max_seq_len in calls of it
     (TextPrefiller): it generates from our 4-token-a-call program what generate does."""

@@ -66,6 +66,7 @@ import numpy as np
 
 from .. import arguments
 from ..errors import MissingExtraError, ProgramError, XnnquantError, missing_extra
+from .export import call_bound
 
 #: step(tokens int64 [1, n], start_pos) -> logits float32 [vocab] of the last token.
 Step = Callable[[np.ndarray, int], np.ndarray]
@@ -461,7 +462,9 @@ class ProgramStep:
         register_kernels(self.path)
         self.reset()
         names = set(self.program.method_names)
-        self.max_seq_len = int(self.metadata("get_max_seq_len")) if "get_max_seq_len" in names else None
+        tokens = tuple(int(d) for d in self.method.metadata.input_tensor_meta(0).sizes())
+        self.max_seq_len = min(int(self.metadata("get_max_seq_len")), call_bound(tokens)) \
+            if "get_max_seq_len" in names else None
         self.max_context = int(self.metadata("get_max_context_len")) if "get_max_context_len" in names else \
             self.max_seq_len
         self.vocab_size = int(self.metadata("get_vocab_size")) if "get_vocab_size" in names else None

@@ -112,6 +112,18 @@ class LLMInfo:
                 f"{held}; bos {self.bos_id}, eos {list(self.eos_ids)}")
 
 
+def call_bound(token_sizes: tuple[int, ...]) -> int:
+    """The most tokens a call of ``forward`` takes, from its ``tokens`` input's sizes (``[1, n]``
+    at its bound). Not always ``get_max_seq_len``: ExecuTorch 1.4.1's recipe bounds the tokens
+    at ``max_seq_length - 1`` (``examples/models/llama/model.py``) and reports
+    ``max_seq_length`` (measured: 127 against 128), so a caller chunking by the metadata fails
+    at its first full chunk."""
+    if len(token_sizes) != 2 or token_sizes[1] < 1:
+        raise XnnquantError(f"forward's tokens input has sizes {list(token_sizes)}: expected [1, n], n >= 1 "
+                            "(ExecuTorch's LLM interface)")
+    return int(token_sizes[1])
+
+
 def add_metadata(builder: Any, info: LLMInfo) -> None:
     """The metadata methods of ``info`` (module docstring) in ``builder`` (a ``pte.ProgramBuilder``)."""
     from ..pte.pytree import constant_spec

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import arguments
 from ..errors import XnnquantError
-from .export import METADATA, LLMInfo
+from .export import METADATA, LLMInfo, call_bound
 
 #: Why a generation stopped: an end-of-sequence token, ``max_new_tokens``, or the program's
 #: context (the prompt and the new tokens fill it, as ``TextLLMRunner`` stops).
@@ -95,8 +95,8 @@ class LLM:
                                 "writes them")
         found = {name: self._constant(name) for name in METADATA if name in methods}
         eos = found.get("get_eos_ids", ())
-        max_seq_len = int(found["get_max_seq_len"])
-        max_context = int(found.get("get_max_context_len", max_seq_len))
+        max_context = int(found.get("get_max_context_len", found["get_max_seq_len"]))
+        max_seq_len = min(int(found["get_max_seq_len"]), call_bound(self.session.input_sizes("forward", 0)))
         self.position = 0
         (loaded,) = self.session.run("forward", [_tokens([0]), _position(0)])  # loads the method
         self.info = LLMInfo(max_context, int(found.get("get_vocab_size", 0)), int(found.get("get_n_layers", 0)),

@@ -228,6 +228,12 @@ class Session:
         _check_method(self.program, method)
         return _execute(self._module, method, inputs)
 
+    def input_sizes(self, method: str, index: int) -> tuple[int, ...]:
+        """The sizes input ``index`` of ``method`` takes at most (its dynamic dims' bounds), from
+        the runtime's ``MethodMeta``."""
+        _check_method(self.program, method)
+        return tuple(int(d) for d in self._module.method_meta(method).input_tensor_meta(index).sizes())
+
 
 class _Cutter:
     """The program as ExecuTorch's dataclasses, cut after a delegate call on request."""
