@@ -18,7 +18,8 @@ Per program:
 =================  ====================================================================
 planned MB         the arenas ``forward`` plans (``pte.planned.planned_bytes``), cache included
 peak RSS MB        a child process that loads the program, fills its cache to position
-                   1899 in calls of 128 tokens and decodes 16 tokens there (``ru_maxrss``)
+                   1899 in calls of 128 tokens and decodes 16 tokens there: its peak
+                   RSS over the process's RSS before the load (``peak_since``)
 decode ms @ p      one token at position p (64, 1024, 1899) with the cache filled to 1899:
                    the median of ``--rounds`` rounds of 8 calls, every program and position
                    in turn each round, all in one process (a neighbour's load falls on all)
@@ -34,6 +35,7 @@ timings on a shared machine are noisy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -116,17 +118,42 @@ def _filled(pte: Path, ids: np.ndarray) -> evaluate.ProgramStep:
 
 
 def child_peak(pte: Path, ids_file: Path) -> None:
-    """(In a child process) fill to FAR, decode 16 tokens there: the process's peak RSS is the figure."""
-    step = _filled(pte, np.load(ids_file))
-    token = np.ones((1, 1), np.int64)
-    for _ in range(16):
-        step(token, FAR)
+    """(In a child process, its imports done) fill to FAR, decode 16 tokens there; prints the
+    process's peak RSS from the moment the program starts loading (``peak_since``)."""
+    ids = np.load(ids_file)
+    with peak_since() as peak:
+        step = _filled(pte, ids)
+        token = np.ones((1, 1), np.int64)
+        for _ in range(16):
+            step(token, FAR)
+    print(f"peak RSS {peak()} bytes over the imports'")
+
+
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` memory figure in bytes (``VmRSS``, ``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+@contextlib.contextmanager
+def peak_since():
+    """The process's peak RSS from now on, over its RSS now: Linux resets ``VmHWM`` to the
+    current RSS when "5" is written to ``/proc/self/clear_refs``, so neither the imports' own
+    peak (1.1 GB of torch and transformers, larger than any program here) nor what they keep
+    resident is counted: what loading and running the program adds."""
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status("VmRSS")
+    yield lambda: _status("VmHWM") - start
 
 
 def peak_rss(pte: Path, ids_file: Path) -> int:
+    """``child_peak``'s figure: the program's load, fill and decode, without the imports."""
     command = [sys.executable, __file__, "--child", str(pte), str(ids_file)]
-    _, rss, _ = base.timed_child(command, pte.parent, pte.parent / "peak.log")
-    return rss
+    base.timed_child(command, pte.parent, pte.parent / "peak.log")
+    line = [x for x in (pte.parent / "peak.log").read_text().splitlines() if x.startswith("peak RSS ")][-1]
+    return int(line.split()[2])
 
 
 def decode_times(paths: dict[str, Path], ids: np.ndarray, rounds: int) -> dict[str, dict[int, float]]:

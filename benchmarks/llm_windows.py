@@ -15,7 +15,8 @@ export s, RSS      ``xnnquant export-llm FOLDER -o model.pte --max-context 8192`
 cache MB           the float32 KV cache's bytes (``cache_bytes``)
 planned MB         the arenas ``forward`` plans, the cache included
 decode RSS MB      peak RSS of a child that loads the program, fills its cache to position
-                   ``FAR`` in calls of 128 tokens and decodes 8 tokens there
+                   ``FAR`` in calls of 128 tokens and decodes 8 tokens there, over its
+                   RSS before the load (``llm_context.peak_since``)
 decode ms @ p      one token at position p (64 and ``FAR``), cache filled: the median of
                    ``--rounds`` rounds of 4 calls, both programs in turn, one process
 =================  ====================================================================
@@ -37,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm import timed_child
+from llm_context import peak_since
 
 from xnnquant.llm import evaluate
 from xnnquant.models import smollm2
@@ -111,9 +113,11 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        step = _filled(Path(args.child))
-        for _ in range(8):
-            step(np.ones((1, 1), np.int64), FAR)
+        with peak_since() as peak:
+            step = _filled(Path(args.child))
+            for _ in range(8):
+                step(np.ones((1, 1), np.int64), FAR)
+        print(f"peak RSS {peak()} bytes over the imports'")
         return
     made = {name: export(name, folder, args.fresh) for name, folder in folders().items()}
     for name, (pte, facts) in made.items():
@@ -123,8 +127,10 @@ def main() -> None:
               f"{cache_bytes(name == 'windows') / 1e6:.1f} MB; planned {planned / 1e6:.1f} MB; "
               f"file {pte.stat().st_size / 1e6:.1f} MB", flush=True)
     for name, (pte, _) in made.items():
-        _, rss, _ = timed_child([sys.executable, __file__, "--child", str(pte)], pte.parent, pte.parent / "decode.log")
-        print(f"{name}: decoding at {FAR}: peak RSS {rss / 1e6:.0f} MB", flush=True)
+        timed_child([sys.executable, __file__, "--child", str(pte)], pte.parent, pte.parent / "decode.log")
+        rss = int([x for x in (pte.parent / "decode.log").read_text().splitlines() if x.startswith("peak RSS")][-1]
+                  .split()[2])
+        print(f"{name}: decoding at {FAR}: peak RSS {rss / 1e6:.0f} MB over the imports'", flush=True)
     steps = {name: _filled(pte) for name, (pte, _) in made.items()}
     print(f"load average before timing: {os.getloadavg()[0]:.1f}", flush=True)
     times: dict[tuple[str, int], list[float]] = {}

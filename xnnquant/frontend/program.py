@@ -308,7 +308,7 @@ class AtenProgram:
             info = file.check(name, shape, what, floating=False)
             values = np.array(file.file.read(info.name))
         values = np.ascontiguousarray(values)
-        if not values.flags.writeable:  # a mapped file's view: torch warns of those; one tensor's copy, while it is read
+        if not values.flags.writeable:  # a mapped file's view, which torch warns of: one tensor's copy
             values = values.copy()
         return torch.from_numpy(values).to(tensor.dtype)
 
