@@ -110,13 +110,15 @@ class Step:
     """What the cache and attention of one forward call need: the first position (a size the
     program reads from ``input_pos``), the positions written (int64 ``[n]``), the Decoder
     whose buffers are the cache, and the keys and values the last cache update gave
-    (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``)."""
+    (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``), and the ring masks made
+    so far (``masks``: (slots, window) -> mask; the windowed layers of a model share one)."""
 
     start: Any
     positions: torch.Tensor
     decoder: Decoder
     read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     last_layer: int = -1
+    masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
 
 #: The step being run (set by ``Decoder.forward`` in the thread that runs it).
@@ -197,7 +199,9 @@ def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: f
     keys, values = step.read[layer]
     n = query.shape[1]
     if plan.window is not None:
-        mask = ring_mask(step, plan.size, plan.window, n)
+        if (plan.size, plan.window) not in step.masks:  # one mask a call, not one a layer
+            step.masks[plan.size, plan.window] = ring_mask(step, plan.size, plan.window, n)
+        mask = step.masks[plan.size, plan.window]
         if softcap is not None:
             return plain_attention(query, keys, values, mask, scaling, softcap)
         return torch.ops.llama.custom_sdpa(query, keys, values, 0, mask, 0.0, False, scaling)
