@@ -216,7 +216,7 @@ class Session:
 
     def __init__(self, program: PteProgram | Source, data_files: Any = ()) -> None:
         self.program = _as_program(program, data_files)
-        self._module = None
+        self._module: Any = None
         self.reset()
 
     def reset(self) -> None:
