@@ -224,3 +224,21 @@ def test_the_programs_header_says_each_layers_positions_and_the_caches_bytes(kv_
     ring = WINDOW + MAX_SEQ_LEN - 1
     assert f"{kv_cache} KV cache of {CONTEXT} positions x 1 layers, {ring} positions x 1 layers (sliding windows), " \
            f"{held / 1e6:.1f} MB;" in str(info)
+
+
+def test_the_int8_read_back_is_planned_at_the_caches_size_not_past_it() -> None:
+    """The read-back of the positions written so far (start + n of them) is sliced with the cache's
+    size as its bound: planned at 2048 x heads x D floats for SmolLM2 at 2048, not at start's and
+    n's separate bounds (2048 + 128 - 2 = 2174, measured before). Read with ExecuTorch's own
+    deserializer."""
+    from executorch.exir._serialize import _deserialize_pte_binary
+
+    model = _model(lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)))
+    exported = xq.export_llm(model, max_context=CONTEXT, max_seq_len=MAX_SEQ_LEN, weights="fp32", embeddings=None,
+                             kv_cache="int8", progress=False)
+    plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
+    heads, dim = COMMON["num_key_value_heads"], COMMON["hidden_size"] // COMMON["num_attention_heads"]
+    read_backs = [list(v.val.sizes) for v in plan.values if type(v.val).__name__ == "Tensor"
+                  and v.val.allocation_info is not None and v.val.scalar_type == 6 and len(v.val.sizes) == 4
+                  and list(v.val.sizes[2:]) == [heads, dim] and v.val.sizes[1] > MAX_SEQ_LEN]
+    assert read_backs and all(sizes == [1, CONTEXT, heads, dim] for sizes in read_backs), read_backs

@@ -254,7 +254,9 @@ def update_cache(decoder: Decoder, layer: int, keys: torch.Tensor, values: torch
             codes.index_copy_(1, slots, code)
             scales.index_copy_(1, slots, scale)
         whole = plan.window is not None or decoder.softcapped  # else the positions written so far
-        length = plan.size if whole else step.start + keys.shape[2]
+        # the positions written so far; sym_min gives the slice the cache's bound (its planned
+        # size), which start and n's separate bounds would put at max_context + max_seq_len - 2
+        length = plan.size if whole else torch.sym_min(step.start + keys.shape[2], plan.size)
         step.read[layer] = (dequantize_int8(cache_k[:, :length], scale_k[:, :length]),
                             dequantize_int8(cache_v[:, :length], scale_v[:, :length]))
     step.last_layer = layer
