@@ -119,9 +119,9 @@ def _int8_reference(module, query, key, value, attention_mask, **kwargs):
     return own(module, query, _on_int8_grid(key), _on_int8_grid(value), attention_mask, **kwargs)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])  # full, soft-capped ring, ring
 def test_an_int8_cache_is_transformers_attention_on_int8_keys_and_values(family: str) -> None:
-    make = WINDOWED["gemma2"] if family == "gemma2" else (lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)))
+    make = WINDOWED[family] if family in WINDOWED else (lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)))
     model = _model(make)
     exported = xq.export_llm(model, max_context=CONTEXT, max_seq_len=MAX_SEQ_LEN, weights="fp32", embeddings=None,
                              kv_cache="int8", progress=False)

@@ -33,7 +33,8 @@ Attention, query i at position q_i = input_pos + i::
     full layer       llama::custom_sdpa(q [1, n, Hq, D], K, V, input_pos, causal): keys
                      0 .. q_i (K, V: the cache; int8: its first input_pos + n positions
                      read back)
-    windowed layer   llama::custom_sdpa(q, K, V, mask [n, S]) over the whole ring; slot s holds
+    windowed layer   llama::custom_sdpa(q, K[:U], V[:U], mask [n, U]) over the U = min(input_pos
+                     + n, S) slots written so far (all S once the ring wraps); slot s holds
                      position P(s) = last - ((last - s) mod S), last = input_pos + n - 1, and
                      mask[i, s] = 0 where P(s) >= 0 and 0 <= q_i - P(s) < W, else -inf
     soft-capped      (Gemma 2) computed with plain operators over the whole cache (full layers:
@@ -111,14 +112,15 @@ class Step:
     program reads from ``input_pos``), the positions written (int64 ``[n]``), the Decoder
     whose buffers are the cache, and the keys and values the last cache update gave
     (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``), and the ring masks made
-    so far (``masks``: (slots, window) -> mask; the windowed layers of a model share one)."""
+    so far (``masks``: (slots, window, not soft-capped) -> mask; the windowed layers of a
+    model share one)."""
 
     start: Any
     positions: torch.Tensor
     decoder: Decoder
     read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     last_layer: int = -1
-    masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    masks: dict[tuple[int, int, bool], torch.Tensor] = field(default_factory=dict)
 
 
 #: The step being run (set by ``Decoder.forward`` in the thread that runs it).
@@ -152,11 +154,13 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.float32) * scale
 
 
-def ring_mask(step: Step, size: int, window: int, n: int) -> torch.Tensor:
-    """float32 ``[n, size]``: 0 where query i may read slot s of a ring of ``size`` slots with a
-    window of ``window`` positions, -inf elsewhere (module docstring)."""
+def ring_mask(step: Step, size: int, window: int, n: int, used: Any = None) -> torch.Tensor:
+    """float32 ``[n, used]``: 0 where query i may read slot s (of the first ``used``, default
+    all) of a ring of ``size`` slots with a window of ``window`` positions, -inf elsewhere
+    (module docstring)."""
     last = step.start + n - 1
-    slots = torch.arange(size, dtype=torch.int64, device=step.positions.device)  # not the default device: meta
+    slots = torch.arange(size if used is None else used, dtype=torch.int64,
+                         device=step.positions.device)  # not the default device: meta
     held = last - torch.remainder(last - slots, size)  # the position in each slot
     queries = step.positions.unsqueeze(1)
     age = queries - held.unsqueeze(0)
@@ -199,9 +203,10 @@ def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: f
     keys, values = step.read[layer]
     n = query.shape[1]
     if plan.window is not None:
-        if (plan.size, plan.window) not in step.masks:  # one mask a call, not one a layer
-            step.masks[plan.size, plan.window] = ring_mask(step, plan.size, plan.window, n)
-        mask = step.masks[plan.size, plan.window]
+        used = keys.shape[1]  # the slots written so far (softcapped: all of them)
+        if (plan.size, plan.window, softcap is None) not in step.masks:  # one mask a call, not one a layer
+            step.masks[plan.size, plan.window, softcap is None] = ring_mask(step, plan.size, plan.window, n, used)
+        mask = step.masks[plan.size, plan.window, softcap is None]
         if softcap is not None:
             return plain_attention(query, keys, values, mask, scaling, softcap)
         return torch.ops.llama.custom_sdpa(query, keys, values, 0, mask, 0.0, False, scaling)
@@ -243,20 +248,22 @@ def update_cache(decoder: Decoder, layer: int, keys: torch.Tensor, values: torch
     slots = step.positions if plan.window is None else torch.remainder(step.positions, plan.size)
     k, v = keys.transpose(1, 2), values.transpose(1, 2)
     cache_k, cache_v = getattr(decoder, f"cache_k{layer}"), getattr(decoder, f"cache_v{layer}")
+    # the slots written so far, start + n until a ring wraps (sym_min: the slice's bound is the
+    # cache's size, which start's and n's separate bounds would put at size + max_seq_len - 2)
+    used = torch.sym_min(step.start + keys.shape[2], plan.size)
     if decoder.kv_cache == "fp32":
         cache_k.index_copy_(1, slots, k)
         cache_v.index_copy_(1, slots, v)
-        step.read[layer] = (cache_k, cache_v)
+        # a full layer's custom_sdpa stops at the position itself; a ring's attends to what it reads
+        ring = plan.window is not None and not decoder.softcapped
+        step.read[layer] = (cache_k[:, :used], cache_v[:, :used]) if ring else (cache_k, cache_v)
     else:
         scale_k, scale_v = getattr(decoder, f"cache_k_scale{layer}"), getattr(decoder, f"cache_v_scale{layer}")
         for x, codes, scales in ((k, cache_k, scale_k), (v, cache_v, scale_v)):
             code, scale = quantize_int8(x)
             codes.index_copy_(1, slots, code)
             scales.index_copy_(1, slots, scale)
-        whole = plan.window is not None or decoder.softcapped  # else the positions written so far
-        # the positions written so far; sym_min gives the slice the cache's bound (its planned
-        # size), which start and n's separate bounds would put at max_context + max_seq_len - 2
-        length = plan.size if whole else torch.sym_min(step.start + keys.shape[2], plan.size)
+        length = plan.size if decoder.softcapped else used  # soft-capped attention reads the whole cache
         step.read[layer] = (dequantize_int8(cache_k[:, :length], scale_k[:, :length]),
                             dequantize_int8(cache_v[:, :length], scale_v[:, :length]))
     step.last_layer = layer
