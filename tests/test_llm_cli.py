@@ -265,3 +265,23 @@ def test_no_runtime_line_reaches_a_user_who_did_nothing_wrong(tmp_path: Path, ca
     with runtime_log.every_line():  # xnnquant --verbose
         assert runtime_log.shown("I", "cpuinfo_utils.cpp", "Reading file /sys/devices/soc0/image_version")
     assert not runtime_log.shown("I", "cpuinfo_utils.cpp", "Reading file /sys/devices/soc0/image_version")
+
+
+def test_a_budget_a_streamed_folder_cannot_follow_is_said(tmp_path: Path) -> None:
+    """weights='auto:B' measures each layer's effect on the loaded model; a streamed folder has
+    no weights in memory, so it takes qb4w:32 everywhere and says so (the default 'auto' is
+    documented to, and is quiet)."""
+    import warnings
+
+    import xnnquant as xq
+    from xnnquant.cli.llm import load_llm
+
+    _saved("gemma", 96, tmp_path)
+    model, weights = load_llm(str(tmp_path))
+    with pytest.warns(xq.OptionWarning, match=r"weights='auto:6' is not followed: a streaming export has no weights"):
+        exported = xq.export_llm(model, max_context=12, max_seq_len=4, weights="auto:6", state_dict=weights,
+                                 progress=False)
+    assert exported.plan is None and "weights qb4w:32" in str(exported)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xq.OptionWarning)
+        xq.export_llm(model, max_context=12, max_seq_len=4, state_dict=weights, progress=False)

@@ -324,8 +324,15 @@ def _planned(model: Any, family: Family, weights: Any, method: str, batches: lis
     bits = parse_auto(weights)
     if bits is None:
         return weights, None
-    if state_dict is not None or not isinstance(family, Transformers):
-        return CANDIDATES[0], None  # no weights in memory, or no transformers model to run: the smallest candidate
+    if state_dict is not None or not isinstance(family, Transformers):  # no weights to measure, or no model to run
+        if ":" in str(weights):  # a budget asked for, not the default's: say it is not followed
+            from ..frontend.report import warn_unused
+
+            why = "a streaming export has no weights in memory to measure" if state_dict is not None else \
+                f"{type(model).__name__} is no transformers model to measure"
+            warn_unused(f"weights={weights!r} is not followed: {why}; every linear layer takes {CANDIDATES[0]} "
+                        "(load the model in memory to plan by measured effect)")
+        return CANDIDATES[0], None
     table = EmbeddingScheme.parse(embeddings)
     tokens = None if batches is None else [ids for ids, _ in batches]
     return plan_weights(model, bits, method, tokens, prefix="model.",
