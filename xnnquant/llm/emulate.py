@@ -19,7 +19,7 @@ that a batch of windows runs in one eager forward instead of one program call a 
 
 What differs from the program: the order of float sums (XNNPACK's integer dot products
 and their tiles against torch's matmul), so logits agree to float rounding except where a
-per-token code sits on a rounding tie (``tests/test_llm_emulate.py`` measures it against
+per-token code sits on a rounding tie (``tests/test_llm_bytes.py`` measures it against
 the real runtime).  Attention, norms and the KV cache stay fp32 (a program's ``kv_cache="fp32"``).
 
 ``window_nll`` scores windows of token ids in one batch: the negative log-likelihood of
