@@ -220,6 +220,8 @@ def test_models_that_are_not_causal_lms_are_refused() -> None:
      r"calibration\[0\] must be a CPU int64 tensor of token ids, shape \[1, n\]"),
     ({"max_context": 16, "calibration": [torch.full((1, 4), 96)]}, r"outside the vocabulary \[0, 96\): 96 .. 96"),
     ({"max_context": 16, "rotation": "spin"}, r"rotation must be None or one of .hadamard.: got .spin."),
+    ({"max_context": 16, "memory": "4 parsecs"}, r"^memory must be the memory of the device the program is for: "
+                                                 r"got '4 parsecs'"),
     ({"max_context": 16, "max_seq_len": 17}, r"^max_seq_len must be an int in \[2, max_context=16\] \(the most tokens "
                                              r"one forward call takes; a longer prompt is fed in calls of max_seq_len\): "
                                              r"got 17$"),
@@ -232,6 +234,24 @@ def test_models_that_are_not_causal_lms_are_refused() -> None:
 def test_bad_arguments_are_refused_before_tracing(kwargs: dict, message: str) -> None:
     with pytest.raises(XnnquantError, match=message):
         xq.export_llm(_model("llama"), progress=False, **kwargs)
+
+
+def test_the_phones_memory_refuses_a_program_that_does_not_fit_and_says_the_caches_share() -> None:
+    """``memory=`` (the phone's): a program planning more is refused whatever this machine has,
+    and the refusal says what the KV cache takes: 2 layers x (keys, values) x 16 positions x
+    2 heads x 16 x 4 bytes = 8192 bytes, 0.007812 MiB (derived by hand from the config)."""
+    from xnnquant.errors import PlannedMemoryError
+
+    model = _model("llama")
+    options = dict(max_context=16, max_seq_len=4, weights="fp32", embeddings=None, progress=False)
+    with pytest.raises(PlannedMemoryError, match=r"plans \S+ GiB \(\d+ bytes\) of memory, .* and the target has "
+                       r"\S+ GiB \(memory=8000\); expected a plan that fits .*; of that, the KV cache takes 0\.007812 "
+                       r"MiB \(max_context=16, kv_cache='fp32'\) and the activations are planned for a call of "
+                       r"max_seq_len=4 tokens: lower either, or take kv_cache='int8'$"):
+        xq.export_llm(model, memory="8KB", **options)
+    exported = xq.export_llm(model, memory="1GiB", **options)
+    assert exported.summary["memory"]["checked_against"] == "memory="
+    assert exported.summary["memory"]["limit_bytes"] == 2**30
 
 
 def test_generation_stops_at_the_context_as_text_llm_runner_does(quantized: tuple[str, str]) -> None:

@@ -285,3 +285,16 @@ def test_a_budget_a_streamed_folder_cannot_follow_is_said(tmp_path: Path) -> Non
     with warnings.catch_warnings():
         warnings.simplefilter("error", xq.OptionWarning)
         xq.export_llm(model, max_context=12, max_seq_len=4, state_dict=weights, progress=False)
+
+
+def test_export_llm_takes_the_phones_memory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--memory``: a program that does not fit the phone's memory is one line and status 2."""
+    _saved("gemma", 96, tmp_path)
+    capsys.readouterr()  # save_pretrained's progress
+    out = tmp_path / "model.pte"
+    assert cli.main(["export-llm", str(tmp_path), "-o", str(out), "--max-context", "12", "--max-seq-len", "4",
+                     "--weights", "qb4w:32", "--memory", "8KB", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(memory=8000)" in err and "the KV cache takes" in err, err
+    assert not out.exists()
+

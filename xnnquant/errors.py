@@ -49,6 +49,11 @@ class RuntimeTimeoutError(RuntimeCrashError):
     """The isolated runtime did not finish within the time allowed and was stopped."""
 
 
+class PlannedMemoryError(XnnquantError):
+    """A program plans more memory than the device it is for has (``memory=``, or this
+    machine's): the runtime allocates the planned arenas whole when the method loads."""
+
+
 class OutputFileError(XnnquantError, OSError):
     """A file could not be written (a missing directory, no permission, a full disk): the
     message names the path given and the system's reason.  Also an ``OSError``."""

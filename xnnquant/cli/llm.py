@@ -85,6 +85,9 @@ def add_commands(sub: Any) -> None:
                         help="rotate the residual stream (folded into the weights; the model is read into memory)")
     export.add_argument("--fallback", default="auto", help="schemes for layers that cannot take --weights (as for "
                                                            "xnnquant export)")
+    export.add_argument("--memory", default=None, metavar="SIZE",
+                        help="the memory of the device the program is for (e.g. 4GiB): a program whose planned memory "
+                        "exceeds it is refused (default: this machine's)")
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.add_argument("--no-progress", action="store_true", help="no progress bar")
     export.set_defaults(func=_export_llm)
@@ -279,7 +282,7 @@ def _export_llm(args: argparse.Namespace) -> None:
                                  kv_cache=args.kv_cache, weights=args.weights, embeddings=embeddings,
                                  method=args.method, calibration=_calibration(args), fallback=fallback,
                                  progress=not args.no_progress, state_dict=weights, rotation=args.rotation,
-                                 full_logits=args.full_logits)
+                                 full_logits=args.full_logits, memory=args.memory)
         path = exported.save(args.output)
     if args.json:
         print(exported.to_json())

@@ -74,7 +74,7 @@ from .stages.decompose import decomposed
 from .stages.lower import lower_program
 from .stages.partition import partitioned, refused_go_portable, repartitioned
 from .stages.quantize import quantized
-from .stages.write import write
+from .stages.write import check_planned, write
 
 #: ``export`` and ``check``, and the report and warning classes they give (``report.py``).
 __all__ = ["AccuracyWarning", "CheckReport", "FallbackWarning", "OptionWarning", "PerformanceWarning", "check",
@@ -206,6 +206,12 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
         warn_static(exported)
     if weight_file is None:  # a streaming export writes (and quantizes) when saved
         write(exported, options, timings)
+    elif options.memory is not None:  # the device's memory, checked when the bytes exist (no self-check loads them)
+        later = replace(options, check=False)
+        if exported.mixed:
+            exported._check_at_save = later
+        else:
+            exported.memory_check = check_planned(exported, later)
     if not options.check:
         exported.self_check = "skipped (check=False)"
     elif weight_file is not None or eager is None:

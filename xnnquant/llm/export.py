@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import arguments
-from ..errors import XnnquantError
+from ..errors import PlannedMemoryError, XnnquantError
 
 if TYPE_CHECKING:
     from .decoder import Decoder, Family
@@ -218,7 +218,8 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
                weights: Any = "auto", embeddings: Any = "int8", method: str | None = None,
                calibration: Iterable[Any] | None = None, progress: bool = True,
                state_dict: str | os.PathLike[str] | None = None, rotation: Any = None, fallback: Any = "auto",
-               check: bool = True, bos_id: Any = None, eos_ids: Any = None, full_logits: bool = False) -> Any:
+               check: bool = True, bos_id: Any = None, eos_ids: Any = None, full_logits: bool = False,
+               memory: Any = None) -> Any:
     """A causal LM as one ``.pte`` with ExecuTorch's LLM interface and a KV cache (module docstring).
 
     ``model``: a ``transformers`` causal LM in eval mode (any family whose attention goes
@@ -253,11 +254,15 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     returns every position's logits ``[1, n, vocab]`` (ExecuTorch's ``generate_full_logits``),
     for evaluating a text in calls of ``max_seq_len`` tokens (``xnnquant perplexity``); it
     plans ``max_seq_len x vocab`` more floats (25 MB for SmolLM2 at 128) and the runners
-    still sample from the last position.
+    still sample from the last position.  ``memory``: the memory of the phone the program is
+    for (bytes, or ``"4GiB"``), as for ``xq.export``: a program whose planned memory (the
+    cache, and the activations of a ``max_seq_len`` call) exceeds it is refused; None checks
+    against this machine's, and the report says which.
 
     Returns an ``Exported`` (``save``, ``to_pte``, its report) with ``llm``, an ``LLMInfo``.
     """
     from ..pte import runtime_log
+    from ..pte.planned import memory_bytes
     from .mixed import parse_auto
 
     runtime_log.quiet_imports()  # before anything imports executorch (and torchao)
@@ -273,6 +278,7 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     max_context = _check_max_context(max_context, limit, type(model).__name__)
     max_seq_len = _check_max_seq_len(max_seq_len, max_context)
     kv_cache = _check_kv_cache(kv_cache)
+    memory_bytes(memory)  # a spelling it cannot read is refused before anything runs
     full_logits = arguments.flag(full_logits, "full_logits")
     if full_logits and not isinstance(family, Transformers):
         raise XnnquantError(f"full_logits=True needs a transformers causal LM: {family.name}'s model returns the "
@@ -294,10 +300,14 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
         # ExecuTorch's llama attention still calls torch._check_is_size (deprecated in torch 2.13)
         warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning)
         runtime_log.quiet()  # the kernels' log lines a correct export makes (pte/runtime_log.py)
-        exported = export(decoder, example, weights=weights, method=method, calibration=batches,
-                          fallback=fallback, progress=progress, state_dict=state_dict, check=check,
-                          dynamic_shapes=({1: tokens}, None), embeddings=embeddings, rotation=rotation,
-                          _weight_prefix="model.")  # a checkpoint names the model's own tensors
+        try:
+            exported = export(decoder, example, weights=weights, method=method, calibration=batches,
+                              fallback=fallback, progress=progress, state_dict=state_dict, check=check,
+                              dynamic_shapes=({1: tokens}, None), embeddings=embeddings, rotation=rotation,
+                              memory=memory, _weight_prefix="model.")  # a checkpoint names the model's own tensors
+        except PlannedMemoryError as exc:
+            raise PlannedMemoryError(f"{exc}{_memory_hint(decoder)}") from None
+        exported._memory_hint = _memory_hint(decoder)  # a streaming export's check, when it is saved
         info = LLMInfo(max_context, vocab, decoder.layers or int(getattr(model, "n_layers", 0)),
                        None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)),
                        max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits,
@@ -309,6 +319,15 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
         if check and state_dict is None:
             _check_steps(decoder, exported, vocab)
     return exported
+
+
+def _memory_hint(decoder: Decoder) -> str:
+    """What ends a refusal of an LLM program's planned memory: its KV cache's share (the cache
+    buffers' bytes: keys, values and int8 scales) and what to lower."""
+    cache = sum(b.numel() * b.element_size() for n, b in decoder.named_buffers() if n.startswith("cache_"))
+    return (f"; of that, the KV cache takes {cache / 2**20:.4g} MiB (max_context={decoder.max_context}, "
+            f"kv_cache={decoder.kv_cache!r}) and the activations are planned for a call of "
+            f"max_seq_len={decoder.max_seq_len} tokens: lower either, or take kv_cache='int8'")
 
 
 def _planned(model: Any, family: Family, weights: Any, method: str, batches: list[tuple[Any, Any]] | None,

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import XnnquantError
+from ..errors import PlannedMemoryError, XnnquantError
 from . import program_generated as fb
 
 GIB = 2**30
@@ -102,7 +102,7 @@ def _size(n: int) -> str:
 
 def check_fits(planned: dict[str, int], what: str, hint: str = "", limit: int | None = None,
                target: bool = False) -> MemoryCheck:
-    """``XnnquantError`` when a method of ``what`` plans more memory than ``limit`` bytes: the
+    """``PlannedMemoryError`` when a method of ``what`` plans more memory than ``limit`` bytes: the
     memory of the device the program is for (``target``, from ``memory=``), or by default
     this machine's physical memory (``physical_memory``); ``planned``: ``planned_bytes``'
     result; ``hint`` ends the message.  Returns what was compared."""
@@ -115,7 +115,7 @@ def check_fits(planned: dict[str, int], what: str, hint: str = "", limit: int | 
            f"this machine has {limit / GIB:.3g} GiB")
     for method, size in planned.items():
         if size > limit:
-            raise XnnquantError(
+            raise PlannedMemoryError(
                 f"{what}: method {method!r} plans {size / GIB:.3g} GiB ({size} bytes) of memory, which the runtime "
                 f"allocates when it loads the method, and {has}; expected a plan that fits"
                 f"{hint or ' (a dynamic dim plans its memory at its upper bound: lower its max)'}")
