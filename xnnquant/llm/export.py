@@ -256,8 +256,10 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
     plans ``max_seq_len x vocab`` more floats (25 MB for SmolLM2 at 128) and the runners
     still sample from the last position.  ``memory``: the memory of the phone the program is
     for (bytes, or ``"4GiB"``), as for ``xq.export``: a program whose planned memory (the
-    cache, and the activations of a ``max_seq_len`` call) exceeds it is refused; None checks
-    against this machine's, and the report says which.
+    cache, and the activations of a ``max_seq_len`` call) exceeds it is refused
+    (``PlannedMemoryError``, saying the cache's share); None checks against this machine's, and
+    the report says which.  A streaming export is checked when ``save`` has its bytes, before
+    writing, and only against ``memory=``.
 
     Returns an ``Exported`` (``save``, ``to_pte``, its report) with ``llm``, an ``LLMInfo``.
     """
