@@ -112,6 +112,11 @@ def test_executorchs_own_llama_transformer() -> None:
     got = _stepped(xq.LLM(exported), ids, 5)
     for k, logits in enumerate(got):
         np.testing.assert_allclose(logits, want[4 + k], rtol=0, atol=RTOL * float(np.abs(want).max()))
+    # its cache is the model's own, not the Decoder's: a refusal does not put it at 0 MiB nor advise int8
+    with pytest.raises(xq.XnnquantError, match=r"; of that, the KV cache holds max_context=32 positions and the "
+                                               r"activations are planned for a call of max_seq_len=32 tokens: "
+                                               r"lower either$"):
+        xq.export_llm(model, max_context=32, weights="fp32", embeddings=None, progress=False, memory="2KB")
 
 
 @pytest.fixture(scope="module")
@@ -236,19 +241,25 @@ def test_bad_arguments_are_refused_before_tracing(kwargs: dict, message: str) ->
         xq.export_llm(_model("llama"), progress=False, **kwargs)
 
 
-def test_the_phones_memory_refuses_a_program_that_does_not_fit_and_says_the_caches_share() -> None:
+@pytest.mark.parametrize(("kv_cache", "mib", "advice"), [
+    ("fp32", r"0\.007812", r", or take kv_cache='int8'"),  # 2 x 2 x 16 x 2 x 16 x 4 = 8192 bytes
+    ("int8", r"0\.002441", r""),  # 2 x 2 x 16 x 2 x (16 codes + a 4-byte scale) = 2560 bytes
+])
+def test_the_phones_memory_refuses_a_program_that_does_not_fit_and_says_the_caches_share(
+        kv_cache: str, mib: str, advice: str) -> None:
     """``memory=`` (the phone's): a program planning more is refused whatever this machine has,
-    and the refusal says what the KV cache takes: 2 layers x (keys, values) x 16 positions x
-    2 heads x 16 x 4 bytes = 8192 bytes, 0.007812 MiB (derived by hand from the config)."""
+    and the refusal says what the KV cache takes, derived by hand from the config: 2 layers x
+    (keys, values) x 16 positions x 2 heads x 16 dims, at 4 bytes (fp32) or 1 byte and a float32
+    scale a position and head (int8); int8 is advised only to a float32 cache."""
     from xnnquant.errors import PlannedMemoryError
 
     model = _model("llama")
-    options = dict(max_context=16, max_seq_len=4, weights="fp32", embeddings=None, progress=False)
+    options = dict(max_context=16, max_seq_len=4, weights="fp32", embeddings=None, progress=False, kv_cache=kv_cache)
     with pytest.raises(PlannedMemoryError, match=r"plans \S+ GiB \(\d+ bytes\) of memory, .* and the target has "
-                       r"\S+ GiB \(memory=8000\); expected a plan that fits .*; of that, the KV cache takes 0\.007812 "
-                       r"MiB \(max_context=16, kv_cache='fp32'\) and the activations are planned for a call of "
-                       r"max_seq_len=4 tokens: lower either, or take kv_cache='int8'$"):
-        xq.export_llm(model, memory="8KB", **options)
+                       r"\S+ GiB \(memory=2000\); expected a plan that fits .*; of that, the KV cache takes "
+                       rf"{mib} MiB \(max_context=16, kv_cache='{kv_cache}'\) and the activations are planned for a "
+                       rf"call of max_seq_len=4 tokens: lower either{advice}$"):
+        xq.export_llm(model, memory="2KB", **options)
     exported = xq.export_llm(model, memory="1GiB", **options)
     assert exported.summary["memory"]["checked_against"] == "memory="
     assert exported.summary["memory"]["limit_bytes"] == 2**30

@@ -564,6 +564,11 @@ class Decoder(torch.nn.Module):
                                                                               device=device), persistent=False)
         self.training = False  # the model's own flag is the model's (export refuses training mode)
 
+    def cache_buffers(self) -> list[torch.Tensor]:
+        """The cache's buffers (keys, values, and an int8 cache's scales); none where the family's
+        model keeps its own cache (ExecuTorch's llama ``Transformer``)."""
+        return [buffer for name, buffer in self.named_buffers() if name.startswith("cache_")]
+
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]
         start = input_pos[0].item()

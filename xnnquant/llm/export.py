@@ -325,11 +325,16 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
 
 def _memory_hint(decoder: Decoder) -> str:
     """What ends a refusal of an LLM program's planned memory: its KV cache's share (the cache
-    buffers' bytes: keys, values and int8 scales) and what to lower."""
-    cache = sum(b.numel() * b.element_size() for n, b in decoder.named_buffers() if n.startswith("cache_"))
-    return (f"; of that, the KV cache takes {cache / 2**20:.4g} MiB (max_context={decoder.max_context}, "
-            f"kv_cache={decoder.kv_cache!r}) and the activations are planned for a call of "
-            f"max_seq_len={decoder.max_seq_len} tokens: lower either, or take kv_cache='int8'")
+    buffers' bytes: keys, values and int8 scales; not said where the model keeps its own cache)
+    and what to lower (``kv_cache='int8'`` too, where the cache is ours and float32)."""
+    buffers = decoder.cache_buffers()
+    cache = sum(b.numel() * b.element_size() for b in buffers)
+    share = (f"the KV cache takes {cache / 2**20:.4g} MiB (max_context={decoder.max_context}, "
+             f"kv_cache={decoder.kv_cache!r})" if buffers else f"the KV cache holds max_context={decoder.max_context} "
+             "positions")
+    int8 = ", or take kv_cache='int8'" if buffers and decoder.kv_cache == "fp32" else ""
+    return (f"; of that, {share} and the activations are planned for a call of max_seq_len={decoder.max_seq_len} "
+            f"tokens: lower either{int8}")
 
 
 def _planned(model: Any, family: Family, weights: Any, method: str, batches: list[tuple[Any, Any]] | None,
@@ -413,7 +418,7 @@ def _check_steps(decoder: Decoder, exported: Any, vocab: int) -> None:
             (out,) = fresh.run(ids[:, begin:min(n, begin + decoder.max_seq_len)], torch.tensor([begin]))
         return last(out)
 
-    caches = [buffer for name, buffer in decoder.named_buffers() if name.startswith("cache_")]
+    caches = decoder.cache_buffers()
     with buffers_kept(tensors=caches), torch.no_grad():
         for buffer in caches:
             buffer.zero_()
