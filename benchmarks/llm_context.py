@@ -6,7 +6,11 @@ Every program is ``max_context=2048, max_seq_len=128`` on SmolLM2's real weights
 ==================================  =======================================================
 xnnquant-fp32-cache                 ``xnnquant export-llm FOLDER --max-context 2048``
                                     (the defaults)
-xnnquant-int8-cache                 the same with ``--kv-cache int8``
+xnnquant-int8-cache                 the same with ``--kv-cache int8`` (a streamed folder:
+                                    qb4w:32 for every linear, issue 44's plan needs the weights)
+xnnquant-auto-int8-cache            ``xnnquant export-llm SMOLLM2.gguf ... --kv-cache int8``:
+                                    the model in memory, so ``weights="auto"`` plans its layers
+                                    and the head reads the int8 table (issue 44's defaults)
 executorch-recipe                   ``export_llama`` as ``benchmarks/llm.py`` runs it, with
                                     ``--max_seq_length 128 --max_context_length 2048``
 executorch-recipe-quantized-cache   the same with ``--quantize_kv_cache`` (``--recipe``
@@ -56,10 +60,11 @@ POSITIONS = (64, 1024, FAR)
 CACHE = smollm2.cache_dir() / "llm-context"
 
 
-def _ours(*options: str):
+def _ours(*options: str, in_memory: bool = False):
     def run(out: Path) -> Path:
         pte = out / "model.pte"
-        command = [sys.executable, "-m", "xnnquant", "export-llm", str(base.checkpoint_folder()), "-o", str(pte),
+        source = smollm2.gguf_path() if in_memory else base.checkpoint_folder()  # a .gguf is read whole
+        command = [sys.executable, "-m", "xnnquant", "export-llm", str(source), "-o", str(pte),
                    "--max-context", str(MAX_CONTEXT), "--max-seq-len", str(MAX_SEQ_LEN), "--no-progress", *options]
         base.timed_child(command, out, out / "export.log")
         return pte
@@ -93,6 +98,7 @@ def _recipe_command(out: Path, options: tuple[str, ...]) -> Path:
 PROGRAMS = {
     "xnnquant-fp32-cache": _ours(),
     "xnnquant-int8-cache": _ours("--kv-cache", "int8"),
+    "xnnquant-auto-int8-cache": _ours("--kv-cache", "int8", in_memory=True),
     "executorch-recipe": _recipe(),
     # not "...-int8": ExecuTorch's model.py takes a checkpoint whose path holds "int8" for an int8 one
     "executorch-recipe-quantized-cache": _recipe("--quantize_kv_cache"),
