@@ -226,11 +226,12 @@ def test_the_programs_header_says_each_layers_positions_and_the_caches_bytes(kv_
            f"{held / 1e6:.1f} MB;" in str(info)
 
 
-def test_the_int8_read_back_is_planned_at_the_caches_size_not_past_it() -> None:
-    """The read-back of the positions written so far (start + n of them) is sliced with the cache's
-    size as its bound: planned at 2048 x heads x D floats for SmolLM2 at 2048, not at start's and
-    n's separate bounds (2048 + 128 - 2 = 2174, measured before). Read with ExecuTorch's own
-    deserializer."""
+def test_the_int8_read_is_planned_at_the_caches_size_not_past_it() -> None:
+    """What the attention reads of an int8 cache, the codes and scales of the positions written so
+    far (start + n of them), is sliced with the cache's size as its bound: planned at
+    [1, heads, CONTEXT, D] codes and [1, heads, 1, CONTEXT] scales, not at start's and n's
+    separate bounds (2048 + 128 - 2 = 2174 for SmolLM2 at 2048, measured before). Read with
+    ExecuTorch's own deserializer."""
     from executorch.exir._serialize import _deserialize_pte_binary
 
     model = _model(lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)))
@@ -238,7 +239,12 @@ def test_the_int8_read_back_is_planned_at_the_caches_size_not_past_it() -> None:
                              kv_cache="int8", progress=False)
     plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
     heads, dim = COMMON["num_key_value_heads"], COMMON["hidden_size"] // COMMON["num_attention_heads"]
-    read_backs = [list(v.val.sizes) for v in plan.values if type(v.val).__name__ == "Tensor"
-                  and v.val.allocation_info is not None and v.val.scalar_type == 6 and len(v.val.sizes) == 4
-                  and list(v.val.sizes[2:]) == [heads, dim] and v.val.sizes[1] > MAX_SEQ_LEN]
-    assert read_backs and all(sizes == [1, CONTEXT, heads, dim] for sizes in read_backs), read_backs
+    planned = [(v.val.scalar_type, list(v.val.sizes)) for v in plan.values if type(v.val).__name__ == "Tensor"
+               and v.val.allocation_info is not None and len(v.val.sizes) == 4 and v.val.sizes[1] == heads]
+    # the cache's buffers and the reads (2 each a layer), not a call's own codes and scales (at most
+    # MAX_SEQ_LEN positions)
+    codes = [sizes for kind, sizes in planned if kind == 1 and sizes[3] == dim and sizes[2] > MAX_SEQ_LEN]  # CHAR
+    scales = [sizes for kind, sizes in planned if kind == 6 and sizes[2] == 1 and sizes[3] > MAX_SEQ_LEN]  # FLOAT
+    layers = COMMON["num_hidden_layers"]
+    assert codes == [[1, heads, CONTEXT, dim]] * 4 * layers, codes
+    assert scales == [[1, heads, 1, CONTEXT]] * 4 * layers, scales

@@ -18,15 +18,22 @@ to (None: every earlier position)::
 
     kv_cache="fp32"  cache_k{l}, cache_v{l} float32 [1, S, Hkv, D] (position-major, as
                      ExecuTorch's llama:: kernels read them)
-    kv_cache="int8"  cache_k{l}, cache_v{l} int8 [1, S, Hkv, D], and cache_k_scale{l},
-                     cache_v_scale{l} float32 [1, S, Hkv, 1]: per position and head,
-                     scale = max(max|x|, FLT_MIN) / 127 over the head's D values,
-                     code = round_half_even(x / scale), |code| <= 127; read back as
-                     float(code) * scale (XNNPACK: Convert of the int8 codes, Multiply)
+    kv_cache="int8"  cache_k{l}, cache_v{l} int8 [1, Hkv, S, D] (head-major: a head's
+                     positions are one [S, D] matrix), and cache_k_scale{l},
+                     cache_v_scale{l} float32 [1, Hkv, 1, S] (a head's scales, one row):
+                     per position and head, scale = max(max|x|, FLT_MIN) / 127 over the
+                     head's D values, code = round_half_even(x / scale), |code| <= 127
+
+                         cache_k{l}[0, h]        cache_k_scale{l}[0, h, 0]
+                         slot 0   c c c ... c    s0
+                         slot 1   c c c ... c    s1     x[slot, d] = c[slot, d] * s[slot]
+                         ...      (D codes)      ...
+                         slot S-1 c c c ... c    sS-1
 
     per call         positions = arange(n) + input_pos; slots = positions (full) or
                      positions % S (ring); k, v [1, Hkv, n, D] -> cache[0, slots] = k
-                     (index_copy_: written in place, ``aten::index_put_``)
+                     (fp32), cache[0, :, slots] = codes and scale[0, :, 0, slots] = scales
+                     (int8) (index_copy_: written in place, ``aten::index_put_``)
 
 Attention, query i at position q_i = input_pos + i::
 
@@ -40,6 +47,16 @@ Attention, query i at position q_i = input_pos + i::
     soft-capped      (Gemma 2) computed with plain operators over the whole cache (full layers:
                      the positions not yet written masked), softmax(cap * tanh(q k^T *
                      scale / cap) + mask) v
+
+    int8 cache       (every layer) in XNNPACK, over the L slots read (full: input_pos + n;
+                     ring: as above; soft-capped: all S), the query heads of a group Q
+                     [Hkv, rep, n, D] (rep = Hq / Hkv) against their key/value head:
+                         scores = (Q @ float(codes_k)^T) * scale_k * scaling   [Hkv, rep, n, L]
+                         out    = (softmax(scores + mask) * scale_v) @ float(codes_v)
+                     (soft-capped: cap * tanh(. / cap) before the mask; mask [n, L] as above,
+                     0 or -inf): each call converts the codes it reads to float32 once and
+                     multiplies them as batch matrix products; a scale multiplies a score
+                     or a weight, not D values.  No llama:: kernel
 
 grouped-query heads read their shared key/value head.
 
@@ -111,9 +128,10 @@ class Step:
     """What the cache and attention of one forward call need: the first position (a size the
     program reads from ``input_pos``), the positions written (int64 ``[n]``), the Decoder
     whose buffers are the cache, and the keys and values the last cache update gave
-    (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``), and the ring masks made
-    so far (``masks``: (slots, window, not soft-capped) -> mask; the windowed layers of a
-    model share one)."""
+    (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``; an int8 cache's (codes_k,
+    scale_k, codes_v, scale_v), ``[1, Hkv, L, D]`` and ``[1, Hkv, 1, L]``), and the masks
+    made so far (``masks``: a key of what they depend on -> mask; the layers of a model
+    that attend alike share one)."""
 
     start: Any
     positions: torch.Tensor
@@ -146,12 +164,6 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = peak / INT8_CODE_MAX
     codes = torch.clamp((x / scale + ROUNDER) - ROUNDER, -INT8_CODE_MAX, INT8_CODE_MAX).to(torch.int8)
     return codes, scale
-
-
-def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """codes int8 ``[..., D]`` x scales float32 ``[..., 1]`` -> float32 (in XNNPACK: a Convert of
-    the int8 codes, exact, and a broadcast multiply)."""
-    return codes.to(torch.float32) * scale
 
 
 def ring_mask(step: Step, size: int, window: int, n: int, used: Any = None) -> torch.Tensor:
@@ -195,13 +207,46 @@ def plain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     return out.reshape(kv_heads, rep, n, dim).permute(2, 0, 1, 3).reshape(1, n, heads, dim)
 
 
+def int8_attention(query: torch.Tensor, codes_k: torch.Tensor, scale_k: torch.Tensor, codes_v: torch.Tensor,
+                   scale_v: torch.Tensor, mask: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
+    """Attention over an int8 cache's L slots as batch matrix products (module docstring).
+
+    query ``[1, n, Hq, D]``; codes ``[1, Hkv, L, D]`` int8, scales ``[1, Hkv, 1, L]``; mask
+    ``[n, L]``; returns ``[1, n, Hq, D]``.  The rep = Hq / Hkv query heads of a group are a
+    batch dimension the keys and values broadcast over (``[1, Hkv, rep, n, .]`` against
+    ``[1, Hkv, 1, L, D]``), so the mask is made once, ``[n, L]``, not once a head.  The keys
+    are read through the product's transpose flag: XNNPACK packs the codes' float32 values
+    as they lie, and no copy transposes them.
+    """
+    _, n, heads, dim = query.shape
+    kv_heads = codes_k.shape[1]
+    rep = heads // kv_heads
+    q = query.reshape(1, n, kv_heads, rep, dim).permute(0, 2, 3, 1, 4)  # [1, Hkv, rep, n, D]
+    # unsqueeze, not a reshape: L is a size the program computes, which no reshape should name
+    keys, values = codes_k.to(torch.float32).unsqueeze(2), codes_v.to(torch.float32).unsqueeze(2)  # [1, Hkv, 1, L, D]
+    scores = torch.matmul(q, keys.transpose(3, 4)) * (scale_k.unsqueeze(2) * scaling)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    weights = torch.softmax(scores + mask, dim=-1) * scale_v.unsqueeze(2)
+    out = torch.matmul(weights, values)  # [1, Hkv, rep, n, D]
+    return out.permute(0, 3, 1, 2, 4).reshape(1, n, heads, dim)
+
+
 def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
     """Attention of ``layer``'s query ``[1, n, Hq, D]`` over its cache, after the call's update
     (module docstring); returns ``[1, n, Hq, D]``."""
     step = _STEP.get()
     plan = step.decoder.plans[layer]
-    keys, values = step.read[layer]
     n = query.shape[1]
+    if step.decoder.kv_cache == "int8":
+        codes_k, scale_k, codes_v, scale_v = step.read[layer]
+        length = codes_k.shape[2]
+        key = ("int8", plan.size, plan.window)  # a model's full layers share one mask, its rings one
+        if key not in step.masks:
+            step.masks[key] = (causal_mask(step, length) if plan.window is None
+                               else ring_mask(step, plan.size, plan.window, n, length))
+        return int8_attention(query, codes_k, scale_k, codes_v, scale_v, step.masks[key], scaling, softcap)
+    keys, values = step.read[layer]
     if plan.window is not None:
         used = keys.shape[1]  # the slots written so far (softcapped: all of them)
         if (plan.size, plan.window, softcap is None) not in step.masks:  # one mask a call, not one a layer
@@ -246,26 +291,25 @@ def update_cache(decoder: Decoder, layer: int, keys: torch.Tensor, values: torch
     step = _STEP.get()
     plan = decoder.plans[layer]
     slots = step.positions if plan.window is None else torch.remainder(step.positions, plan.size)
-    k, v = keys.transpose(1, 2), values.transpose(1, 2)
     cache_k, cache_v = getattr(decoder, f"cache_k{layer}"), getattr(decoder, f"cache_v{layer}")
     # the slots written so far, start + n until a ring wraps (sym_min: the slice's bound is the
     # cache's size, which start's and n's separate bounds would put at size + max_seq_len - 2)
     used = torch.sym_min(step.start + keys.shape[2], plan.size)
     if decoder.kv_cache == "fp32":
-        cache_k.index_copy_(1, slots, k)
-        cache_v.index_copy_(1, slots, v)
+        cache_k.index_copy_(1, slots, keys.transpose(1, 2))
+        cache_v.index_copy_(1, slots, values.transpose(1, 2))
         # a full layer's custom_sdpa stops at the position itself; a ring's attends to what it reads
         ring = plan.window is not None and not decoder.softcapped
         step.read[layer] = (cache_k[:, :used], cache_v[:, :used]) if ring else (cache_k, cache_v)
     else:
         scale_k, scale_v = getattr(decoder, f"cache_k_scale{layer}"), getattr(decoder, f"cache_v_scale{layer}")
-        for x, codes, scales in ((k, cache_k, scale_k), (v, cache_v, scale_v)):
-            code, scale = quantize_int8(x)
-            codes.index_copy_(1, slots, code)
-            scales.index_copy_(1, slots, scale)
+        for x, codes, scales in ((keys, cache_k, scale_k), (values, cache_v, scale_v)):
+            code, scale = quantize_int8(x)  # [1, Hkv, n, D], [1, Hkv, n, 1]
+            codes.index_copy_(2, slots, code)
+            scales.index_copy_(3, slots, scale.transpose(2, 3))
         length = plan.size if decoder.softcapped else used  # soft-capped attention reads the whole cache
-        step.read[layer] = (dequantize_int8(cache_k[:, :length], scale_k[:, :length]),
-                            dequantize_int8(cache_v[:, :length], scale_v[:, :length]))
+        step.read[layer] = (cache_k[:, :, :length], scale_k[..., :length], cache_v[:, :, :length],
+                            scale_v[..., :length])
     step.last_layer = layer
 
 
@@ -293,7 +337,8 @@ def _cache_classes() -> tuple[type, type]:
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             update_cache(self.decoder, self.layer, key_states, value_states)
-            return _STEP.get().read[self.layer]
+            read = _STEP.get().read[self.layer]
+            return (read[0], read[2]) if len(read) == 4 else read  # an int8 cache's: its codes
 
         def get_seq_length(self) -> Any:
             return _STEP.get().start
@@ -554,14 +599,16 @@ class Decoder(torch.nn.Module):
         self.plans = plan_layers(family.cache_shapes(model), family.windows(model), max_context, self.max_seq_len)
         self.layers = len(self.plans)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))  # meta: streamed, zeros
-        dtype = torch.float32 if kv_cache == "fp32" else torch.int8
         for i, plan in enumerate(self.plans):
             for kind in ("k", "v"):
-                self.register_buffer(f"cache_{kind}{i}", torch.zeros(1, plan.size, plan.heads, plan.dim, dtype=dtype,
-                                                                     device=device), persistent=False)
-                if kv_cache == "int8":
-                    self.register_buffer(f"cache_{kind}_scale{i}", torch.ones(1, plan.size, plan.heads, 1,
-                                                                              device=device), persistent=False)
+                if kv_cache == "fp32":
+                    self.register_buffer(f"cache_{kind}{i}", torch.zeros(1, plan.size, plan.heads, plan.dim,
+                                                                         device=device), persistent=False)
+                    continue
+                self.register_buffer(f"cache_{kind}{i}", torch.zeros(1, plan.heads, plan.size, plan.dim,
+                                                                     dtype=torch.int8, device=device), persistent=False)
+                self.register_buffer(f"cache_{kind}_scale{i}", torch.ones(1, plan.heads, 1, plan.size, device=device),
+                                     persistent=False)
         self.training = False  # the model's own flag is the model's (export refuses training mode)
 
     def cache_buffers(self) -> list[torch.Tensor]:
