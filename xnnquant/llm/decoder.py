@@ -38,8 +38,7 @@ to (None: every earlier position)::
 Attention, query i at position q_i = input_pos + i::
 
     full layer       llama::custom_sdpa(q [1, n, Hq, D], K, V, input_pos, causal): keys
-                     0 .. q_i (K, V: the cache; int8: its first input_pos + n positions
-                     read back)
+                     0 .. q_i (K, V: the cache)
     windowed layer   llama::custom_sdpa(q, K[:U], V[:U], mask [n, U]) over the U = min(input_pos
                      + n, S) slots written so far (all S once the ring wraps); slot s holds
                      position P(s) = last - ((last - s) mod S), last = input_pos + n - 1, and
@@ -136,9 +135,9 @@ class Step:
     start: Any
     positions: torch.Tensor
     decoder: Decoder
-    read: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    read: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     last_layer: int = -1
-    masks: dict[tuple[int, int, bool], torch.Tensor] = field(default_factory=dict)
+    masks: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
 
 #: The step being run (set by ``Decoder.forward`` in the thread that runs it).
