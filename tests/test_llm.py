@@ -137,15 +137,19 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**config)).eval()
     exported = xq.export_llm(model, max_context=32, progress=False)
     exported.save(folder / "model.pte")
+    # the phone's layout: the int8 cache (read in XNNPACK, no llama:: kernel) and prompts in chunks
+    xq.export_llm(model, max_context=32, max_seq_len=2, kv_cache="int8", progress=False).save(folder / "int8.pte")
     return str(folder / "model.pte"), str(folder / "tokenizer.json")
 
 
-def test_executorchs_text_llm_runner_runs_our_file(quantized: tuple[str, str]) -> None:
+@pytest.mark.parametrize("name", ["model.pte", "int8.pte"])
+def test_executorchs_text_llm_runner_runs_our_file(quantized: tuple[str, str], name: str) -> None:
     from tokenizers import Tokenizer
 
     from xnnquant.pte.quantized import load_kernels
 
     pte, tokenizer_path = quantized
+    pte = str(Path(pte).with_name(name))
     load_kernels(read_pte(pte).operators)  # the runner shares the pip runtime's kernels
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
