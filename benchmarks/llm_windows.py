@@ -12,7 +12,7 @@ Per program:
 =================  ====================================================================
 export s, RSS      ``xnnquant export-llm FOLDER -o model.pte --max-context 8192`` in a child
                    process (defaults otherwise): wall seconds and peak RSS (``ru_maxrss``)
-cache MB           the float32 KV cache's bytes (``cache_bytes``)
+cache MB           the KV cache's bytes (``cache_bytes``)
 planned MB         the arenas ``forward`` plans, the cache included
 decode RSS MB      peak RSS of a child that loads the program, fills its cache to position
                    ``FAR`` in calls of 128 tokens and decodes 8 tokens there, over its
@@ -21,8 +21,9 @@ decode ms @ p      one token at position p (64 and ``FAR``), cache filled: the m
                    ``--rounds`` rounds of 4 calls, both programs in turn, one process
 =================  ====================================================================
 
-Usage: ``python benchmarks/llm_windows.py [--rounds 5] [--fresh]``. The folder (2 GB) and the
-programs are kept in ``<cache>/llm-windows/``.
+Usage: ``python benchmarks/llm_windows.py [--rounds 5] [--fresh] [--kv-cache int8]``
+(``--kv-cache``: both programs with that cache, as ``export-llm --kv-cache``). The folder
+(2 GB) and the programs are kept in ``<cache>/llm-windows/``.
 """
 
 from __future__ import annotations
@@ -80,13 +81,14 @@ def folders() -> dict[str, Path]:
     return {"windows": windowed, "no windows": full}
 
 
-def export(name: str, folder: Path, fresh: bool) -> tuple[Path, dict]:
-    out = CACHE / name.replace(" ", "-")
+def export(name: str, folder: Path, fresh: bool, kv_cache: str) -> tuple[Path, dict]:
+    out = CACHE / (name.replace(" ", "-") + ("" if kv_cache == "fp32" else f"-{kv_cache}"))
     out.mkdir(parents=True, exist_ok=True)
     pte, facts = out / "model.pte", out / "export.json"
     if fresh or not facts.is_file() or not pte.is_file():
         seconds, rss, cpu = timed_child([sys.executable, "-m", "xnnquant", "export-llm", str(folder), "-o", str(pte),
-                                         "--max-context", str(MAX_CONTEXT), "--no-progress"], out, out / "export.log")
+                                         "--max-context", str(MAX_CONTEXT), "--kv-cache", kv_cache, "--no-progress"],
+                                        out, out / "export.log")
         facts.write_text(json.dumps({"seconds": seconds, "rss": rss, "cpu": cpu}))
     return pte, json.loads(facts.read_text())
 
@@ -98,18 +100,21 @@ def _filled(pte: Path) -> evaluate.ProgramStep:
     return step
 
 
-def cache_bytes(windows: bool) -> int:
-    """The float32 KV cache's bytes: each layer's slots (``llm/decoder.py``: a windowed layer's
-    ring holds window + max_seq_len - 1) x key and value x heads x head size x 4."""
+def cache_bytes(windows: bool, kv_cache: str) -> int:
+    """The KV cache's bytes: each layer's slots (``llm/decoder.py``: a windowed layer's ring
+    holds window + max_seq_len - 1) x key and value x heads x (head size x 4 bytes; int8: head
+    size codes and a 4-byte scale)."""
     slots = sum(min(MAX_CONTEXT, SHAPE["sliding_window"] + 128 - 1) if windows and kind == "sliding_attention"
                 else MAX_CONTEXT for kind in SHAPE["layer_types"])
-    return slots * 2 * SHAPE["num_key_value_heads"] * SHAPE["head_dim"] * 4
+    per_head = SHAPE["head_dim"] * 4 if kv_cache == "fp32" else SHAPE["head_dim"] + 4
+    return slots * 2 * SHAPE["num_key_value_heads"] * per_head
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fresh", action="store_true", help="export again")
+    parser.add_argument("--kv-cache", default="fp32", choices=("fp32", "int8"), help="the programs' cache")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -119,12 +124,12 @@ def main() -> None:
                 step(np.ones((1, 1), np.int64), FAR)
         print(f"peak RSS {peak()} bytes over the imports'")
         return
-    made = {name: export(name, folder, args.fresh) for name, folder in folders().items()}
+    made = {name: export(name, folder, args.fresh, args.kv_cache) for name, folder in folders().items()}
     for name, (pte, facts) in made.items():
         print(f"{name}: {(pte.parent / 'export.log').read_text().splitlines()[0]}")
         planned = planned_bytes(pte.read_bytes())["forward"]
         print(f"  export {facts['seconds']:.0f} s, peak RSS {facts['rss'] / 1e9:.2f} GB; cache "
-              f"{cache_bytes(name == 'windows') / 1e6:.1f} MB; planned {planned / 1e6:.1f} MB; "
+              f"{cache_bytes(name == 'windows', args.kv_cache) / 1e6:.1f} MB; planned {planned / 1e6:.1f} MB; "
               f"file {pte.stat().st_size / 1e6:.1f} MB", flush=True)
     for name, (pte, _) in made.items():
         timed_child([sys.executable, __file__, "--child", str(pte)], pte.parent, pte.parent / "decode.log")
