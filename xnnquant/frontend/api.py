@@ -87,7 +87,7 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
            progress: bool = True, target: Any = "1.4.1", state_dict: str | os.PathLike[str] | None = None,
            check: bool = True, dynamic_shapes: Any = None, calibration_mask: Any = None,
            strict: bool = False, embeddings: Any = None, rotation: Any = None, memory: Any = None,
-           _weight_prefix: str = "") -> Exported:
+           _weight_prefix: str = "", _memory_hint: str = "") -> Exported:
     """Lower ``module`` to one XNNPACK graph with ``weights`` for its linear and convolution layers.
 
     ``module``: a ``torch.nn.Module`` in eval mode with float32 parameters, or a
@@ -164,14 +164,16 @@ def export(module: Any, example_inputs: Any = None, *, weights: Any = "qb4w:32",
     give the target's to get the same answer on any exporting machine.  A mixed program's
     self-check loads it here, so with ``check=True`` it must also fit this machine.
 
-    (``_weight_prefix``, for wrappers of this package such as ``xq.export_llm``'s: the path,
-    within ``module``, of the module whose names ``state_dict``'s file holds.)
+    (For wrappers of this package such as ``xq.export_llm``: ``_weight_prefix``, the path,
+    within ``module``, of the module whose names ``state_dict``'s file holds; ``_memory_hint``,
+    what ends a planned-memory refusal, e.g. the KV cache's share.)
     """
     options = ExportOptions.parse(weights=weights, method=method, calibration=calibration, fallback=fallback,
                                   activations=activations, target=target, state_dict=state_dict, check=check,
                                   progress=progress, dynamic_shapes=dynamic_shapes,
                                   calibration_mask=calibration_mask, strict=strict, embeddings=embeddings,
                                   rotation=rotation, memory=memory)
+    options = replace(options, memory_hint=_memory_hint)
     if not options.policy.weights.is_quantized and options.embeddings is None and options.method != "mse":
         warn_unused(f"method={options.method!r} does nothing: weights='fp32' and no embeddings= quantize nothing")
     weight_file = trace.weight_file(options, module)

@@ -151,8 +151,6 @@ class Exported:
     #: a streaming export's options when ``memory=`` was given: its planned memory is checked when
     #: ``save`` has its bytes (``stages/write.py``)
     _check_at_save: Any = field(default=None, repr=False)
-    #: what ends that check's refusal (``xq.export_llm``'s: the KV cache's share)
-    _memory_hint: str = field(default="", repr=False)
     _payload: bytes | None = field(default=None, repr=False)
     _pte: bytes | None = field(default=None, repr=False)
 
@@ -211,13 +209,9 @@ class Exported:
                 raise XnnquantError(f"cannot write {os.fspath(path)!r}: a mixed program (XNNPACK delegates and "
                                     "portable kernels) is an ExecuTorch program: save it as .pte")
             if self._check_at_save is not None:  # a streaming export's bytes exist only now: checked before writing
-                from ..errors import PlannedMemoryError
                 from .stages.write import check_planned
 
-                try:
-                    self.memory_check = check_planned(self, self._check_at_save)
-                except PlannedMemoryError as exc:
-                    raise PlannedMemoryError(f"{exc}{self._memory_hint}") from None
+                self.memory_check = check_planned(self, self._check_at_save)
             return write_atomic(path, self.to_pte())
         if self._payload is None and self.graph.scales_in_segment:
             from ..graph import pte_chunks

@@ -166,6 +166,8 @@ class ExportOptions:
     rotation: str | None = None
     #: the target device's memory in bytes (``memory=``, ``pte.planned.memory_bytes``); None: this machine's
     memory: int | None = None
+    #: what ends a planned-memory refusal (a wrapper's: ``xq.export_llm`` says the KV cache's share)
+    memory_hint: str = ""
 
     @classmethod
     def parse(cls, *, weights: Any = "qb4w:32", method: Any = "mse", calibration: Any = None,

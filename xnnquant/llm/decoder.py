@@ -337,7 +337,9 @@ def _cache_classes() -> tuple[type, type]:
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             update_cache(self.decoder, self.layer, key_states, value_states)
             read = _STEP.get().read[self.layer]
-            return (read[0], read[2]) if len(read) == 4 else read  # an int8 cache's: its codes
+            # transformers is handed keys and values it does not read (``attention`` reads the step's):
+            # an int8 cache's codes, not its scales
+            return (read[0], read[2]) if self.decoder.kv_cache == "int8" else (read[0], read[1])
 
         def get_seq_length(self) -> Any:
             return _STEP.get().start

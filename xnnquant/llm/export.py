@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import arguments
-from ..errors import PlannedMemoryError, XnnquantError
+from ..errors import XnnquantError
 
 if TYPE_CHECKING:
     from .decoder import Decoder, Family
@@ -302,14 +302,11 @@ def export_llm(model: Any, *, max_context: int, max_seq_len: int | None = None, 
         # ExecuTorch's llama attention still calls torch._check_is_size (deprecated in torch 2.13)
         warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning)
         runtime_log.quiet()  # the kernels' log lines a correct export makes (pte/runtime_log.py)
-        try:
-            exported = export(decoder, example, weights=weights, method=method, calibration=batches,
-                              fallback=fallback, progress=progress, state_dict=state_dict, check=check,
-                              dynamic_shapes=({1: tokens}, None), embeddings=embeddings, rotation=rotation,
-                              memory=memory, _weight_prefix="model.")  # a checkpoint names the model's own tensors
-        except PlannedMemoryError as exc:
-            raise PlannedMemoryError(f"{exc}{_memory_hint(decoder)}") from None
-        exported._memory_hint = _memory_hint(decoder)  # a streaming export's check, when it is saved
+        exported = export(decoder, example, weights=weights, method=method, calibration=batches,
+                          fallback=fallback, progress=progress, state_dict=state_dict, check=check,
+                          dynamic_shapes=({1: tokens}, None), embeddings=embeddings, rotation=rotation,
+                          memory=memory, _memory_hint=_memory_hint(decoder),
+                          _weight_prefix="model.")  # a checkpoint names the model's own tensors
         info = LLMInfo(max_context, vocab, decoder.layers or int(getattr(model, "n_layers", 0)),
                        None if bos is None else bos[0], eos, family.name, tuple(family.cache_shapes(model)),
                        max_seq_len=max_seq_len, kv_cache=kv_cache, full_logits=full_logits,

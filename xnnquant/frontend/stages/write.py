@@ -44,11 +44,12 @@ def check_planned(exported: Exported, options: ExportOptions) -> MemoryCheck:
     dims = sorted({str(d) for t in exported.inputs + exported.outputs for d in t.dynamic if d is not None})
     lower = (f" (its dynamic dims plan their memory at their upper bounds: {', '.join(dims)}; lower their max)"
              if dims else "")
+    then = options.memory_hint
     if options.memory is None:
         return check_fits(planned, "the exported program", lower + "; memory= checks against the target device's "
-                          "memory instead of this machine's")
-    done = check_fits(planned, "the exported program", lower, options.memory, target=True)
+                          "memory instead of this machine's" + then)
+    done = check_fits(planned, "the exported program", lower + then, options.memory, target=True)
     if options.check and exported.mixed:
         check_fits(planned, "the exported program's self-check", lower + "; the self-check loads the program on "
-                   "this machine: check=False skips it")
+                   "this machine: check=False skips it" + then)
     return done
