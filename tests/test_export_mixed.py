@@ -347,3 +347,39 @@ def test_a_dtype_and_memory_format_conversion_runs_in_its_inputs_layout(dtype: t
     assert "portable: aten._to_copy.default x1" in exported.delegation_report()
     (got,) = exported.run(x)
     np.testing.assert_array_equal(got, module(x).detach().numpy())  # small integers times a float: exact
+
+
+class LateReaders(nn.Module):
+    """Values made from the input that only the second delegate reads (after a cumsum on the
+    portable kernels): a broadcast difference [b, t, 16, 16], and two equal unsqueezes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pairs = torch.clamp(x.unsqueeze(-1) - x.unsqueeze(-2), -1.0, 1.0)  # [b, t, 16, 16]
+        y = torch.cumsum(x * 2.0, dim=1)
+        return (pairs * y.unsqueeze(-1)).sum(-1) + x.unsqueeze(-1).squeeze(-1) * (x.unsqueeze(-1).squeeze(-1) + y)
+
+
+def _planned_shapes(exported: object) -> list[list[int]]:
+    """The shapes of the planned tensors of a program's forward, read by ExecuTorch's deserializer."""
+    from executorch.exir._serialize import _deserialize_pte_binary
+
+    plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
+    return [list(v.val.sizes) for v in plan.values
+            if type(v.val).__name__ == "Tensor" and v.val.allocation_info is not None]
+
+
+def test_a_value_only_a_later_delegate_reads_is_made_there_and_equal_reshapes_are_made_once() -> None:
+    """The broadcast difference and its clamp would be delegate 0's output, held in planned
+    memory across the cumsum; they are made in delegate 1 from the input, which the program
+    holds anyway.  Equal unsqueezes of x are one node.  Fails if either goes."""
+    module = _module(LateReaders)
+    x = torch.randn(2, 5, 16)
+    exported = xq.export(module, (x,), weights="fp32", progress=False)
+    where = {p.op: p.where for p in exported.placement if p.op in ("aten.sub.Tensor", "aten.clamp.default")}
+    assert where == {"aten.sub.Tensor": "XNNPACK delegate 1", "aten.clamp.default": "XNNPACK delegate 1"}
+    assert [2, 5, 16, 16] not in _planned_shapes(exported)
+    # x.unsqueeze(-1) three times, x.unsqueeze(-2), y.unsqueeze(-1): 3 nodes, not 5
+    assert sum(p.op == "aten.unsqueeze.default" for p in exported.placement) == 3
+    (got,) = exported.run(x)
+    with torch.no_grad():
+        assert relative_error(got, module(x)) < BOUND

@@ -250,3 +250,22 @@ def test_the_int8_read_is_planned_at_the_caches_size_not_past_it() -> None:
     layers = COMMON["num_hidden_layers"]
     assert codes == [[1, heads, CONTEXT, dim]] * 4 * layers, codes
     assert scales == [[1, heads, 1, CONTEXT]] * 4 * layers, scales
+
+
+def test_an_int8_program_plans_no_mask_and_one_rotary_table() -> None:
+    """The full layers' mask is made in each layer's delegate from two vectors (decoder.py), so
+    no float32 [MAX_SEQ_LEN, CONTEXT] mask is planned; the layers' equal unsqueezes of the
+    rotary cos and sin are one each: two [1, 1, MAX_SEQ_LEN, D] tensors, not two a layer.
+    Read with ExecuTorch's own deserializer; fails if either comes back."""
+    from executorch.exir._serialize import _deserialize_pte_binary
+
+    config = dict(COMMON, num_hidden_layers=3)
+    model = _model(lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**config)))
+    exported = xq.export_llm(model, max_context=CONTEXT, max_seq_len=MAX_SEQ_LEN, weights="fp32", embeddings=None,
+                             kv_cache="int8", progress=False)
+    plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
+    planned = [list(v.val.sizes) for v in plan.values
+               if type(v.val).__name__ == "Tensor" and v.val.allocation_info is not None]
+    dim = config["hidden_size"] // config["num_attention_heads"]
+    assert [MAX_SEQ_LEN, CONTEXT] not in planned
+    assert planned.count([1, 1, MAX_SEQ_LEN, dim]) == 2, planned

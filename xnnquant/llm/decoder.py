@@ -52,10 +52,16 @@ Attention, query i at position q_i = input_pos + i::
                      [Hkv, rep, n, D] (rep = Hq / Hkv) against their key/value head:
                          scores = (Q @ float(codes_k)^T) * scale_k * scaling   [Hkv, rep, n, L]
                          out    = (softmax(scores + mask) * scale_v) @ float(codes_v)
-                     (soft-capped: cap * tanh(. / cap) before the mask; mask [n, L] as above,
-                     0 or -inf): each call converts the codes it reads to float32 once and
-                     multiplies them as batch matrix products; a scale multiplies a score
-                     or a weight, not D values.  No llama:: kernel
+                     (soft-capped: cap * tanh(. / cap) before the mask; a ring's mask [n, L]
+                     as above, 0 or -inf): each call converts the codes it reads to float32
+                     once and multiplies them as batch matrix products; a scale multiplies a
+                     score or a weight, not D values.  No llama:: kernel.  A full layer's mask
+                     is made in its own delegate from two vectors the layers share,
+                     rows = q_i * B [n, 1] and cols = j * B [1, L], B = 2**100:
+                         mask = clamp(rows - cols, -B, 0)    0 where j <= q_i, else -B
+                     (exact: integers below 2**24 times a power of two; -B wipes a score as
+                     -inf does, exp underflowing to 0), one XNNPACK subtract a layer, not a
+                     float32 [n, L] held through every layer (1 MB at 128 x 2048)
 
 grouped-query heads read their shared key/value head.
 
@@ -129,15 +135,16 @@ class Step:
     whose buffers are the cache, and the keys and values the last cache update gave
     (``read``: layer index -> (K, V) float32 ``[1, L, Hkv, D]``; an int8 cache's (codes_k,
     scale_k, codes_v, scale_v), ``[1, Hkv, L, D]`` and ``[1, Hkv, 1, L]``), and the masks
-    made so far (``masks``: a key of what they depend on -> mask; the layers of a model
-    that attend alike share one)."""
+    made so far (``masks``: a key of what they depend on -> mask, or the two vectors a full
+    layer's int8-cache mask is made from; the layers of a model that attend alike share
+    them)."""
 
     start: Any
     positions: torch.Tensor
     decoder: Decoder
     read: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     last_layer: int = -1
-    masks: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
+    masks: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
 #: The step being run (set by ``Decoder.forward`` in the thread that runs it).
@@ -177,6 +184,22 @@ def ring_mask(step: Step, size: int, window: int, n: int, used: Any = None) -> t
     age = queries - held.unsqueeze(0)
     allowed = (held.unsqueeze(0) >= 0) & (age >= 0) & (age < window)
     return torch.where(allowed, 0.0, float("-inf")).to(torch.float32)
+
+
+#: A full layer's int8-cache mask value for a key after the query (module docstring)
+MASKED = 2.0**100
+
+
+def causal_bias(step: Step, length: int) -> torch.Tensor:
+    """float32 ``[n, length]``: 0 where query i may read position j, -MASKED elsewhere, made
+    from two vectors shared by the layers (module docstring)."""
+    key = ("causal vectors",)  # one length for every full layer of a call
+    if key not in step.masks:
+        keys = torch.arange(length, dtype=torch.int64, device=step.positions.device)
+        step.masks[key] = (step.positions.unsqueeze(1).to(torch.float32) * MASKED,
+                           keys.unsqueeze(0).to(torch.float32) * MASKED)
+    rows, cols = step.masks[key]
+    return torch.clamp(rows - cols, -MASKED, 0.0)
 
 
 def causal_mask(step: Step, length: int) -> torch.Tensor:
@@ -240,11 +263,14 @@ def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: f
     if step.decoder.kv_cache == "int8":
         codes_k, scale_k, codes_v, scale_v = step.read[layer]
         length = codes_k.shape[2]
-        key = ("int8", plan.size, plan.window)  # a model's full layers share one mask, its rings one
-        if key not in step.masks:
-            step.masks[key] = (causal_mask(step, length) if plan.window is None
-                               else ring_mask(step, plan.size, plan.window, n, length))
-        return int8_attention(query, codes_k, scale_k, codes_v, scale_v, step.masks[key], scaling, softcap)
+        if plan.window is None:
+            mask = causal_bias(step, length)
+        else:
+            key = ("int8", plan.size, plan.window)  # a model's rings share one mask
+            if key not in step.masks:
+                step.masks[key] = ring_mask(step, plan.size, plan.window, n, length)
+            mask = step.masks[key]
+        return int8_attention(query, codes_k, scale_k, codes_v, scale_v, mask, scaling, softcap)
     keys, values = step.read[layer]
     if plan.window is not None:
         used = keys.shape[1]  # the slots written so far (softcapped: all of them)

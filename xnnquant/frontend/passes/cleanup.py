@@ -21,7 +21,14 @@
   lets a cat skip): they contribute nothing, and XNNPACK holds no value of size 0; a cat
   left with one operand is that operand;
 * nodes whose result nothing reads (torch.export leaves them where no decomposition ran):
-  erased, unless they mutate or have other effects (``torch.fx``'s own rule).
+  erased, unless they mutate or have other effects (``torch.fx``'s own rule);
+* a reshape (``view``, ``unsqueeze``, ``permute``, ...: the same elements, laid out anew) of
+  a value that an earlier node already reshapes the same way: its users read the earlier
+  one.  A decoder's layers each unsqueeze the same rotary cos and sin: 60 XNNPACK copies a
+  call become 2.  Only reshapes: sharing a value that computes something makes it live from
+  its first reader to its last (a decoder's per-layer attention masks, 1 MB each at 128
+  tokens a call, would live through every layer); a reshape's input is live as long
+  anyway, and it holds as many elements.  Not in a graph that writes in place.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..program import AtenProgram
 from . import replace_uses, rewrite
@@ -44,6 +52,10 @@ CONVERSIONS = (*TO, aten._to_copy.default)
 #: Ops whose result is their first argument's value.
 IDENTITIES = (aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
               aten.contiguous.default)
+#: Ops whose result holds their input's elements, laid out anew.
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.permute.default, aten.transpose.int,
+            aten.t.default)
 #: In-place activations -> their functional op.
 IN_PLACE = {aten.relu_.default: aten.relu.default, aten.hardtanh_.default: aten.hardtanh.default}
 
@@ -110,6 +122,24 @@ def cleanup(program: AtenProgram, options: Any) -> None:
         elif node.target is aten.cat.default:
             _drop_empty_operands(node)
     program.graph.eliminate_dead_code()
+    _share_equal_reshapes(program.graph)
+
+
+def _share_equal_reshapes(graph: Any) -> None:
+    """Users of a reshape equal to an earlier one read the earlier one (module docstring);
+    not in a graph that writes in place (there a write through one view must not reach the
+    other's readers)."""
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in calls):
+        return
+    seen: dict[Any, Any] = {}
+    for node in calls:
+        if node.op != "call_function" or node.target not in RESHAPES:
+            continue
+        leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+        earlier = seen.setdefault((node.target, str(spec), tuple(leaves)), node)
+        if earlier is not node and not any(user.op == "output" for user in node.users):
+            replace_uses(node, earlier)
 
 
 def _is_empty(node: Any) -> bool:

@@ -20,6 +20,16 @@ back into it (a path out of phase p through a portable node only reaches phases 
 the delegates and the portable nodes run in the order: portable nodes of phase 0,
 delegate 0, portable nodes of phase 1, delegate 1, ...  A pure program is one delegate.
 
+Then an XNNPACK node moves as late as its readers allow (the smallest of its XNNPACK
+readers' phases and its portable readers' phases minus one), together with the XNNPACK
+nodes only it reads (and only they, in turn), when that holds fewer elements between
+delegates: its result, which a delegate would otherwise hand on from the phase it is made
+in to the phase it is read in, against the group's inputs that would then be handed on
+further than their other readers need.  Nodes are visited readers first.  A decoder's
+layers each build their attention mask (a subtract and a clamp) from two vectors all
+layers share: moved, each mask is made in its own layer's delegate, not held as a
+delegate's output through every layer.
+
 Each call node gets ``node.meta[PARTITION]``: its delegate's phase (an int >= 0), or
 ``PORTABLE``; a node computing a size (``sym_size`` and arithmetic on sizes) gets ``SIZE``;
 and ``node.meta[PHASE]``, its phase (the emitter orders portable nodes by it).
@@ -30,6 +40,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from ...errors import XnnquantError
 from ..lowering import LOWERINGS, load_lowerings, op_name
 from ..program import AtenProgram
 from . import rewrite
@@ -155,9 +166,74 @@ def phases(program: AtenProgram) -> None:
             leaves = arg.meta.get(PARTITION, SIZE) >= 0 and here is not None and here < 0 and here != SIZE
             value = max(value, phase.get(arg, 0) + (1 if leaves else 0))
         phase[node] = value
-        node.meta[PHASE] = value
-        if here is not None and here >= 0:
-            node.meta[PARTITION] = value
+    for node in reversed(program.graph.nodes):
+        if node.op == "call_function" and node.meta.get(PARTITION, PORTABLE) >= 0:
+            latest = _latest(node, phase)
+            if latest > phase[node]:
+                group = _only_feeding(node)
+                if _holds_less_later(program, node, group, latest, phase):
+                    for member in group:
+                        phase[member] = latest
+    for node in program.graph.nodes:
+        if node.op == "call_function":
+            node.meta[PHASE] = phase[node]
+            if node.meta.get(PARTITION, PORTABLE) >= 0:
+                node.meta[PARTITION] = phase[node]
+
+
+def _read_until(user: Any, phase: dict[Any, int]) -> int | None:
+    """The last delegate phase through which a value ``user`` reads must be held (None: to the
+    end: a program output, a size or a getitem reads it)."""
+    where = user.meta.get(PARTITION) if user.op == "call_function" else None
+    if where is None or where == SIZE or user.target is operator.getitem:
+        return None
+    return phase[user] if where >= 0 else phase[user] - 1  # a portable node runs before its phase's delegate
+
+
+def _latest(node: Any, phase: dict[Any, int]) -> int:
+    """The last phase an XNNPACK node can run in and still reach its readers (-1: it stays)."""
+    until = [_read_until(user, phase) for user in node.users]
+    return -1 if not until or None in until else min(u for u in until if u is not None)
+
+
+def _only_feeding(node: Any, most: int = 32) -> list[Any]:
+    """``node`` and the XNNPACK nodes whose every reader is in the group (at most ``most``)."""
+    group, seen = [node], {node}
+    for member in group:
+        for arg in member.all_input_nodes:
+            if (arg not in seen and arg.op == "call_function" and arg.meta.get(PARTITION, PORTABLE) >= 0
+                    and arg.target is not operator.getitem and all(u in seen for u in arg.users)
+                    and len(group) < most):
+                group.append(arg)
+                seen.add(arg)
+    return group
+
+
+def _holds_less_later(program: AtenProgram, node: Any, group: list[Any], latest: int,
+                      phase: dict[Any, int]) -> bool:
+    """True when making ``group`` at phase ``latest`` hands on fewer elements between
+    delegates than making it where it is (module docstring): ``node``'s result's, against
+    those of the group's inputs that no other reader holds as far (constants and sizes
+    aside), at their bounds."""
+    def elements(n: Any) -> int:
+        count = 1
+        for size in program.shape(n.meta["val"], n.name):
+            count *= size.bound
+        return count
+
+    members = set(group)
+    inputs = {arg: None for member in group for arg in member.all_input_nodes if arg not in members}
+    try:
+        further = 0
+        for arg in inputs:
+            if program.is_constant(arg) or is_size(arg):
+                continue
+            until = [_read_until(u, phase) for u in arg.users if u not in members]
+            if None not in until and max(until, default=-1) < latest:
+                further += elements(arg)
+        return further < elements(node)
+    except (KeyError, XnnquantError):
+        return False
 
 
 @rewrite("partition")
