@@ -229,7 +229,7 @@ def _holds_less_later(program: AtenProgram, node: Any, group: list[Any], latest:
             if program.is_constant(arg) or is_size(arg):
                 continue
             until = [_read_until(u, phase) for u in arg.users if u not in members]
-            if None not in until and max(until, default=-1) < latest:
+            if all(u is not None and u < latest for u in until):  # no other reader holds it as far
                 further += elements(arg)
         return further < elements(node)
     except (KeyError, XnnquantError):
