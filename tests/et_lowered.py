@@ -68,3 +68,13 @@ def lowered_pte(payload: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[
         warnings.simplefilter("ignore")
         return bytes(lowered.buffer(extract_delegate_segments=True,
                                     memory_planning=_BoundedIO() if dynamic else None))
+
+
+def planned_tensors(pte: bytes, method: int = 0) -> list[tuple[int, list[int]]]:
+    """(scalar type, sizes) of every planned tensor of a program's method, read by ExecuTorch's
+    own deserializer (sizes at their upper bounds: what the memory plan holds)."""
+    from executorch.exir._serialize import _deserialize_pte_binary
+
+    plan = _deserialize_pte_binary(pte).program.execution_plan[method]
+    return [(int(v.val.scalar_type), list(v.val.sizes)) for v in plan.values
+            if type(v.val).__name__ == "Tensor" and v.val.allocation_info is not None]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from et_lowered import planned_tensors
 from float_bounds import relative_error
 
 import xnnquant as xq
@@ -359,15 +360,6 @@ class LateReaders(nn.Module):
         return (pairs * y.unsqueeze(-1)).sum(-1) + x.unsqueeze(-1).squeeze(-1) * (x.unsqueeze(-1).squeeze(-1) + y)
 
 
-def _planned_shapes(exported: object) -> list[list[int]]:
-    """The shapes of the planned tensors of a program's forward, read by ExecuTorch's deserializer."""
-    from executorch.exir._serialize import _deserialize_pte_binary
-
-    plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
-    return [list(v.val.sizes) for v in plan.values
-            if type(v.val).__name__ == "Tensor" and v.val.allocation_info is not None]
-
-
 def test_a_value_only_a_later_delegate_reads_is_made_there_and_equal_reshapes_are_made_once() -> None:
     """The broadcast difference and its clamp would be delegate 0's output, held in planned
     memory across the cumsum; they are made in delegate 1 from the input, which the program
@@ -377,7 +369,7 @@ def test_a_value_only_a_later_delegate_reads_is_made_there_and_equal_reshapes_ar
     exported = xq.export(module, (x,), weights="fp32", progress=False)
     where = {p.op: p.where for p in exported.placement if p.op in ("aten.sub.Tensor", "aten.clamp.default")}
     assert where == {"aten.sub.Tensor": "XNNPACK delegate 1", "aten.clamp.default": "XNNPACK delegate 1"}
-    assert [2, 5, 16, 16] not in _planned_shapes(exported)
+    assert [2, 5, 16, 16] not in [sizes for _, sizes in planned_tensors(exported.to_pte())]
     # x.unsqueeze(-1) three times, x.unsqueeze(-2), y.unsqueeze(-1): 3 nodes, not 5
     assert sum(p.op == "aten.unsqueeze.default" for p in exported.placement) == 3
     (got,) = exported.run(x)

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from et_lowered import planned_tensors
 from float_bounds import APPROXIMATED
 
 import xnnquant as xq
@@ -234,15 +235,12 @@ def test_the_int8_read_is_planned_at_the_caches_size_not_past_it() -> None:
     [1, heads, CONTEXT, D] codes and [1, heads, 1, CONTEXT] scales, not at start's and n's
     separate bounds (2048 + 128 - 2 = 2174 for SmolLM2 at 2048, measured before). Read with
     ExecuTorch's own deserializer."""
-    from executorch.exir._serialize import _deserialize_pte_binary
-
     model = _model(lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON)))
     exported = xq.export_llm(model, max_context=CONTEXT, max_seq_len=MAX_SEQ_LEN, weights="fp32", embeddings=None,
                              kv_cache="int8", progress=False)
-    plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
     heads, dim = COMMON["num_key_value_heads"], COMMON["hidden_size"] // COMMON["num_attention_heads"]
-    planned = [(v.val.scalar_type, list(v.val.sizes)) for v in plan.values if type(v.val).__name__ == "Tensor"
-               and v.val.allocation_info is not None and len(v.val.sizes) == 4 and v.val.sizes[1] == heads]
+    planned = [(kind, sizes) for kind, sizes in planned_tensors(exported.to_pte()) if len(sizes) == 4
+               and sizes[1] == heads]
     # the cache's buffers and the reads (2 each a layer), not a call's own codes and scales (at most
     # MAX_SEQ_LEN positions)
     codes = [sizes for kind, sizes in planned if kind == 1 and sizes[3] == dim and sizes[2] > MAX_SEQ_LEN]  # CHAR
@@ -257,15 +255,11 @@ def test_an_int8_program_plans_no_mask_and_one_rotary_table() -> None:
     no float32 [MAX_SEQ_LEN, CONTEXT] mask is planned; the layers' equal unsqueezes of the
     rotary cos and sin are one each: two [1, 1, MAX_SEQ_LEN, D] tensors, not two a layer.
     Read with ExecuTorch's own deserializer; fails if either comes back."""
-    from executorch.exir._serialize import _deserialize_pte_binary
-
     config = dict(COMMON, num_hidden_layers=3)
     model = _model(lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**config)))
     exported = xq.export_llm(model, max_context=CONTEXT, max_seq_len=MAX_SEQ_LEN, weights="fp32", embeddings=None,
                              kv_cache="int8", progress=False)
-    plan = _deserialize_pte_binary(exported.to_pte()).program.execution_plan[0]
-    planned = [list(v.val.sizes) for v in plan.values
-               if type(v.val).__name__ == "Tensor" and v.val.allocation_info is not None]
+    planned = [sizes for _, sizes in planned_tensors(exported.to_pte())]
     dim = config["hidden_size"] // config["num_attention_heads"]
     assert [MAX_SEQ_LEN, CONTEXT] not in planned
     assert planned.count([1, 1, MAX_SEQ_LEN, dim]) == 2, planned

@@ -52,16 +52,21 @@ Attention, query i at position q_i = input_pos + i::
                      [Hkv, rep, n, D] (rep = Hq / Hkv) against their key/value head:
                          scores = (Q @ float(codes_k)^T) * scale_k * scaling   [Hkv, rep, n, L]
                          out    = (softmax(scores + mask) * scale_v) @ float(codes_v)
-                     (soft-capped: cap * tanh(. / cap) before the mask; a ring's mask [n, L]
-                     as above, 0 or -inf): each call converts the codes it reads to float32
-                     once and multiplies them as batch matrix products; a scale multiplies a
-                     score or a weight, not D values.  No llama:: kernel.  A full layer's mask
-                     is made in its own delegate from two vectors the layers share,
-                     rows = q_i * B [n, 1] and cols = j * B [1, L], B = 2**100:
+                     (soft-capped: cap * tanh(. / cap) before the mask; mask [n, L] as above):
+                     each call converts the codes it reads to float32 once and multiplies
+                     them as batch matrix products; a scale multiplies a score or a weight,
+                     not D values.  No llama:: kernel
+
+    masks            a ring's: 0 or -inf as above, made once a call for the layers with that
+                     ring (ExecuTorch's portable kernels compute it).  A full layer's (int8
+                     cache, soft-capped): made in the layer's own delegate from two vectors
+                     the layers share, rows = q_i * B [n, 1] and cols = j * B [1, L], B = 2**100:
                          mask = clamp(rows - cols, -B, 0)    0 where j <= q_i, else -B
-                     (exact: integers below 2**24 times a power of two; -B wipes a score as
-                     -inf does, exp underflowing to 0), one XNNPACK subtract a layer, not a
-                     float32 [n, L] held through every layer (1 MB at 128 x 2048)
+                     exact (integers below 2**24 times a power of two), one XNNPACK subtract
+                     a layer, not a float32 [n, L] held through every layer (1 MB at 128 x
+                     2048).  -B wipes a score as -inf does on any CPU: every x86 variant of
+                     XNNPACK's softmax exp (f32-raddstoreexpminusmax: scalar, SSE2, AVX2,
+                     AVX256SKX, AVX-512) sets its result to +0 below -87.3
 
 grouped-query heads read their shared key/value head.
 
@@ -186,14 +191,14 @@ def ring_mask(step: Step, size: int, window: int, n: int, used: Any = None) -> t
     return torch.where(allowed, 0.0, float("-inf")).to(torch.float32)
 
 
-#: A full layer's int8-cache mask value for a key after the query (module docstring)
+#: A full layer's mask value for a key after the query (int8 cache, or soft-capped; module docstring)
 MASKED = 2.0**100
 
 
-def causal_bias(step: Step, length: int) -> torch.Tensor:
+def causal_bias(step: Step, length: Any) -> torch.Tensor:
     """float32 ``[n, length]``: 0 where query i may read position j, -MASKED elsewhere, made
     from two vectors shared by the layers (module docstring)."""
-    key = ("causal vectors",)  # one length for every full layer of a call
+    key = ("causal vectors",)  # one length for every full layer of a call: written so far, or all
     if key not in step.masks:
         keys = torch.arange(length, dtype=torch.int64, device=step.positions.device)
         step.masks[key] = (step.positions.unsqueeze(1).to(torch.float32) * MASKED,
@@ -202,10 +207,15 @@ def causal_bias(step: Step, length: int) -> torch.Tensor:
     return torch.clamp(rows - cols, -MASKED, 0.0)
 
 
-def causal_mask(step: Step, length: int) -> torch.Tensor:
-    """float32 ``[n, length]``: 0 where query i (at position start + i) may read position j."""
-    keys = torch.arange(length, dtype=torch.int64, device=step.positions.device)
-    return torch.where(keys.unsqueeze(0) <= step.positions.unsqueeze(1), 0.0, float("-inf")).to(torch.float32)
+def shared_ring_mask(step: Step, plan: LayerCache, n: int, used: Any) -> torch.Tensor:
+    """``ring_mask`` of ``plan``'s ring over the ``used`` slots read, made once a call for the
+    layers with that ring and window (``used`` is the same for them: the slots written so far,
+    or every slot for a soft-capped model)."""
+    assert plan.window is not None  # a ring's plan
+    key = ("ring", plan.size, plan.window)
+    if key not in step.masks:
+        step.masks[key] = ring_mask(step, plan.size, plan.window, n, used)
+    return step.masks[key]
 
 
 def plain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
@@ -263,25 +273,16 @@ def cached_attention(layer: int, query: torch.Tensor, scaling: float, softcap: f
     if step.decoder.kv_cache == "int8":
         codes_k, scale_k, codes_v, scale_v = step.read[layer]
         length = codes_k.shape[2]
-        if plan.window is None:
-            mask = causal_bias(step, length)
-        else:
-            key = ("int8", plan.size, plan.window)  # a model's rings share one mask
-            if key not in step.masks:
-                step.masks[key] = ring_mask(step, plan.size, plan.window, n, length)
-            mask = step.masks[key]
+        mask = causal_bias(step, length) if plan.window is None else shared_ring_mask(step, plan, n, length)
         return int8_attention(query, codes_k, scale_k, codes_v, scale_v, mask, scaling, softcap)
     keys, values = step.read[layer]
     if plan.window is not None:
-        used = keys.shape[1]  # the slots written so far (softcapped: all of them)
-        if (plan.size, plan.window, softcap is None) not in step.masks:  # one mask a call, not one a layer
-            step.masks[plan.size, plan.window, softcap is None] = ring_mask(step, plan.size, plan.window, n, used)
-        mask = step.masks[plan.size, plan.window, softcap is None]
+        mask = shared_ring_mask(step, plan, n, keys.shape[1])  # the slots written so far (softcapped: all)
         if softcap is not None:
             return plain_attention(query, keys, values, mask, scaling, softcap)
         return torch.ops.llama.custom_sdpa(query, keys, values, 0, mask, 0.0, False, scaling)
     if softcap is not None:  # the whole cache, positions not yet written masked: no size the program computes
-        return plain_attention(query, keys, values, causal_mask(step, plan.size), scaling, softcap)
+        return plain_attention(query, keys, values, causal_bias(step, plan.size), scaling, softcap)
     return torch.ops.llama.custom_sdpa(query, keys, values, step.start, None, 0.0, True, scaling)
 
 

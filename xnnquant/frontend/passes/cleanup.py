@@ -53,9 +53,11 @@ CONVERSIONS = (*TO, aten._to_copy.default)
 IDENTITIES = (aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
               aten.contiguous.default)
 #: Ops whose result holds their input's elements, laid out anew.
-RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
-            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.permute.default, aten.transpose.int,
-            aten.t.default)
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
+            aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.permute.default,
+            aten.transpose.int, aten.t.default, aten.view_copy.default, aten.unsqueeze_copy.default,
+            aten.squeeze_copy.dim, aten.squeeze_copy.dims, aten.permute_copy.default, aten.transpose_copy.int,
+            aten.t_copy.default)
 #: In-place activations -> their functional op.
 IN_PLACE = {aten.relu_.default: aten.relu.default, aten.hardtanh_.default: aten.hardtanh.default}
 
